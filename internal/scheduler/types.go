@@ -1,0 +1,202 @@
+// Package scheduler is Allot's pure scheduling core: a snapshot of the
+// cluster, the queue, usage and policy goes in, a Plan comes out. It does no
+// I/O, never reads the wall clock and uses no global randomness; the same code
+// runs in the live worker and in the trace simulator (package sim).
+package scheduler
+
+import "time"
+
+// Tier is a job's class. Lower values are more important; class order beats
+// every other priority factor.
+type Tier int
+
+const (
+	Tier1           Tier = 1 // production incident retraining
+	Tier2           Tier = 2 // scheduled production retraining
+	Tier3           Tier = 3 // experiment development / validation
+	Tier4           Tier = 4 // exploratory research, sweeps
+	TierPreemptible Tier = 5 // explicit, or demoted by budget
+)
+
+// Production reports whether t is a production tier (1 or 2): pinned to
+// on-premise nodes, never a preemption victim, never demoted.
+func (t Tier) Production() bool { return t == Tier1 || t == Tier2 }
+
+// NodeState mirrors the node states of the domain.
+type NodeState string
+
+const (
+	NodeUp       NodeState = "up"
+	NodeDraining NodeState = "draining" // running jobs continue, nothing new starts
+	NodeDrained  NodeState = "drained"
+	NodeDown     NodeState = "down"
+)
+
+// Site values for Node.Site.
+const (
+	SiteOnPrem = "onprem"
+	SiteCloud  = "cloud"
+)
+
+// Node is one GPU machine. Which of its GPUs are in use is derived from the
+// Placement of the snapshot's running jobs; Unavailable lists GPU indices that
+// must not be allocated for other reasons (a failed GPU).
+type Node struct {
+	Name        string
+	GPUType     string
+	GPUs        int    // GPUs on the node, indices 0..GPUs-1
+	Site        string // SiteOnPrem or SiteCloud
+	Domain      string // interconnect domain (NVLink/IB); "" means the node is its own domain
+	State       NodeState
+	Unavailable []int
+}
+
+// Slot is the part of a job's gang on one node.
+type Slot struct {
+	Node int   // index into Snapshot.Nodes
+	GPUs []int // GPU indices on that node, ascending
+}
+
+// Job is a pending or running job as the scheduler sees it.
+type Job struct {
+	ID             int64 // unique and stable; the last tie-breaker everywhere
+	Name           string
+	Team           string
+	User           string
+	Tier           Tier // as submitted (1..4 or TierPreemptible)
+	GPUs           int
+	GPUType        string // "" = any type
+	GPUsPerNode    int    // 0 = scheduler decides
+	TimeLimit      time.Duration
+	Submit         time.Time // original submit time (kept across preemption/requeue)
+	Preemptible    bool      // runs as preemptible (explicit, or demoted at submission)
+	Checkpointable bool
+
+	// Running jobs only.
+	Start          time.Time
+	LastCheckpoint time.Time // zero if none
+	Placement      []Slot
+	RunAs          Tier // effective class it was started in (TierPreemptible if demoted)
+	// Terminating is set once a preemption has been issued and the job is in
+	// its grace period; its GPUs are still held until GraceEnd.
+	Terminating bool
+	GraceEnd    time.Time
+}
+
+// Team is one team's standing for fair share, guarantees and budget.
+type Team struct {
+	Name   string
+	Weight float64 // fair-share shares (raw; normalised by the scheduler)
+	// Guarantee is the team's guaranteed GPUs by GPU type ("" = any type).
+	Guarantee map[string]int
+	// Usage is the team's decayed GPU-seconds (half-life applied by the caller).
+	Usage float64
+	// OverBudget: the team has used more than 100 % of its monthly budget;
+	// its tier 3-4 jobs run as preemptible.
+	OverBudget bool
+}
+
+// Mode selects the scheduling algorithm. ModeAllot is the product's policy;
+// the others are the baselines the simulator compares it with.
+type Mode string
+
+const (
+	ModeAllot           Mode = "allot"
+	ModeFIFO            Mode = "fifo"             // strict FIFO on the shared cluster
+	ModeEASY            Mode = "easy"             // FIFO + EASY backfill, shared
+	ModeFIFOPartitioned Mode = "fifo-partitioned" // each team only its guaranteed GPUs
+)
+
+// Policy holds the tunables of DESIGN.md.
+type Policy struct {
+	Mode            Mode
+	WeightFairShare float64       // default 10000
+	WeightSize      float64       // default 1000
+	WeightAge       float64       // default 500
+	MaxAge          time.Duration // age factor saturates here (default 7 days)
+	HalfLife        time.Duration // usage decay half-life (default 7 days; applied by callers)
+	GracePeriod     time.Duration // SIGTERM → SIGKILL (default 120 s)
+	MinRuntime      time.Duration // anti-thrash: no preemption before this much runtime
+}
+
+// DefaultPolicy returns DESIGN.md's defaults for ModeAllot.
+func DefaultPolicy() Policy {
+	return Policy{
+		Mode:            ModeAllot,
+		WeightFairShare: 10000,
+		WeightSize:      1000,
+		WeightAge:       500,
+		MaxAge:          7 * 24 * time.Hour,
+		HalfLife:        7 * 24 * time.Hour,
+		GracePeriod:     120 * time.Second,
+		MinRuntime:      10 * time.Minute,
+	}
+}
+
+// Snapshot is everything Schedule looks at. Schedule never mutates it.
+type Snapshot struct {
+	Nodes   []Node
+	Running []Job
+	Pending []Job
+	Teams   []Team
+}
+
+// Priority is a job's multifactor priority and its breakdown. Each factor is
+// in 0..1; Total = WFS*FairShare + WSize*Size + WAge*Age.
+type Priority struct {
+	Class     Tier // effective class (budget demotion applied)
+	Total     float64
+	FairShare float64
+	Size      float64
+	Age       float64
+}
+
+// Start tells the caller to start a job now on exactly these GPUs.
+type Start struct {
+	JobID     int64
+	Placement []Slot
+	RunAs     Tier // effective class (TierPreemptible when demoted or preemptible)
+	Backfill  bool // started ahead of a higher-priority reserved job
+	Priority  Priority
+}
+
+// Preemption tells the caller to SIGTERM a running job; after the grace
+// period its GPUs are freed and it returns to the queue with its original
+// submit time.
+type Preemption struct {
+	JobID  int64
+	By     int64  // the preemptor
+	Reason string // human-readable
+}
+
+// Reservation is an EASY-backfill reservation for a blocked job.
+type Reservation struct {
+	JobID int64
+	At    time.Time
+}
+
+// PendingInfo explains one pending job that was not started this cycle.
+type PendingInfo struct {
+	JobID    int64
+	Priority Priority
+	Reason   string    // e.g. "waiting for 16 GPUs in one interconnect domain; largest free block is 8; expected start 14:20 when job 4812 reaches its time limit"
+	EstStart time.Time // zero when unknown
+}
+
+// TeamShare is a team's fair-share standing, like one row of Slurm's sshare.
+type TeamShare struct {
+	Team           string
+	NormShares     float64 // S
+	RawUsage       float64 // decayed GPU-seconds
+	EffectiveUsage float64 // U, the team's share of all decayed usage
+	FairShare      float64 // F = 2^(-U/S)
+}
+
+// Plan is the outcome of one scheduling cycle.
+type Plan struct {
+	Starts       []Start
+	Preemptions  []Preemption
+	Reservations []Reservation
+	Pending      []PendingInfo // every pending job not started, in priority order
+	Shares       []TeamShare // sorted by team name
+}
