@@ -1,0 +1,312 @@
+package allot
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+)
+
+// JobState is where a job is in its life.
+type JobState string
+
+const (
+	JobPending   JobState = "pending"
+	JobRunning   JobState = "running"
+	JobCompleted JobState = "completed"
+	JobFailed    JobState = "failed"
+	JobCancelled JobState = "cancelled"
+	JobPreempted JobState = "preempted" // stopped for a higher claim; goes back to pending
+	JobLost      JobState = "lost"      // its node stopped answering; requeued or failed
+)
+
+// JobStates lists every state.
+var JobStates = []JobState{JobPending, JobRunning, JobCompleted, JobFailed, JobCancelled, JobPreempted, JobLost}
+
+// ParseJobState returns the state named s.
+func ParseJobState(s string) (JobState, bool) {
+	for _, st := range JobStates {
+		if string(st) == s {
+			return st, true
+		}
+	}
+	return "", false
+}
+
+var transitions = map[JobState][]JobState{
+	JobPending:   {JobRunning, JobCancelled},
+	JobRunning:   {JobCompleted, JobFailed, JobCancelled, JobPreempted, JobLost},
+	JobPreempted: {JobPending},
+	JobLost:      {JobPending, JobFailed},
+}
+
+// CanTransition reports whether a job may move from one state to another.
+func CanTransition(from, to JobState) bool {
+	for _, s := range transitions[from] {
+		if s == to {
+			return true
+		}
+	}
+	return false
+}
+
+// Terminal reports whether s is a final state.
+func (s JobState) Terminal() bool {
+	return s == JobCompleted || s == JobFailed || s == JobCancelled
+}
+
+// JobSpec is what a user asks for.
+type JobSpec struct {
+	Name           string
+	Team           string
+	Tier           TierID
+	GPUs           int
+	GPUType        string // "" = any
+	GPUsPerNode    int    // 0 = scheduler decides
+	TimeLimit      time.Duration
+	Command        []string // argv: program and arguments
+	Env            map[string]string
+	WorkDir        string
+	Checkpointable bool
+	Preemptible    bool // explicitly preemptible
+}
+
+// RequestedGPUHours is GPUs × time limit, in hours (rounded up to whole
+// seconds; exact as a fraction SecondsGPU/3600).
+func (s *JobSpec) RequestedGPUSeconds() int64 {
+	return int64(s.GPUs) * int64(s.TimeLimit/time.Second)
+}
+
+// PriorityBreakdown is the multifactor priority as last computed.
+type PriorityBreakdown struct {
+	Class     int     `json:"class"`
+	FairShare float64 `json:"fair_share"`
+	Size      float64 `json:"size"`
+	Age       float64 `json:"age"`
+}
+
+// Job is a submitted job and its state.
+type Job struct {
+	ID     int64
+	UserID int64
+	User   string // email of the submitter
+	JobSpec
+	State         JobState
+	SubmittedAt   time.Time
+	StartedAt     time.Time // zero until first start
+	EndedAt       time.Time // zero until terminal
+	ExitCode      *int
+	Priority      float64
+	Breakdown     PriorityBreakdown
+	PendingReason string
+	// QuotaWarning is shown to the user when the budget check at submission
+	// made the job preemptible (or would have, for production tiers).
+	QuotaWarning string
+	// Demoted is true when the job runs as preemptible because of budget.
+	Demoted   bool
+	UpdatedAt time.Time
+}
+
+// Transition moves j to state to at time at, or returns a conflict error.
+func (j *Job) Transition(to JobState, at time.Time) error {
+	if !CanTransition(j.State, to) {
+		return Errorf(EConflict, "job %d cannot go from %s to %s", j.ID, j.State, to)
+	}
+	switch to {
+	case JobRunning:
+		if j.StartedAt.IsZero() {
+			j.StartedAt = at
+		}
+	case JobCompleted, JobFailed, JobCancelled:
+		j.EndedAt = at
+	}
+	j.State = to
+	return nil
+}
+
+var (
+	jobNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._ -]{0,127}$`)
+	envKeyRE  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+)
+
+// Limits on a job spec's free-form parts.
+const (
+	MaxCommandArgs  = 256
+	MaxCommandBytes = 16 << 10
+	MaxEnvVars      = 128
+)
+
+// Validate checks the fields a spec can be judged on alone. Checks that
+// need the cluster (team exists, tier maximum, gang size) are in
+// ValidateSubmission.
+func (s *JobSpec) Validate() error {
+	f := FieldErrors{}
+	s.validate(f)
+	return f.Err()
+}
+
+func (s *JobSpec) validate(f FieldErrors) {
+	if s.Name != "" && !jobNameRE.MatchString(s.Name) {
+		f.Add("name", "must be 1–128 letters, digits, spaces, dots, dashes or underscores")
+	}
+	if strings.TrimSpace(s.Team) == "" {
+		f.Add("team", "is required")
+	}
+	if _, ok := ParseTier(string(s.Tier)); !ok {
+		if s.Tier == "" {
+			f.Add("tier", "is required")
+		} else {
+			f.Add("tier", "unknown tier %q: use 1, 2, 3, 4 or preemptible", s.Tier)
+		}
+	}
+	if s.GPUs < 1 {
+		f.Add("gpus", "must be at least 1")
+	}
+	if s.GPUsPerNode < 0 {
+		f.Add("gpus_per_node", "must not be negative")
+	} else if s.GPUsPerNode > 0 && s.GPUs > 0 && s.GPUs%s.GPUsPerNode != 0 {
+		f.Add("gpus_per_node", "must divide gpus (%d)", s.GPUs)
+	}
+	if s.TimeLimit <= 0 {
+		f.Add("time_limit_s", "must be positive")
+	} else if s.TimeLimit%time.Second != 0 {
+		f.Add("time_limit_s", "must be whole seconds")
+	}
+	if len(s.Command) == 0 || strings.TrimSpace(s.Command[0]) == "" {
+		f.Add("command", "is required")
+	} else {
+		n := 0
+		for _, a := range s.Command {
+			n += len(a)
+			if strings.ContainsRune(a, 0) {
+				f.Add("command", "must not contain NUL bytes")
+			}
+		}
+		if len(s.Command) > MaxCommandArgs || n > MaxCommandBytes {
+			f.Add("command", "is too long (at most %d arguments, %d bytes)", MaxCommandArgs, MaxCommandBytes)
+		}
+	}
+	if len(s.Env) > MaxEnvVars {
+		f.Add("env", "at most %d variables", MaxEnvVars)
+	}
+	for k, v := range s.Env {
+		if !envKeyRE.MatchString(k) {
+			f.Add("env", "invalid variable name %q", k)
+		}
+		if strings.HasPrefix(k, "ALLOT_") || k == "CUDA_VISIBLE_DEVICES" {
+			f.Add("env", "%s is set by Allot", k)
+		}
+		if strings.ContainsRune(v, 0) {
+			f.Add("env", "value of %s must not contain NUL bytes", k)
+		}
+	}
+	if s.WorkDir != "" && !strings.HasPrefix(s.WorkDir, "/") {
+		f.Add("workdir", "must be an absolute path")
+	}
+}
+
+// SubmitContext is what the cluster knows that a submission is judged on.
+type SubmitContext struct {
+	Submitter *User
+	TeamFound bool
+	Tier      *Tier // nil if unknown
+	// GPUTypes are the known GPU type names.
+	GPUTypes []string
+	// MaxGang is the largest job (in GPUs) the cluster could ever run, by
+	// GPU type; the "" key is for jobs that accept any type.
+	MaxGang map[string]int
+}
+
+// ValidateSubmission applies the one rule set every submission path (form,
+// API, CLI) uses. It returns an EInvalid error with a message per field.
+func ValidateSubmission(s *JobSpec, c SubmitContext) error {
+	f := FieldErrors{}
+	s.validate(f)
+	if s.Team != "" && !c.TeamFound {
+		f.Add("team", "unknown team %q", s.Team)
+	} else if s.Team != "" && c.Submitter != nil && !c.Submitter.CanSubmitFor(s.Team) {
+		f.Add("team", "you are not a member of team %q", s.Team)
+	}
+	if _, ok := f["tier"]; !ok && c.Tier == nil {
+		f.Add("tier", "unknown tier %q", s.Tier)
+	}
+	if s.GPUType != "" {
+		known := false
+		for _, g := range c.GPUTypes {
+			if g == s.GPUType {
+				known = true
+			}
+		}
+		if !known {
+			f.Add("gpu_type", "unknown GPU type %q (known: %s)", s.GPUType, strings.Join(c.GPUTypes, ", "))
+		}
+	}
+	if _, bad := f["gpus"]; !bad {
+		if _, bad := f["gpu_type"]; !bad {
+			max := c.MaxGang[s.GPUType]
+			if s.GPUs > max {
+				where := "the cluster"
+				if s.GPUType != "" {
+					where = s.GPUType + " nodes"
+				}
+				f.Add("gpus", "at most %d GPUs: the largest gang %s can ever hold", max, where)
+			}
+		}
+	}
+	if c.Tier != nil && s.TimeLimit > c.Tier.MaxRuntime {
+		if _, bad := f["time_limit_s"]; !bad {
+			f.Add("time_limit_s", "at most %s for tier %s", FormatDuration(c.Tier.MaxRuntime), c.Tier.ID)
+		}
+	}
+	return f.Err()
+}
+
+// FormatDuration prints d compactly: "4h", "1h30m", "90s", "7d".
+func FormatDuration(d time.Duration) string {
+	if d <= 0 {
+		return "0s"
+	}
+	s := int64(d / time.Second)
+	var b strings.Builder
+	for _, u := range []struct {
+		n    int64
+		name string
+	}{{86400, "d"}, {3600, "h"}, {60, "m"}, {1, "s"}} {
+		if s >= u.n {
+			fmt.Fprintf(&b, "%d%s", s/u.n, u.name)
+			s %= u.n
+		}
+	}
+	return b.String()
+}
+
+// ParseDuration accepts Go durations ("4h", "90m", "1h30m") and a day
+// suffix ("2d", "1d12h"), and plain seconds ("3600").
+func ParseDuration(s string) (time.Duration, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return 0, fmt.Errorf("empty duration")
+	}
+	if digits(s) {
+		var n int64
+		if _, err := fmt.Sscan(s, &n); err != nil {
+			return 0, err
+		}
+		return time.Duration(n) * time.Second, nil
+	}
+	var days time.Duration
+	if i := strings.Index(s, "d"); i > 0 && digits(s[:i]) {
+		var n int64
+		fmt.Sscan(s[:i], &n)
+		days = time.Duration(n) * 24 * time.Hour
+		s = s[i+1:]
+		if s == "" {
+			return days, nil
+		}
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf("invalid duration %q: use e.g. 4h, 90m, 1h30m, 2d", s)
+	}
+	return days + d, nil
+}

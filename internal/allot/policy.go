@@ -1,0 +1,92 @@
+package allot
+
+import "time"
+
+// Policy is one version of the cluster-wide scheduling and budget policy.
+// A change creates a new version; old versions are kept.
+type Policy struct {
+	Version   int64
+	CreatedAt time.Time
+	CreatedBy string // email of the admin, or "system"
+	Comment   string
+
+	WeightFairShare int // W_fs, default 10000
+	WeightSize      int // W_size, default 1000
+	WeightAge       int // W_age, default 500
+	// MaxAge is the wait at which the age factor reaches 1 (7 days).
+	MaxAge time.Duration
+	// HalfLife is the fair-share usage decay half-life (7 days).
+	HalfLife time.Duration
+	// GracePeriod is the time between SIGTERM and SIGKILL on preemption.
+	GracePeriod time.Duration
+	// MinRuntime protects a job from preemption right after it starts.
+	MinRuntime time.Duration
+	// Cycle is the period of the scheduling cycle.
+	Cycle time.Duration
+	// Budget alert thresholds in percent (80, 100).
+	BudgetWarnPct   int
+	BudgetDemotePct int
+	// Cloud burst thresholds.
+	BurstPendingGPUHours int
+	BurstMeanWait        time.Duration
+	BurstReleaseGPUHours int
+	HeartbeatMissedAfter time.Duration
+}
+
+// DefaultPolicy returns DESIGN.md's defaults as version 0 (not yet stored).
+func DefaultPolicy() Policy {
+	return Policy{
+		CreatedBy:            "system",
+		Comment:              "defaults from DESIGN.md",
+		WeightFairShare:      10000,
+		WeightSize:           1000,
+		WeightAge:            500,
+		MaxAge:               7 * 24 * time.Hour,
+		HalfLife:             7 * 24 * time.Hour,
+		GracePeriod:          120 * time.Second,
+		MinRuntime:           10 * time.Minute,
+		Cycle:                10 * time.Second,
+		BudgetWarnPct:        80,
+		BudgetDemotePct:      100,
+		BurstPendingGPUHours: 50,
+		BurstMeanWait:        2 * time.Hour,
+		BurstReleaseGPUHours: 20,
+		HeartbeatMissedAfter: 60 * time.Second,
+	}
+}
+
+// Validate checks the policy's values.
+func (p *Policy) Validate() error {
+	f := FieldErrors{}
+	for name, w := range map[string]int{"weight_fair_share": p.WeightFairShare, "weight_size": p.WeightSize, "weight_age": p.WeightAge} {
+		if w < 0 || w > 1_000_000 {
+			f.Add(name, "must be between 0 and 1000000")
+		}
+	}
+	pos := func(name string, d time.Duration) {
+		if d <= 0 {
+			f.Add(name, "must be positive")
+		}
+	}
+	pos("max_age_s", p.MaxAge)
+	pos("half_life_s", p.HalfLife)
+	pos("cycle_s", p.Cycle)
+	pos("heartbeat_missed_after_s", p.HeartbeatMissedAfter)
+	pos("burst_mean_wait_s", p.BurstMeanWait)
+	if p.GracePeriod < 0 {
+		f.Add("grace_period_s", "must not be negative")
+	}
+	if p.MinRuntime < 0 {
+		f.Add("min_runtime_s", "must not be negative")
+	}
+	if p.BudgetWarnPct <= 0 || p.BudgetWarnPct > p.BudgetDemotePct {
+		f.Add("budget_warn_pct", "must be positive and at most the demotion threshold")
+	}
+	if p.BudgetDemotePct <= 0 {
+		f.Add("budget_demote_pct", "must be positive")
+	}
+	if p.BurstReleaseGPUHours < 0 || p.BurstReleaseGPUHours >= p.BurstPendingGPUHours {
+		f.Add("burst_release_gpu_hours", "must be at least 0 and below the burst threshold")
+	}
+	return f.Err()
+}

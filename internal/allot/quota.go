@@ -1,0 +1,57 @@
+package allot
+
+import (
+	"fmt"
+	"math/big"
+)
+
+// QuotaOutcome is the result of the budget check at submission.
+type QuotaOutcome struct {
+	// Preemptible is true when the job will run as preemptible because of
+	// the budget.
+	Preemptible bool
+	// Warning is shown to the user before and after submitting; "" when the
+	// budget covers the request.
+	Warning string
+	// RemainingGPUSeconds is budget − used (may be negative).
+	RemainingGPUSeconds int64
+}
+
+// CheckQuota applies DESIGN.md's rule: budget left ≥ requested GPU-hours →
+// normal priority; some left but less → preemptible, "Only N h remaining in
+// budget"; none left → preemptible, "Budget exceeded by N h". Submission is
+// never blocked. Production tiers are never demoted; they get the warning
+// only. A team without a budget (0) is never demoted.
+func CheckQuota(spec *JobSpec, budgetGPUHours int64, usedGPUSeconds int64) QuotaOutcome {
+	if budgetGPUHours <= 0 {
+		return QuotaOutcome{}
+	}
+	remaining := budgetGPUHours*3600 - usedGPUSeconds
+	requested := spec.RequestedGPUSeconds()
+	out := QuotaOutcome{RemainingGPUSeconds: remaining}
+	switch {
+	case remaining >= requested:
+		return out
+	case remaining > 0:
+		out.Warning = fmt.Sprintf("Only %s h remaining in budget", Hours(remaining))
+	default:
+		out.Warning = fmt.Sprintf("Budget exceeded by %s h", Hours(-remaining))
+	}
+	if spec.Tier.Production() {
+		out.Warning += "; production tiers are never demoted, this job keeps its priority"
+		return out
+	}
+	if spec.Preemptible || spec.Tier == TierPreemptible {
+		return out
+	}
+	out.Preemptible = true
+	out.Warning += "; this job will run as preemptible"
+	return out
+}
+
+// Hours formats GPU-seconds as hours with one decimal, rounded half up
+// exactly ("12.5", "0.1").
+func Hours(gpuSeconds int64) string {
+	r := new(big.Rat).SetFrac64(gpuSeconds, 3600)
+	return r.FloatString(1)
+}

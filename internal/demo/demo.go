@@ -1,0 +1,227 @@
+// Package demo seeds a demonstration organisation: three teams with leads
+// and engineers, finance and admin people, 16 GPU nodes in two interconnect
+// domains, GPU types with rates, the five tiers, a policy, and this month's
+// usage history, so every page has something true to show. Tests use it as
+// their fixture too.
+package demo
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/store"
+)
+
+// Persona names, as shown on the dev login page.
+const (
+	Engineer = "engineer"
+	Lead     = "lead"
+	Finance  = "finance"
+	Admin    = "admin"
+)
+
+// Personas lists the persona names in display order.
+var Personas = []string{Engineer, Lead, Finance, Admin}
+
+// PersonaEmail maps a persona to its demo user.
+var PersonaEmail = map[string]string{
+	Engineer: "noah@example.com",
+	Lead:     "nadia@example.com",
+	Finance:  "finn@example.com",
+	Admin:    "ada@example.com",
+}
+
+type person struct {
+	name, email, team, role string
+	admin, finance          bool
+}
+
+var people = []person{
+	{"Ada Admin", "ada@example.com", "", "", true, false},
+	{"Finn Finance", "finn@example.com", "", "", false, true},
+	{"Farah Haddad", "farah@example.com", "fraud", allot.TeamRoleLead, false, false},
+	{"Felix Braun", "felix@example.com", "fraud", allot.TeamRoleMember, false, false},
+	{"Fiona Walsh", "fiona@example.com", "fraud", allot.TeamRoleMember, false, false},
+	{"Rosa Martins", "rosa@example.com", "recs", allot.TeamRoleLead, false, false},
+	{"Ravi Iyer", "ravi@example.com", "recs", allot.TeamRoleMember, false, false},
+	{"Rui Costa", "rui@example.com", "recs", allot.TeamRoleMember, false, false},
+	{"Nadia Petrova", "nadia@example.com", "nlp", allot.TeamRoleLead, false, false},
+	{"Noah Kim", "noah@example.com", "nlp", allot.TeamRoleMember, false, false},
+	{"Nina Rossi", "nina@example.com", "nlp", allot.TeamRoleMember, false, false},
+}
+
+// team describes one demo team and the share of its budget already used.
+type team struct {
+	allot.Team
+	usedPct int      // percent of the monthly budget used so far
+	nodes   []string // nodes its history ran on
+}
+
+// Tiers are the five tiers of DESIGN.md with demo prices and limits.
+func Tiers() []allot.Tier {
+	return []allot.Tier{
+		{ID: allot.Tier1, Name: "Production incident", Description: "Production incident retraining: dedicated reservation, may preempt tiers 3–4 and preemptible work.",
+			ClassOrder: 1, MayPreempt: []allot.TierID{allot.Tier3, allot.Tier4, allot.TierPreemptible}, ReservedGPUs: 16, MultiplierBP: 15000, MaxRuntime: 48 * time.Hour},
+		{ID: allot.Tier2, Name: "Scheduled production", Description: "Scheduled production retraining: dedicated reservation, may preempt preemptible work.",
+			ClassOrder: 2, MayPreempt: []allot.TierID{allot.TierPreemptible}, ReservedGPUs: 16, MultiplierBP: 12500, MaxRuntime: 72 * time.Hour},
+		{ID: allot.Tier3, Name: "Experiment", Description: "Experiment development and validation: fair share.",
+			ClassOrder: 3, MultiplierBP: 10000, MaxRuntime: 7 * 24 * time.Hour},
+		{ID: allot.Tier4, Name: "Exploration", Description: "Exploratory research and sweeps: fair share.",
+			ClassOrder: 4, MultiplierBP: 10000, MaxRuntime: 7 * 24 * time.Hour},
+		{ID: allot.TierPreemptible, Name: "Preemptible", Description: "Runs on idle GPUs only and is killed first; 70 % off.",
+			ClassOrder: 5, MultiplierBP: 3000, MaxRuntime: 3 * 24 * time.Hour},
+	}
+}
+
+// Nodes returns gpu01–gpu16, 8 GPUs each: gpu01–gpu08 A100-80GB in domain
+// ib-a; gpu09–gpu12 A100-80GB and gpu13–gpu16 T4 in domain ib-b.
+func Nodes() []allot.Node {
+	var out []allot.Node
+	for i := 1; i <= 16; i++ {
+		n := allot.Node{Name: fmt.Sprintf("gpu%02d", i), GPUType: "A100-80GB", GPUCount: 8, Site: allot.SiteOnPrem,
+			Domain: "ib-a", Rack: fmt.Sprintf("r%d", (i-1)/4+1), State: allot.NodeUp}
+		if i > 8 {
+			n.Domain = "ib-b"
+		}
+		if i > 12 {
+			n.GPUType = "T4"
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+// Seed fills an empty, migrated database with the demo organisation as of
+// st.Now(). It fails if the database already holds teams.
+func Seed(ctx context.Context, st *store.Store) error {
+	now := st.Now().UTC()
+	monthStart := store.MonthStart(now)
+	for _, g := range []allot.GPUType{
+		{Name: "A100-80GB", MemoryGB: 80, HourlyRate: allot.Money{Micros: 3_200_000, Currency: "USD"}},
+		{Name: "T4", MemoryGB: 16, HourlyRate: allot.Money{Micros: 350_000, Currency: "USD"}},
+	} {
+		if err := st.CreateGPUType(ctx, &g, monthStart.AddDate(-1, 0, 0)); err != nil {
+			return fmt.Errorf("seeding GPU types: %w", err)
+		}
+	}
+	for _, t := range Tiers() {
+		if err := st.UpsertTier(ctx, &t); err != nil {
+			return fmt.Errorf("seeding tiers: %w", err)
+		}
+	}
+	for _, n := range Nodes() {
+		if err := st.CreateNode(ctx, &n); err != nil {
+			return fmt.Errorf("seeding nodes: %w", err)
+		}
+	}
+	p := allot.DefaultPolicy()
+	if err := st.InsertPolicy(ctx, &p); err != nil {
+		return fmt.Errorf("seeding policy: %w", err)
+	}
+
+	teams := []team{
+		{allot.Team{Slug: "fraud", Name: "Fraud Detection", CostCenter: "CC-4100", MonthlyBudgetGPUHours: 2000, FairShareWeight: 1,
+			Guarantees: map[string]int{"A100-80GB": 16}}, 35, []string{"gpu01", "gpu02", "gpu03", "gpu04"}},
+		{allot.Team{Slug: "recs", Name: "Recommendations", CostCenter: "CC-4200", MonthlyBudgetGPUHours: 3000, FairShareWeight: 1,
+			Guarantees: map[string]int{"A100-80GB": 24, "T4": 16}}, 82, []string{"gpu05", "gpu06", "gpu07", "gpu08"}},
+		{allot.Team{Slug: "nlp", Name: "Language Models", CostCenter: "CC-4300", MonthlyBudgetGPUHours: 4000, FairShareWeight: 2,
+			Guarantees: map[string]int{"A100-80GB": 32}}, 104, []string{"gpu09", "gpu10", "gpu11", "gpu12"}},
+	}
+	// Early in a month there is little time to have used anything: scale
+	// budgets down so the usage percentages still fit before now.
+	elapsed := now.Sub(monthStart).Hours()
+	scale := 1.0
+	for _, t := range teams {
+		need := float64(t.MonthlyBudgetGPUHours) * float64(t.usedPct) / 100
+		capacity := float64(len(t.nodes)*8) * elapsed * 0.9
+		if need > capacity && capacity > 0 {
+			scale = min(scale, capacity/need)
+		}
+	}
+	for i := range teams {
+		t := &teams[i]
+		t.MonthlyBudgetGPUHours = max(1, int64(float64(t.MonthlyBudgetGPUHours)*scale))
+		if err := st.CreateTeam(ctx, &t.Team); err != nil {
+			return fmt.Errorf("seeding teams: %w", err)
+		}
+	}
+	users := map[string]*allot.User{}
+	byTeam := map[string][]*allot.User{}
+	for _, p := range people {
+		u := &allot.User{OIDCSubject: "demo|" + p.email, Email: p.email, Name: p.name, Admin: p.admin, Finance: p.finance}
+		if p.team != "" {
+			u.Memberships = []allot.Membership{{Team: p.team, Role: p.role}}
+		}
+		if err := st.CreateUser(ctx, u); err != nil {
+			return fmt.Errorf("seeding users: %w", err)
+		}
+		users[p.email] = u
+		if p.team != "" {
+			byTeam[p.team] = append(byTeam[p.team], u)
+		}
+	}
+	for _, t := range teams {
+		if err := seedHistory(ctx, st, t, byTeam[t.Slug], monthStart, now); err != nil {
+			return err
+		}
+	}
+	return seedQueue(ctx, st, users)
+}
+
+// seedHistory records completed 8-GPU jobs back to back on the team's nodes
+// from the start of the month until the team has used usedPct of its budget.
+func seedHistory(ctx context.Context, st *store.Store, t team, members []*allot.User, monthStart, now time.Time) error {
+	target := time.Duration(t.MonthlyBudgetGPUHours*int64(t.usedPct)/100) * time.Hour / 8 // node-time at 8 GPUs
+	const chunk = 6 * time.Hour
+	nodeFree := make([]time.Time, len(t.nodes))
+	for i := range nodeFree {
+		nodeFree[i] = monthStart
+	}
+	names := []string{"bert-finetune", "ranker-train", "eval-sweep", "ablation", "distill", "pretrain-shard"}
+	for k := 0; target > 0; k++ {
+		d := min(chunk, target)
+		target -= d
+		n := k % len(t.nodes)
+		start := nodeFree[n]
+		end := start.Add(d)
+		if !end.Before(now) {
+			return fmt.Errorf("seeding history of %s: not enough time this month", t.Slug)
+		}
+		nodeFree[n] = end
+		u := members[k%len(members)]
+		spec := allot.JobSpec{Name: fmt.Sprintf("%s-%d", names[k%len(names)], k+1), Team: t.Slug, Tier: []allot.TierID{allot.Tier3, allot.Tier4, allot.Tier3, allot.Tier2}[k%4],
+			GPUs: 8, GPUType: "A100-80GB", TimeLimit: 8 * time.Hour, Command: []string{"python", "train.py", "--epochs", "3"}}
+		state := allot.JobCompleted
+		if k%9 == 4 {
+			state = allot.JobFailed
+		}
+		if err := st.RecordFinishedJob(ctx, u, spec, state, start.Add(-time.Duration(k%5)*time.Minute), start, end, t.nodes[n], []int{0, 1, 2, 3, 4, 5, 6, 7}); err != nil {
+			return fmt.Errorf("seeding history of %s: %w", t.Slug, err)
+		}
+	}
+	return nil
+}
+
+// seedQueue submits a few pending jobs through the normal submission path.
+func seedQueue(ctx context.Context, st *store.Store, users map[string]*allot.User) error {
+	for _, q := range []struct {
+		email string
+		spec  allot.JobSpec
+	}{
+		{"noah@example.com", allot.JobSpec{Name: "llama-sft", Team: "nlp", Tier: allot.Tier3, GPUs: 16, GPUType: "A100-80GB", TimeLimit: 12 * time.Hour,
+			Command: []string{"torchrun", "sft.py", "--config", "sft.yaml"}, Checkpointable: true}},
+		{"felix@example.com", allot.JobSpec{Name: "fraud-gbdt-gpu", Team: "fraud", Tier: allot.Tier3, GPUs: 2, TimeLimit: 2 * time.Hour,
+			Command: []string{"python", "train_gbdt.py"}}},
+		{"rosa@example.com", allot.JobSpec{Name: "ranker-nightly", Team: "recs", Tier: allot.Tier2, GPUs: 8, GPUType: "A100-80GB", TimeLimit: 6 * time.Hour,
+			Command: []string{"python", "-m", "ranker.train", "--nightly"}, Checkpointable: true}},
+		{"ravi@example.com", allot.JobSpec{Name: "embedding-sweep", Team: "recs", Tier: allot.Tier4, GPUs: 1, GPUType: "T4", TimeLimit: 3 * time.Hour,
+			Command: []string{"python", "sweep.py", "--trial", "7"}, Preemptible: true}},
+	} {
+		if _, err := st.SubmitJob(ctx, users[q.email], q.spec); err != nil {
+			return fmt.Errorf("seeding queue: %w", err)
+		}
+	}
+	return nil
+}

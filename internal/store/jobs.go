@@ -1,0 +1,371 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/allotlabs/allot/internal/allot"
+	"github.com/jackc/pgx/v5"
+)
+
+// MonthStart returns the first instant of t's month in UTC.
+func MonthStart(t time.Time) time.Time {
+	t = t.UTC()
+	return time.Date(t.Year(), t.Month(), 1, 0, 0, 0, 0, time.UTC)
+}
+
+// TeamMonthUsage returns the GPU-seconds allocated to team's jobs in the
+// month containing s.Now(), up to now (running allocations count up to now).
+func (s *Store) TeamMonthUsage(ctx context.Context, team string) (int64, error) {
+	now := s.Now()
+	var used int64
+	err := s.db.QueryRow(ctx, `
+		SELECT coalesce(sum(floor(extract(epoch FROM least(coalesce(a.released_at, $3), $3) - greatest(a.started_at, $2)))), 0)::bigint
+		FROM allocations a JOIN jobs j ON j.id = a.job_id
+		WHERE j.team = $1 AND a.started_at < $3 AND coalesce(a.released_at, $3) > $2`,
+		team, MonthStart(now), now).Scan(&used)
+	return used, mapErr(fmt.Sprintf("computing usage of team %q", team), err)
+}
+
+// submitContext loads what a submission is judged on.
+func (s *Store) submitContext(ctx context.Context, u *allot.User, spec *allot.JobSpec) (allot.SubmitContext, int64, error) {
+	c := allot.SubmitContext{Submitter: u}
+	var budget int64
+	err := s.db.QueryRow(ctx, `SELECT monthly_budget_gpu_hours FROM teams WHERE slug = $1`, spec.Team).Scan(&budget)
+	switch {
+	case err == nil:
+		c.TeamFound = true
+	case err != pgx.ErrNoRows:
+		return c, 0, mapErr("loading team", err)
+	}
+	if _, ok := allot.ParseTier(string(spec.Tier)); ok {
+		t, err := s.GetTier(ctx, spec.Tier)
+		if err == nil {
+			c.Tier = &t
+		} else if allot.ErrorCode(err) != allot.ENotFound {
+			return c, 0, err
+		}
+	}
+	types, err := s.ListGPUTypes(ctx)
+	if err != nil {
+		return c, 0, err
+	}
+	for _, g := range types {
+		c.GPUTypes = append(c.GPUTypes, g.Name)
+	}
+	if c.MaxGang, err = s.MaxGang(ctx); err != nil {
+		return c, 0, err
+	}
+	return c, budget, nil
+}
+
+// QuotaPreview validates spec for u and returns what the budget check would
+// say, without writing anything. It is what the form shows before submit.
+func (s *Store) QuotaPreview(ctx context.Context, u *allot.User, spec *allot.JobSpec) (allot.QuotaOutcome, error) {
+	c, budget, err := s.submitContext(ctx, u, spec)
+	if err != nil {
+		return allot.QuotaOutcome{}, err
+	}
+	if err := allot.ValidateSubmission(spec, c); err != nil {
+		return allot.QuotaOutcome{}, err
+	}
+	used, err := s.TeamMonthUsage(ctx, spec.Team)
+	if err != nil {
+		return allot.QuotaOutcome{}, err
+	}
+	return allot.CheckQuota(spec, budget, used), nil
+}
+
+// SubmitJob applies the one submission rule set (validation against the
+// cluster, then the budget check, which never blocks) and stores the job
+// as pending. It writes nothing when the spec is invalid.
+func (s *Store) SubmitJob(ctx context.Context, u *allot.User, spec allot.JobSpec) (allot.Job, error) {
+	var job allot.Job
+	err := s.InTx(ctx, func(tx *Store) error {
+		if spec.Name == "" && len(spec.Command) > 0 {
+			spec.Name = defaultJobName(spec.Command)
+		}
+		c, budget, err := tx.submitContext(ctx, u, &spec)
+		if err != nil {
+			return err
+		}
+		if err := allot.ValidateSubmission(&spec, c); err != nil {
+			return err
+		}
+		// Serialize submissions per team so two concurrent submits see each
+		// other's effect on the budget consistently.
+		if _, err := tx.db.Exec(ctx, `SELECT 1 FROM teams WHERE slug = $1 FOR UPDATE`, spec.Team); err != nil {
+			return mapErr("locking team", err)
+		}
+		used, err := tx.TeamMonthUsage(ctx, spec.Team)
+		if err != nil {
+			return err
+		}
+		q := allot.CheckQuota(&spec, budget, used)
+		env := spec.Env
+		if env == nil {
+			env = map[string]string{}
+		}
+		envJSON, _ := json.Marshal(env)
+		var gpuType *string
+		if spec.GPUType != "" {
+			gpuType = &spec.GPUType
+		}
+		var perNode *int
+		if spec.GPUsPerNode > 0 {
+			perNode = &spec.GPUsPerNode
+		}
+		var id int64
+		err = tx.db.QueryRow(ctx, `
+			INSERT INTO jobs (name, team, user_id, tier, gpus, gpu_type, gpus_per_node, time_limit_s, command, env, workdir,
+				checkpointable, preemptible, demoted, quota_warning, pending_reason, submitted_at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) RETURNING id`,
+			spec.Name, spec.Team, u.ID, string(spec.Tier), spec.GPUs, gpuType, perNode, int64(spec.TimeLimit/time.Second),
+			spec.Command, envJSON, spec.WorkDir, spec.Checkpointable, spec.Preemptible || q.Preemptible, q.Preemptible,
+			q.Warning, "waiting for the next scheduling cycle", s.Now()).Scan(&id)
+		if err != nil {
+			return mapErr("creating job", err)
+		}
+		job, err = tx.GetJob(ctx, id)
+		return err
+	})
+	return job, err
+}
+
+func defaultJobName(cmd []string) string {
+	name := cmd[0]
+	if i := strings.LastIndex(name, "/"); i >= 0 {
+		name = name[i+1:]
+	}
+	for _, a := range cmd[1:] {
+		if !strings.HasPrefix(a, "-") {
+			if i := strings.LastIndex(a, "/"); i >= 0 {
+				a = a[i+1:]
+			}
+			name += " " + a
+			break
+		}
+	}
+	var b strings.Builder
+	for _, r := range name {
+		if r < 128 && (r == ' ' || r == '.' || r == '-' || r == '_' || ('a' <= r && r <= 'z') || ('A' <= r && r <= 'Z') || ('0' <= r && r <= '9')) {
+			b.WriteRune(r)
+		}
+	}
+	out := strings.TrimLeft(b.String(), " .-_")
+	if len(out) > 128 {
+		out = out[:128]
+	}
+	if out == "" {
+		out = "job"
+	}
+	return out
+}
+
+const jobSelect = `
+	SELECT j.id, j.name, j.team, j.user_id, u.email, j.tier, j.gpus, coalesce(j.gpu_type, ''), coalesce(j.gpus_per_node, 0),
+		j.time_limit_s, j.command, j.env, j.workdir, j.checkpointable, j.preemptible, j.demoted, j.state,
+		j.submitted_at, j.started_at, j.ended_at, j.exit_code, j.priority, j.priority_breakdown, j.pending_reason,
+		j.quota_warning, j.updated_at
+	FROM jobs j JOIN users u ON u.id = j.user_id`
+
+func scanJob(r pgx.Row) (allot.Job, error) {
+	var j allot.Job
+	var tier, state string
+	var limit int64
+	var env, breakdown []byte
+	var started, ended *time.Time
+	err := r.Scan(&j.ID, &j.Name, &j.Team, &j.UserID, &j.User, &tier, &j.GPUs, &j.GPUType, &j.GPUsPerNode,
+		&limit, &j.Command, &env, &j.WorkDir, &j.Checkpointable, &j.Preemptible, &j.Demoted, &state,
+		&j.SubmittedAt, &started, &ended, &j.ExitCode, &j.Priority, &breakdown, &j.PendingReason,
+		&j.QuotaWarning, &j.UpdatedAt)
+	if err != nil {
+		return j, err
+	}
+	j.Tier, j.State = allot.TierID(tier), allot.JobState(state)
+	j.TimeLimit = time.Duration(limit) * time.Second
+	if started != nil {
+		j.StartedAt = *started
+	}
+	if ended != nil {
+		j.EndedAt = *ended
+	}
+	if err := json.Unmarshal(env, &j.Env); err != nil {
+		return j, fmt.Errorf("decoding env: %w", err)
+	}
+	if err := json.Unmarshal(breakdown, &j.Breakdown); err != nil {
+		return j, fmt.Errorf("decoding priority breakdown: %w", err)
+	}
+	return j, nil
+}
+
+// GetJob returns one job.
+func (s *Store) GetJob(ctx context.Context, id int64) (allot.Job, error) {
+	j, err := scanJob(s.db.QueryRow(ctx, jobSelect+` WHERE j.id = $1`, id))
+	return j, mapErr(fmt.Sprintf("loading job %d", id), err)
+}
+
+// JobFilter selects jobs for ListJobs. Zero fields match everything.
+type JobFilter struct {
+	Teams    []string // restrict to these teams; nil = all teams
+	Team     string
+	State    allot.JobState
+	UserID   int64
+	BeforeID int64 // for paging: only jobs with id < BeforeID
+	Limit    int   // default 100, at most 1000
+}
+
+// ListJobs returns jobs matching f, newest first.
+func (s *Store) ListJobs(ctx context.Context, f JobFilter) ([]allot.Job, error) {
+	var where []string
+	var args []any
+	add := func(cond string, v any) {
+		args = append(args, v)
+		where = append(where, fmt.Sprintf(cond, len(args)))
+	}
+	if f.Teams != nil {
+		add("j.team = ANY($%d)", f.Teams)
+	}
+	if f.Team != "" {
+		add("j.team = $%d", f.Team)
+	}
+	if f.State != "" {
+		add("j.state = $%d", string(f.State))
+	}
+	if f.UserID != 0 {
+		add("j.user_id = $%d", f.UserID)
+	}
+	if f.BeforeID > 0 {
+		add("j.id < $%d", f.BeforeID)
+	}
+	if f.Limit <= 0 {
+		f.Limit = 100
+	}
+	if f.Limit > 1000 {
+		f.Limit = 1000
+	}
+	q := jobSelect
+	if len(where) > 0 {
+		q += " WHERE " + strings.Join(where, " AND ")
+	}
+	args = append(args, f.Limit)
+	q += fmt.Sprintf(" ORDER BY j.id DESC LIMIT $%d", len(args))
+	rows, err := s.db.Query(ctx, q, args...)
+	if err != nil {
+		return nil, mapErr("listing jobs", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (allot.Job, error) { return scanJob(r) })
+	return out, mapErr("listing jobs", err)
+}
+
+// CanManageJob reports whether u may cancel j: its submitter, a lead of its
+// team, or an admin.
+func CanManageJob(u *allot.User, j *allot.Job) bool {
+	return u.Admin || u.ID == j.UserID || u.LeadOf(j.Team)
+}
+
+// CancelJob cancels a pending or running job on behalf of u. A running
+// job's allocations are released now; its agent stops the process.
+func (s *Store) CancelJob(ctx context.Context, u *allot.User, id int64) (allot.Job, error) {
+	var job allot.Job
+	err := s.InTx(ctx, func(tx *Store) error {
+		j, err := scanJob(tx.db.QueryRow(ctx, jobSelect+` WHERE j.id = $1 FOR UPDATE OF j`, id))
+		if err != nil {
+			return mapErr(fmt.Sprintf("loading job %d", id), err)
+		}
+		if !u.Admin && !u.MemberOf(j.Team) && !u.Finance {
+			return fmt.Errorf("loading job %d: %w", id, allot.ErrNotFound)
+		}
+		if !CanManageJob(u, &j) {
+			return allot.Errorf(allot.EForbidden, "only the submitter, a lead of team %s or an admin can cancel job %d", j.Team, id)
+		}
+		now := s.Now()
+		if err := j.Transition(allot.JobCancelled, now); err != nil {
+			return err
+		}
+		if _, err := tx.db.Exec(ctx, `UPDATE jobs SET state = $2, ended_at = $3, pending_reason = '', updated_at = $3 WHERE id = $1`,
+			id, string(j.State), now); err != nil {
+			return mapErr("cancelling job", err)
+		}
+		if _, err := tx.db.Exec(ctx, `UPDATE allocations SET released_at = greatest($2, started_at) WHERE job_id = $1 AND released_at IS NULL`, id, now); err != nil {
+			return mapErr("releasing allocations", err)
+		}
+		job, err = tx.GetJob(ctx, id)
+		return err
+	})
+	return job, err
+}
+
+// Allocate records that job holds gpus on node from at. The database
+// refuses a GPU that is already in an active allocation (EConflict).
+func (s *Store) Allocate(ctx context.Context, jobID int64, node string, gpus []int, at time.Time) (allot.Allocation, error) {
+	a := allot.Allocation{JobID: jobID, Node: node, GPUIndices: gpus, StartedAt: at}
+	if len(gpus) == 0 {
+		return a, (allot.FieldErrors{"gpus": "at least one GPU"}).Err()
+	}
+	_, err := s.db.Exec(ctx, `
+		INSERT INTO allocations (job_id, segment, node, gpu_index, started_at)
+		SELECT $1, coalesce((SELECT max(segment) FROM allocations WHERE job_id = $1 AND released_at IS NOT NULL), 0) + 1, $2, g, $4
+		FROM unnest($3::int[]) AS g`, jobID, node, gpus, at)
+	if err != nil {
+		return a, mapErr(fmt.Sprintf("allocating GPUs %v on %s to job %d", gpus, node, jobID), err)
+	}
+	return a, nil
+}
+
+// ActiveAllocations returns the active allocations, one per job and node.
+func (s *Store) ActiveAllocations(ctx context.Context) ([]allot.Allocation, error) {
+	rows, err := s.db.Query(ctx, `
+		SELECT min(id), job_id, node, array_agg(gpu_index ORDER BY gpu_index), min(started_at)
+		FROM allocations WHERE released_at IS NULL GROUP BY job_id, node ORDER BY job_id, node`)
+	if err != nil {
+		return nil, mapErr("listing allocations", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (allot.Allocation, error) {
+		var a allot.Allocation
+		var g []int32
+		err := r.Scan(&a.ID, &a.JobID, &a.Node, &g, &a.StartedAt)
+		for _, x := range g {
+			a.GPUIndices = append(a.GPUIndices, int(x))
+		}
+		return a, err
+	})
+	return out, mapErr("listing allocations", err)
+}
+
+// RecordFinishedJob stores a job that already ran on node's gpus from start
+// to end and finished in state (completed, failed or cancelled). It is used
+// for imports and demo history; the allocation constraint still applies.
+func (s *Store) RecordFinishedJob(ctx context.Context, u *allot.User, spec allot.JobSpec, state allot.JobState, submitted, start, end time.Time, node string, gpus []int) error {
+	if !state.Terminal() {
+		return allot.Errorf(allot.EInvalid, "a finished job must be completed, failed or cancelled, not %s", state)
+	}
+	if err := spec.Validate(); err != nil {
+		return err
+	}
+	return s.InTx(ctx, func(tx *Store) error {
+		var gpuType *string
+		if spec.GPUType != "" {
+			gpuType = &spec.GPUType
+		}
+		var exit *int
+		if code := map[allot.JobState]int{allot.JobCompleted: 0, allot.JobFailed: 1}[state]; state != allot.JobCancelled {
+			exit = &code
+		}
+		var id int64
+		err := tx.db.QueryRow(ctx, `
+			INSERT INTO jobs (name, team, user_id, tier, gpus, gpu_type, time_limit_s, command, state, submitted_at, started_at, ended_at, exit_code, updated_at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $12) RETURNING id`,
+			spec.Name, spec.Team, u.ID, string(spec.Tier), spec.GPUs, gpuType, int64(spec.TimeLimit/time.Second), spec.Command,
+			string(state), submitted, start, end, exit).Scan(&id)
+		if err != nil {
+			return mapErr("recording job", err)
+		}
+		_, err = tx.db.Exec(ctx, `INSERT INTO allocations (job_id, node, gpu_index, started_at, released_at) SELECT $1, $2, g, $4, $5 FROM unnest($3::int[]) g`,
+			id, node, gpus, start, end)
+		return mapErr("recording allocation", err)
+	})
+}

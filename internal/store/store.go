@@ -1,0 +1,210 @@
+// Package store is the one package that speaks SQL: a *Store over pgx (a
+// pool or a transaction) that maps rows to domain types and PostgreSQL
+// errors to domain errors.
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/migrations"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivermigrate"
+)
+
+// DBTX is what a Store runs statements on: a pool or a transaction.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Store reads and writes Allot's state.
+type Store struct {
+	db DBTX
+	// Now is the clock used for timestamps the store computes (month
+	// boundaries, usage up to now). Tests may replace it.
+	Now func() time.Time
+}
+
+// New returns a Store over db (usually a *pgxpool.Pool).
+func New(db DBTX) *Store { return &Store{db: db, Now: time.Now} }
+
+// Open connects a pool to url and checks the connection.
+func Open(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parsing database URL: %w", err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to database: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connecting to database: %w", err)
+	}
+	return pool, nil
+}
+
+// InTx runs fn in a transaction on a Store bound to it; it commits when fn
+// returns nil and rolls back otherwise.
+func (s *Store) InTx(ctx context.Context, fn func(*Store) error) error {
+	tx, err := s.db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("beginning transaction: %w", err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // no-op after commit
+	if err := fn(&Store{db: tx, Now: s.Now}); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return mapErr("committing", err)
+	}
+	return nil
+}
+
+// Ping checks the database answers.
+func (s *Store) Ping(ctx context.Context) error {
+	var one int
+	return s.db.QueryRow(ctx, "SELECT 1").Scan(&one)
+}
+
+// mapErr turns PostgreSQL errors into domain errors.
+func mapErr(action string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%s: %w", action, allot.ErrNotFound)
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		switch pe.Code {
+		case "23505", "23P01": // unique_violation, exclusion_violation
+			return fmt.Errorf("%s: %w", action, &allot.Error{Code: allot.EConflict, Message: conflictMessage(pe)})
+		case "23503", "23514", "23502", "22P02", "22003": // FK, check, not null, bad text repr, out of range
+			return fmt.Errorf("%s: %w", action, &allot.Error{Code: allot.EInvalid, Message: "the database refused the value: " + pe.ConstraintName + " " + pe.Message})
+		case "40001", "40P01":
+			return fmt.Errorf("%s: %w", action, &allot.Error{Code: allot.EConflict, Message: "concurrent update, retry"})
+		}
+	}
+	return fmt.Errorf("%s: %w", action, err)
+}
+
+func conflictMessage(pe *pgconn.PgError) string {
+	switch pe.ConstraintName {
+	case "allocations_one_active_per_gpu":
+		return "GPU is already allocated to another active job"
+	}
+	return "already exists (" + pe.ConstraintName + ")"
+}
+
+// Migrate applies Allot's numbered migrations (one transaction each, under
+// an advisory lock so concurrent migrators wait) and River's own tables.
+func Migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	defer conn.Release()
+	const lockKey = 7_401_223_001
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", lockKey); err != nil {
+		return fmt.Errorf("migrate: taking lock: %w", err)
+	}
+	defer conn.Exec(context.Background(), "SELECT pg_advisory_unlock($1)", lockKey) //nolint:errcheck
+	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS allot_migrations (
+		version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	files, err := Migrations()
+	if err != nil {
+		return err
+	}
+	for _, m := range files {
+		var done bool
+		if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM allot_migrations WHERE version = $1)", m.Version).Scan(&done); err != nil {
+			return fmt.Errorf("migrate: %w", err)
+		}
+		if done {
+			continue
+		}
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			return fmt.Errorf("migrate: %w", err)
+		}
+		if _, err := tx.Exec(ctx, m.SQL); err != nil {
+			tx.Rollback(ctx) //nolint:errcheck
+			return fmt.Errorf("migrate: applying %s: %w", m.Name, err)
+		}
+		if _, err := tx.Exec(ctx, "INSERT INTO allot_migrations (version, name) VALUES ($1, $2)", m.Version, m.Name); err != nil {
+			tx.Rollback(ctx) //nolint:errcheck
+			return fmt.Errorf("migrate: recording %s: %w", m.Name, err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return fmt.Errorf("migrate: committing %s: %w", m.Name, err)
+		}
+		log.Info("applied migration", "name", m.Name)
+	}
+	migrator, err := rivermigrate.New(riverpgxv5.New(pool), nil)
+	if err != nil {
+		return fmt.Errorf("migrate: river: %w", err)
+	}
+	res, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil)
+	if err != nil {
+		return fmt.Errorf("migrate: river: %w", err)
+	}
+	for _, v := range res.Versions {
+		log.Info("applied river migration", "version", v.Version)
+	}
+	return nil
+}
+
+// Migration is one embedded SQL file.
+type Migration struct {
+	Version int
+	Name    string
+	SQL     string
+}
+
+// Migrations lists the embedded migrations in version order.
+func Migrations() ([]Migration, error) {
+	names, err := fs.Glob(migrations.FS, "*.up.sql")
+	if err != nil {
+		return nil, err
+	}
+	var out []Migration
+	for _, n := range names {
+		v, err := strconv.Atoi(strings.SplitN(n, "_", 2)[0])
+		if err != nil {
+			return nil, fmt.Errorf("migration %s: name must start with a number", n)
+		}
+		b, err := fs.ReadFile(migrations.FS, n)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, Migration{Version: v, Name: n, SQL: string(b)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	for i := 1; i < len(out); i++ {
+		if out[i].Version == out[i-1].Version {
+			return nil, fmt.Errorf("migrations %s and %s share a version", out[i-1].Name, out[i].Name)
+		}
+	}
+	return out, nil
+}
