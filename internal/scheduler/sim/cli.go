@@ -1,15 +1,503 @@
-// Package sim replays a GPU-cluster job trace in virtual time through the
-// scheduler core, comparing Allot's policy with Slurm-style baselines.
 package sim
 
 import (
+	"encoding/json"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"os"
+	"runtime"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/allotlabs/allot/internal/scheduler"
 )
 
+const usageText = `usage: allot sim --trace FILE [flags]
+
+Replays a job trace in virtual time through the scheduler core and the
+Slurm-style baselines, side by side, and prints one row of metrics per policy.
+
+flags:
+`
+
+// options are the parsed flags of allot sim.
+type options struct {
+	trace, teams, policies, window, team, tierMix, jsonOut, plotOut string
+	nodes, gpusPerNode, domainNodes                                 int
+	timeScale, walltime, ckptFraction                               float64
+	seed                                                            int64
+	cycle, ckptInterval                                             time.Duration
+	progress                                                        bool
+}
+
 // Main runs `allot sim` with args (without the subcommand name) and returns
-// the process exit code.
+// the process exit code: 0 on success, 2 on bad flags or input, 1 when a
+// replay fails.
 func Main(args []string, stdout, stderr io.Writer) int {
-	fmt.Fprintln(stderr, "allot sim: not implemented yet")
-	return 2
+	return main(args, stdout, stderr, nil)
+}
+
+func main(args []string, stdout, stderr io.Writer, sched ScheduleFunc) int {
+	o, err := parseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "allot sim: %v\n", err)
+		return 2
+	}
+	setup, err := load(o)
+	if err != nil {
+		fmt.Fprintf(stderr, "allot sim: %v\n", err)
+		return 2
+	}
+	setup.sched = sched
+	results, err := setup.runAll(o, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "allot sim: %v\n", err)
+		return 1
+	}
+	if o.jsonOut != "-" {
+		writeTable(stdout, setup, results)
+	}
+	if o.jsonOut != "" {
+		if err := writeJSON(o.jsonOut, stdout, setup.modes, results); err != nil {
+			fmt.Fprintf(stderr, "allot sim: %v\n", err)
+			return 1
+		}
+	}
+	if o.plotOut != "" {
+		if err := writePlot(o.plotOut, setup.modes, results); err != nil {
+			fmt.Fprintf(stderr, "allot sim: %v\n", err)
+			return 1
+		}
+	}
+	return 0
+}
+
+// secondsOrDuration accepts a Go duration ("10s", "1m30s") or plain seconds
+// ("10", "0").
+type secondsOrDuration struct{ d *time.Duration }
+
+func (v secondsOrDuration) String() string {
+	if v.d == nil {
+		return ""
+	}
+	return v.d.String()
+}
+
+func (v secondsOrDuration) Set(s string) error {
+	if f, err := strconv.ParseFloat(s, 64); err == nil {
+		if f < 0 {
+			return errors.New("must be ≥ 0")
+		}
+		*v.d = secs(f)
+		return nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return errors.New("want a duration such as 10s or plain seconds")
+	}
+	if d < 0 {
+		return errors.New("must be ≥ 0")
+	}
+	*v.d = d
+	return nil
+}
+
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	o := &options{cycle: 10 * time.Second, ckptInterval: 30 * time.Minute}
+	fs := flag.NewFlagSet("allot sim", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usageText)
+		fs.PrintDefaults()
+	}
+	fs.StringVar(&o.trace, "trace", "", "normalized trace CSV (job_id,submit_s,duration_s,gpus,user,team,status); required")
+	fs.StringVar(&o.teams, "teams", "", "teams CSV: team name first, then gpus (or nodes, gpus_per_node); the team guarantees, and the cluster size when --nodes is 0")
+	fs.IntVar(&o.nodes, "nodes", 0, "nodes in the cluster; 0 = the teams file's total GPUs / --gpus-per-node")
+	fs.IntVar(&o.gpusPerNode, "gpus-per-node", 8, "GPUs per node (1..64)")
+	fs.IntVar(&o.domainNodes, "domain-nodes", 32, "nodes per interconnect domain; 0 = no domain constraint")
+	fs.StringVar(&o.policies, "policy", "allot,easy,fifo,fifo-partitioned", "comma-separated policies to replay side by side")
+	fs.Float64Var(&o.timeScale, "time-scale", 1, "divide inter-arrival times by this (> 0) to raise the load")
+	fs.StringVar(&o.window, "window", "", "START:END: keep jobs with START ≤ submit_s < END (trace seconds), rebased to 0")
+	fs.StringVar(&o.team, "team", "", "replay only this team's jobs")
+	fs.Float64Var(&o.walltime, "walltime-factor", 2, "time limit = duration × this (> 0)")
+	fs.StringVar(&o.tierMix, "tier-mix", "1:1,2:4,3:45,4:50", "tier:weight,…; a job's tier is a seeded hash of its id (tier 5 = preemptible)")
+	fs.Int64Var(&o.seed, "seed", 1, "seed of the tier and checkpointability hashes")
+	fs.StringVar(&o.jsonOut, "json", "", "write the metrics as JSON to this file ('-' = stdout, instead of the table)")
+	fs.StringVar(&o.plotOut, "plot", "", "write utilization over time and the wait CDF, one SVG with two panels, to this file")
+	fs.Var(secondsOrDuration{&o.cycle}, "cycle", "periodic cycle in virtual time (e.g. 10s); 0 = schedule only on submit/finish events")
+	fs.Var(secondsOrDuration{&o.ckptInterval}, "checkpoint-interval", "checkpointable jobs save their progress every this much run time")
+	fs.Float64Var(&o.ckptFraction, "checkpointable", 0.5, "fraction of jobs (seeded hash of the id) that checkpoint, 0..1")
+	fs.BoolVar(&o.progress, "progress", false, "draw a progress bar on stderr even when it is not a terminal")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
+		return nil, errors.New("bad flags (see allot sim -h)")
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q (flags only; see allot sim -h)", fs.Arg(0))
+	}
+	switch {
+	case o.trace == "":
+		return nil, errors.New("--trace is required")
+	case o.gpusPerNode < 1 || o.gpusPerNode > 64:
+		return nil, fmt.Errorf("--gpus-per-node %d: want 1..64", o.gpusPerNode)
+	case o.nodes < 0:
+		return nil, fmt.Errorf("--nodes %d: want ≥ 1 (or 0 to derive it from --teams)", o.nodes)
+	case o.domainNodes < 0:
+		return nil, fmt.Errorf("--domain-nodes %d: want ≥ 0", o.domainNodes)
+	case !(o.timeScale > 0):
+		return nil, fmt.Errorf("--time-scale %v: want > 0", o.timeScale)
+	case !(o.walltime > 0):
+		return nil, fmt.Errorf("--walltime-factor %v: want > 0", o.walltime)
+	case !(o.ckptFraction >= 0 && o.ckptFraction <= 1):
+		return nil, fmt.Errorf("--checkpointable %v: want 0..1", o.ckptFraction)
+	case o.ckptInterval <= 0:
+		return nil, errors.New("--checkpoint-interval: want > 0")
+	}
+	return o, nil
+}
+
+// setup is everything loaded and derived before the replays.
+type setup struct {
+	trace []TraceJob
+	teams []TeamSpec
+	modes []scheduler.Mode
+	mix   []TierWeight
+	win   Window
+	nodes int
+	sched ScheduleFunc
+}
+
+func parseModes(s string) ([]scheduler.Mode, error) {
+	var modes []scheduler.Mode
+	for _, p := range strings.Split(s, ",") {
+		m := scheduler.Mode(strings.TrimSpace(p))
+		switch m {
+		case scheduler.ModeAllot, scheduler.ModeEASY, scheduler.ModeFIFO, scheduler.ModeFIFOPartitioned:
+		default:
+			return nil, fmt.Errorf("--policy: unknown policy %q (want allot, easy, fifo or fifo-partitioned)", p)
+		}
+		if slices.Contains(modes, m) {
+			return nil, fmt.Errorf("--policy: %q listed twice", m)
+		}
+		modes = append(modes, m)
+	}
+	return modes, nil
+}
+
+func parseWindow(s string) (Window, error) {
+	if s == "" {
+		return Window{}, nil
+	}
+	a, b, ok := strings.Cut(s, ":")
+	fa, err1 := strconv.ParseFloat(a, 64)
+	fb, err2 := strconv.ParseFloat(b, 64)
+	if !ok || err1 != nil || err2 != nil || fa < 0 || fb <= fa {
+		return Window{}, fmt.Errorf("--window %q: want START:END in trace seconds with 0 ≤ START < END", s)
+	}
+	return Window{Start: secs(fa), End: secs(fb), Set: true}, nil
+}
+
+func load(o *options) (*setup, error) {
+	st := &setup{}
+	var err error
+	if st.modes, err = parseModes(o.policies); err != nil {
+		return nil, err
+	}
+	if st.mix, err = ParseTierMix(o.tierMix); err != nil {
+		return nil, fmt.Errorf("--%v", err)
+	}
+	if st.win, err = parseWindow(o.window); err != nil {
+		return nil, err
+	}
+	f, err := os.Open(o.trace)
+	if err != nil {
+		return nil, fmt.Errorf("--trace: %w", err)
+	}
+	all, err := ReadTrace(f)
+	f.Close()
+	if err != nil {
+		return nil, fmt.Errorf("--trace %s: %w", o.trace, err)
+	}
+	if o.teams != "" {
+		f, err := os.Open(o.teams)
+		if err != nil {
+			return nil, fmt.Errorf("--teams: %w", err)
+		}
+		st.teams, err = ReadTeams(f)
+		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("--teams %s: %w", o.teams, err)
+		}
+	}
+	st.nodes = o.nodes
+	if st.nodes == 0 {
+		if len(st.teams) == 0 {
+			return nil, errors.New("--nodes is required without --teams (the cluster size is derived from the teams' total GPUs)")
+		}
+		total := 0
+		for _, t := range st.teams {
+			total += t.GPUs
+		}
+		st.nodes = (total + o.gpusPerNode - 1) / o.gpusPerNode
+		if st.nodes == 0 {
+			return nil, errors.New("--teams: guarantees sum to 0 GPUs; give --nodes")
+		}
+	}
+	st.trace = Prepare(all, st.win, o.team, o.timeScale)
+	if len(st.trace) == 0 {
+		return nil, errors.New("no jobs to replay (check --window and --team)")
+	}
+	return st, nil
+}
+
+func (st *setup) config(o *options, m scheduler.Mode) Config {
+	p := scheduler.DefaultPolicy()
+	p.Mode = m
+	return Config{
+		Nodes:              st.nodes,
+		GPUsPerNode:        o.gpusPerNode,
+		DomainNodes:        o.domainNodes,
+		Teams:              st.teams,
+		Policy:             p,
+		Cycle:              o.cycle,
+		WalltimeFactor:     o.walltime,
+		TierMix:            st.mix,
+		Seed:               o.seed,
+		CheckpointFraction: o.ckptFraction,
+		CheckpointInterval: o.ckptInterval,
+		Schedule:           st.sched,
+		Timeline:           o.plotOut != "",
+	}
+}
+
+// runAll replays every policy concurrently, at most GOMAXPROCS at a time.
+func (st *setup) runAll(o *options, stderr io.Writer) ([]*Result, error) {
+	results := make([]*Result, len(st.modes))
+	errs := make([]error, len(st.modes))
+	counters := make([]*atomic.Int64, len(st.modes))
+	sem := make(chan struct{}, max(1, runtime.GOMAXPROCS(0)))
+	var wg sync.WaitGroup
+	for i, m := range st.modes {
+		counters[i] = new(atomic.Int64)
+		cfg := st.config(o, m)
+		cfg.Progress = counters[i]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			results[i], errs[i] = Run(cfg, st.trace)
+		}()
+	}
+	stop := func() {}
+	if o.progress || isTerminal(stderr) {
+		stop = progressBar(stderr, st.modes, counters, len(st.trace))
+	}
+	wg.Wait()
+	stop()
+	return results, errors.Join(errs...)
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// progressBar redraws one status line on w until the returned stop is
+// called.
+func progressBar(w io.Writer, modes []scheduler.Mode, counters []*atomic.Int64, total int) func() {
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	draw := func() {
+		var b strings.Builder
+		var sum int64
+		for _, c := range counters {
+			sum += c.Load()
+		}
+		frac := float64(sum) / float64(max(1, total*len(counters)))
+		const width = 30
+		fill := int(frac * width)
+		b.WriteString("\rsim [")
+		b.WriteString(strings.Repeat("#", fill))
+		b.WriteString(strings.Repeat(".", width-fill))
+		fmt.Fprintf(&b, "] %3.0f%%", 100*frac)
+		for i, m := range modes {
+			fmt.Fprintf(&b, "  %s %3.0f%%", m, 100*float64(counters[i].Load())/float64(max(1, total)))
+		}
+		io.WriteString(w, b.String())
+	}
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(200 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				draw()
+				io.WriteString(w, "\n")
+				return
+			case <-t.C:
+				draw()
+			}
+		}
+	}()
+	return func() { close(done); <-finished }
+}
+
+func writeTable(w io.Writer, st *setup, rs []*Result) {
+	fmt.Fprintf(w, "trace: %d jobs, %d nodes × %d GPUs = %d GPUs\n\n", len(st.trace), st.nodes, rs[0].TotalGPUs/max(1, st.nodes), rs[0].TotalGPUs)
+	rows := [][]string{{"policy", "jobs", "dropped", "util", "load", "util_span", "load_span",
+		"wait_mean_s", "wait_p50_s", "wait_p95_s", "wait_p99_s", "jct_mean_s", "bsld", "preempt", "lost_gpu_h",
+		"jain", "worst_team_wait_s", "cycles", "cycle_mean_us", "cycle_p99_us", "wall_s"}}
+	for i, r := range rs {
+		worst := 0.0
+		for _, g := range r.ByTeam {
+			worst = max(worst, g.WaitMeanS)
+		}
+		rows = append(rows, []string{string(st.modes[i]), strconv.Itoa(r.Jobs), strconv.Itoa(r.Dropped),
+			f3(r.Utilization), f3(r.OfferedLoad), f3(r.UtilizationSpan), f3(r.OfferedLoadSpan),
+			f0(r.WaitMeanS), f0(r.WaitP50S), f0(r.WaitP95S), f0(r.WaitP99S), f0(r.JCTMeanS),
+			f2(r.BoundedSlowdownMean), strconv.Itoa(r.Preemptions), f0(r.GPUSLostToPreemption / 3600),
+			f3(r.JainFairness), f0(worst), strconv.Itoa(r.Cycles), f0(r.CycleMeanUS), f0(r.CycleP99US), f2(r.SimWallS)})
+	}
+	markdown(w, rows)
+
+	fmt.Fprintln(w, "\nby tier: mean / p95 wait (s), share ratio")
+	rows = [][]string{{"policy"}}
+	tiers := keys(rs, func(r *Result) map[string]Group { return r.ByTier })
+	for _, t := range tiers {
+		rows[0] = append(rows[0], "tier "+t)
+	}
+	for i, r := range rs {
+		row := []string{string(st.modes[i])}
+		for _, t := range tiers {
+			g := r.ByTier[t]
+			row = append(row, fmt.Sprintf("%s / %s, %s", f0(g.WaitMeanS), f0(g.WaitP95S), f2(g.ShareRatio)))
+		}
+		rows = append(rows, row)
+	}
+	markdown(w, rows)
+
+	fmt.Fprintln(w, "\nby team: jobs, mean wait (s), share ratio")
+	rows = [][]string{{"team"}}
+	for _, m := range st.modes {
+		rows[0] = append(rows[0], string(m))
+	}
+	for _, t := range keys(rs, func(r *Result) map[string]Group { return r.ByTeam }) {
+		row := []string{t}
+		for _, r := range rs {
+			g, ok := r.ByTeam[t]
+			if !ok {
+				row = append(row, "-")
+				continue
+			}
+			row = append(row, fmt.Sprintf("%d, %s, %s", g.Jobs, f0(g.WaitMeanS), f2(g.ShareRatio)))
+		}
+		rows = append(rows, row)
+	}
+	markdown(w, rows)
+}
+
+func keys(rs []*Result, m func(*Result) map[string]Group) []string {
+	set := map[string]bool{}
+	for _, r := range rs {
+		for k := range m(r) {
+			set[k] = true
+		}
+	}
+	out := make([]string, 0, len(set))
+	for k := range set {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// markdown writes rows as an aligned Markdown table (first row = header).
+func markdown(w io.Writer, rows [][]string) {
+	width := make([]int, len(rows[0]))
+	for _, r := range rows {
+		for i, c := range r {
+			width[i] = max(width[i], len([]rune(c)))
+		}
+	}
+	line := func(r []string) {
+		var b strings.Builder
+		b.WriteString("|")
+		for i, c := range r {
+			pad := width[i] - len([]rune(c))
+			if i == 0 {
+				b.WriteString(" " + c + strings.Repeat(" ", pad) + " |")
+			} else {
+				b.WriteString(" " + strings.Repeat(" ", pad) + c + " |")
+			}
+		}
+		fmt.Fprintln(w, b.String())
+	}
+	line(rows[0])
+	sep := make([]string, len(width))
+	for i, n := range width {
+		if i == 0 {
+			sep[i] = strings.Repeat("-", n)
+		} else {
+			sep[i] = strings.Repeat("-", n-1) + ":"
+		}
+	}
+	var b strings.Builder
+	b.WriteString("|")
+	for _, s := range sep {
+		b.WriteString(" " + s + " |")
+	}
+	fmt.Fprintln(w, b.String())
+	for _, r := range rows[1:] {
+		line(r)
+	}
+}
+
+func f0(x float64) string { return strconv.FormatFloat(x, 'f', 0, 64) }
+func f2(x float64) string { return strconv.FormatFloat(x, 'f', 2, 64) }
+func f3(x float64) string { return strconv.FormatFloat(x, 'f', 3, 64) }
+
+// writeJSON writes {"<policy>": {metrics…}, …} in --policy order to path,
+// or to stdout when path is "-".
+func writeJSON(path string, stdout io.Writer, modes []scheduler.Mode, rs []*Result) error {
+	var b strings.Builder
+	b.WriteString("{\n")
+	for i, m := range modes {
+		body, err := json.MarshalIndent(rs[i], "  ", "  ")
+		if err != nil {
+			return err
+		}
+		name, _ := json.Marshal(string(m))
+		fmt.Fprintf(&b, "  %s: %s", name, body)
+		if i < len(modes)-1 {
+			b.WriteString(",")
+		}
+		b.WriteString("\n")
+	}
+	b.WriteString("}\n")
+	if path == "-" {
+		_, err := io.WriteString(stdout, b.String())
+		return err
+	}
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		return fmt.Errorf("--json: %w", err)
+	}
+	return nil
 }
