@@ -1,9 +1,308 @@
 package scheduler
 
-import "time"
+import (
+	"cmp"
+	"slices"
+	"time"
+)
+
+// Per-cycle work caps (see the package doc).
+const (
+	// maxPreemptAttempts bounds the blocked jobs per cycle that look for
+	// victims (each look costs O(nodes + running jobs)).
+	maxPreemptAttempts = 64
+	// detailedReasons bounds the blocked jobs per cycle, beyond those holding
+	// a reservation, that get a pending reason with an estimated start.
+	detailedReasons = 32
+)
 
 // Schedule computes one scheduling cycle. It is a pure function of its
-// arguments and never mutates s.
+// arguments and never mutates s. A Policy with an empty Mode is ModeAllot;
+// zero weights (all three) and a zero MaxAge take DefaultPolicy's values.
 func Schedule(s Snapshot, now time.Time, p Policy) Plan {
-	return Plan{}
+	d := DefaultPolicy()
+	if p.Mode == "" {
+		p.Mode = ModeAllot
+	}
+	if p.WeightFairShare == 0 && p.WeightSize == 0 && p.WeightAge == 0 {
+		p.WeightFairShare, p.WeightSize, p.WeightAge = d.WeightFairShare, d.WeightSize, d.WeightAge
+	}
+	if p.MaxAge <= 0 {
+		p.MaxAge = d.MaxAge
+	}
+	st := newState(&s, now, p)
+	st.preparePendingAll()
+	switch p.Mode {
+	case ModeFIFO:
+		st.runFIFO()
+	case ModeEASY:
+		st.runEASY()
+	case ModeFIFOPartitioned:
+		st.runPartitioned()
+	default:
+		st.runAllot()
+	}
+	st.finish()
+	return st.plan
+}
+
+func (st *state) preparePendingAll() {
+	s := st.s
+	st.pend = make([]pjob, len(s.Pending))
+	st.order = make([]*pjob, len(s.Pending))
+	for i := range s.Pending {
+		j := &s.Pending[i]
+		pj := &st.pend[i]
+		ti, t := st.team(j.Team)
+		*pj = pjob{idx: i, j: j, team: ti, class: effClass(j, t), resv: -1}
+		pj.limit = never
+		if j.TimeLimit > 0 {
+			pj.limit = int64(j.TimeLimit)
+		}
+		pj.submit = min(rel(j.Submit, st.now), 0)
+		if j.Submit.IsZero() {
+			pj.submit = 0
+		}
+		pj.prio = st.priority(pj)
+		owner := -1
+		if st.p.Mode == ModeFIFOPartitioned {
+			owner = ti
+			if ti < 0 {
+				owner = -2 // matches no pool
+			}
+		}
+		st.preparePending(pj, owner)
+		st.order[i] = pj
+	}
+	if st.p.Mode == ModeAllot {
+		// Class, then priority, then submit time, then id.
+		slices.SortFunc(st.order, func(a, b *pjob) int {
+			return cmp.Or(cmp.Compare(a.class, b.class), cmp.Compare(b.prio.Total, a.prio.Total),
+				cmp.Compare(a.submit, b.submit), cmp.Compare(a.j.ID, b.j.ID))
+		})
+	} else {
+		slices.SortFunc(st.order, func(a, b *pjob) int {
+			return cmp.Or(cmp.Compare(a.submit, b.submit), cmp.Compare(a.j.ID, b.j.ID))
+		})
+	}
+}
+
+// shapeKey identifies jobs that place alike; a failed placement of one
+// shape fails for every later job of that shape with a time limit at least
+// as long, since capacity only shrinks during a cycle.
+type shapeKey struct {
+	gpus    int
+	q       int
+	gpuType string
+	prod    bool
+}
+
+// runAllot is ModeAllot's cycle:
+//  1. order pending jobs by class, priority, submit time, id;
+//  2. start each job that fits now without delaying any reservation
+//     (backfill when an earlier job holds a reservation);
+//  3. a blocked tier-1/2 job, or one of a team under its guarantee, waits if
+//     GPUs come free within one grace period, else preempts and reserves
+//     the GPUs it freed;
+//  4. the first ReservationDepth blocked jobs per class get a reservation
+//     at the earliest time they fit by time limits.
+func (st *state) runAllot() {
+	depth := max(st.p.ReservationDepth, 1)
+	var resvPerClass [TierPreemptible + 1]int
+	failed := map[shapeKey]int64{}
+	attempts := 0
+	grace := int64(st.p.GracePeriod)
+	for _, pj := range st.order {
+		if pj.never {
+			continue
+		}
+		key := shapeKey{pj.j.GPUs, pj.q, pj.j.GPUType, pj.class.Production()}
+		if st.free >= pj.j.GPUs {
+			if lim, seen := failed[key]; !seen || pj.limit < lim {
+				if cl := st.place(pj, nil); cl != nil {
+					st.commit(pj, cl, len(st.resvs) > 0)
+					continue
+				}
+				failed[key] = pj.limit
+			}
+		}
+		if pj.class == TierPreemptible {
+			continue // idle GPUs only: no reservation, no preemption
+		}
+		if mg := st.preemptRight(pj); mg >= 0 && attempts < maxPreemptAttempts {
+			attempts++
+			r := st.sweep(pj)
+			if r.ok && r.at <= grace {
+				st.reserve(pj, r)
+				if pj.team >= 0 {
+					st.teams[pj.team].alloc += pj.j.GPUs
+				}
+				continue
+			}
+			if st.preempt(pj, mg) {
+				if r := st.sweep(pj); r.ok {
+					st.reserve(pj, r)
+				}
+				continue
+			}
+			if resvPerClass[pj.class] < depth && r.ok {
+				resvPerClass[pj.class]++
+				st.reserve(pj, r)
+			}
+			continue
+		}
+		if resvPerClass[pj.class] < depth {
+			resvPerClass[pj.class]++
+			if r := st.sweep(pj); r.ok {
+				st.reserve(pj, r)
+			}
+		}
+	}
+}
+
+// runFIFO is strict FIFO: jobs in submit order start while they fit; the
+// first that does not blocks all behind it.
+func (st *state) runFIFO() {
+	var head *pjob
+	for _, pj := range st.order {
+		if pj.never {
+			continue
+		}
+		if head == nil && st.free >= pj.j.GPUs {
+			if cl := st.place(pj, nil); cl != nil {
+				st.commit(pj, cl, false)
+				continue
+			}
+		}
+		if head == nil {
+			head = pj
+		}
+	}
+	st.head = head
+}
+
+// runEASY is FIFO with EASY backfill: the first blocked job (the head) gets
+// a reservation at the earliest time enough GPUs are free by running jobs'
+// time limits, counted cluster-wide ("shadow time"); a later job starts now
+// if it fits and either ends by the shadow time or uses no more than the
+// GPUs left over at the shadow time ("extra").
+func (st *state) runEASY() {
+	var head *pjob
+	var shadow int64
+	extra := 0
+	for _, pj := range st.order {
+		if pj.never {
+			continue
+		}
+		if head == nil {
+			if st.free >= pj.j.GPUs {
+				if cl := st.place(pj, nil); cl != nil {
+					st.commit(pj, cl, false)
+					continue
+				}
+			}
+			head = pj
+			shadow, extra = st.shadow(pj)
+			if shadow != never {
+				pj.resv = 0
+				st.plan.Reservations = append(st.plan.Reservations, Reservation{JobID: pj.j.ID, At: abs(shadow, st.now)})
+			}
+			continue
+		}
+		if st.free == 0 {
+			continue
+		}
+		end := pj.limit
+		if end > shadow && pj.j.GPUs > extra {
+			continue
+		}
+		if cl := st.place(pj, nil); cl != nil {
+			st.commit(pj, cl, true)
+			if end > shadow {
+				extra -= pj.j.GPUs
+			}
+		}
+	}
+	st.head = head
+}
+
+// shadow returns EASY's shadow time and extra GPUs for the head job,
+// counting GPUs on the nodes it may use.
+func (st *state) shadow(pj *pjob) (int64, int) {
+	mask := make([]bool, len(st.pools))
+	for _, pi := range pj.elig {
+		mask[pi] = true
+	}
+	avail := 0
+	for _, pi := range pj.elig {
+		for _, n := range st.pools[pi].nodes {
+			avail += st.nodes[n].free
+		}
+	}
+	g := pj.j.GPUs
+	if avail >= g {
+		return 0, avail - g
+	}
+	type rel struct {
+		at   int64
+		gpus int
+	}
+	var rs []rel
+	count := func(slots []Slot) int {
+		k := 0
+		for _, sl := range slots {
+			if sl.Node >= 0 && sl.Node < len(st.nodes) && st.nodes[sl.Node].pool >= 0 && mask[st.nodes[sl.Node].pool] {
+				k += len(sl.GPUs)
+			}
+		}
+		return k
+	}
+	for i := range st.run {
+		r := &st.run[i]
+		if r.end == never {
+			continue
+		}
+		if k := count(r.j.Placement); k > 0 {
+			rs = append(rs, rel{r.end, k})
+		}
+	}
+	for i := range st.starts {
+		if e := st.starts[i].end; e != never {
+			rs = append(rs, rel{e, count(st.starts[i].slots)})
+		}
+	}
+	slices.SortFunc(rs, func(a, b rel) int { return cmp.Compare(a.at, b.at) })
+	for _, r := range rs {
+		avail += r.gpus
+		if avail >= g {
+			return r.at, avail - g
+		}
+	}
+	return never, 0
+}
+
+// runPartitioned is strict FIFO per team on the team's own nodes (see
+// partition), never above its guarantee.
+func (st *state) runPartitioned() {
+	blocked := make([]bool, len(st.teams))
+	for _, pj := range st.order {
+		if pj.never || pj.team < 0 || blocked[pj.team] {
+			continue
+		}
+		t := &st.teams[pj.team]
+		if t.alloc+pj.j.GPUs > t.guarantee {
+			if pj.j.GPUs > t.guarantee {
+				pj.never = true
+				continue
+			}
+			blocked[pj.team] = true
+			pj.blocker = "team at its guarantee"
+			continue
+		}
+		if cl := st.place(pj, nil); cl != nil {
+			st.commit(pj, cl, false)
+			continue
+		}
+		blocked[pj.team] = true
+	}
 }

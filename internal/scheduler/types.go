@@ -42,12 +42,15 @@ const (
 // Placement of the snapshot's running jobs; Unavailable lists GPU indices that
 // must not be allocated for other reasons (a failed GPU).
 type Node struct {
-	Name        string
-	GPUType     string
-	GPUs        int    // GPUs on the node, indices 0..GPUs-1
-	Site        string // SiteOnPrem or SiteCloud
-	Domain      string // interconnect domain (NVLink/IB); "" means the node is its own domain
-	State       NodeState
+	Name    string
+	GPUType string
+	GPUs    int    // GPUs on the node, indices 0..GPUs-1
+	Site    string // SiteOnPrem or SiteCloud; "" counts as SiteOnPrem
+	// Domain is the interconnect domain (NVLink/IB). Multi-node jobs take
+	// whole nodes of one domain. "" means "no topology information": all
+	// nodes with Domain "" (of one GPU type and site) form one flat domain.
+	Domain      string
+	State       NodeState // "" counts as NodeUp
 	Unavailable []int
 }
 
@@ -117,6 +120,13 @@ type Policy struct {
 	HalfLife        time.Duration // usage decay half-life (default 7 days; applied by callers)
 	GracePeriod     time.Duration // SIGTERM → SIGKILL (default 120 s)
 	MinRuntime      time.Duration // anti-thrash: no preemption before this much runtime
+	// ReservationDepth is how many blocked jobs per class get a backfill
+	// reservation in ModeAllot (0 means 1, EASY's classic depth). Jobs that
+	// preempted, or wait for GPUs coming free from preemption, always get one.
+	ReservationDepth int
+	// NoPendingInfo skips Plan.Pending and Plan.Shares (the simulator does
+	// not read them; the live loop must leave it false).
+	NoPendingInfo bool
 }
 
 // DefaultPolicy returns DESIGN.md's defaults for ModeAllot.
@@ -173,6 +183,17 @@ type Preemption struct {
 type Reservation struct {
 	JobID int64
 	At    time.Time
+	// Claims lists the nodes and GPU counts held for the job from At on
+	// (ModeAllot); nil for ModeEASY, whose reservation counts GPUs
+	// cluster-wide like the reference EASY.
+	Claims []Claim
+}
+
+// Claim is part of a reservation: GPUs GPUs on node Node (an index into
+// Snapshot.Nodes).
+type Claim struct {
+	Node int
+	GPUs int
 }
 
 // PendingInfo explains one pending job that was not started this cycle.
@@ -198,5 +219,5 @@ type Plan struct {
 	Preemptions  []Preemption
 	Reservations []Reservation
 	Pending      []PendingInfo // every pending job not started, in priority order
-	Shares       []TeamShare // sorted by team name
+	Shares       []TeamShare   // sorted by team name
 }

@@ -1,0 +1,272 @@
+package scheduler
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+)
+
+// Victim groups, in the order they are taken.
+const (
+	vgPreemptible    = 0 // running as preemptible (explicit or budget-demoted)
+	vgAboveGuarantee = 1 // tier 3-4 of a team running above its guarantee
+	vgAnyResearch    = 2 // any tier 3-4 (tier-1 preemptors only)
+)
+
+// preemptRight returns the last victim group pj may take, or -1.
+func (st *state) preemptRight(pj *pjob) int {
+	switch pj.class {
+	case Tier1:
+		return vgAnyResearch
+	case Tier2:
+		return vgAboveGuarantee
+	case Tier3, Tier4:
+		if pj.team >= 0 {
+			t := &st.teams[pj.team]
+			if t.alloc+pj.j.GPUs <= t.guarantee {
+				return vgAboveGuarantee
+			}
+		}
+	}
+	return -1
+}
+
+// victimGroup classifies running job r as a victim for a preemptor allowed
+// groups up to maxGroup; -1 if it may not be preempted.
+func (st *state) victimGroup(r *runJob, maxGroup int) int {
+	if r.term || r.class.Production() || r.gpus == 0 {
+		return -1
+	}
+	if r.startRel > -int64(st.p.MinRuntime) {
+		return -1 // anti-thrash
+	}
+	if r.class == TierPreemptible {
+		return vgPreemptible
+	}
+	if maxGroup >= vgAboveGuarantee && (r.team < 0 || st.teams[r.team].alloc-r.gpus >= st.teams[r.team].guarantee) {
+		return vgAboveGuarantee
+	}
+	if maxGroup >= vgAnyResearch {
+		return vgAnyResearch
+	}
+	return -1
+}
+
+func (st *state) buildNodeRun() {
+	if st.nodeRun != nil {
+		return
+	}
+	st.nodeRun = make([][]int, len(st.nodes))
+	for i := range st.run {
+		for _, sl := range st.run[i].j.Placement {
+			if sl.Node >= 0 && sl.Node < len(st.nodes) && len(sl.GPUs) > 0 {
+				st.nodeRun[sl.Node] = append(st.nodeRun[sl.Node], i)
+			}
+		}
+	}
+}
+
+type victimCand struct {
+	ri    int
+	group int
+	gpus  int // on this node
+}
+
+// nodeVictims picks the victims on node n that bring it to target free
+// GPUs: victim groups in order, then lowest priority, fewest GPUs, newest
+// start, id. ok is false when that is impossible.
+func (st *state) nodeVictims(n, target, maxGroup int, buf []victimCand) (vs []victimCand, worst, freed int, ok bool) {
+	ns := &st.nodes[n]
+	avail := ns.free
+	vs = buf[:0]
+	for _, ri := range st.nodeRun[n] {
+		r := &st.run[ri]
+		k := 0
+		for _, sl := range r.j.Placement {
+			if sl.Node == n {
+				k += len(sl.GPUs)
+			}
+		}
+		if r.term {
+			avail += k // freed at its grace end, within one grace period
+			continue
+		}
+		if g := st.victimGroup(r, maxGroup); g >= 0 && g <= maxGroup {
+			vs = append(vs, victimCand{ri: ri, group: g, gpus: k})
+		}
+	}
+	if avail >= target {
+		return vs[:0], -1, 0, true
+	}
+	slices.SortFunc(vs, func(a, b victimCand) int {
+		ra, rb := &st.run[a.ri], &st.run[b.ri]
+		return cmp.Or(cmp.Compare(a.group, b.group), cmp.Compare(rb.class, ra.class), cmp.Compare(ra.prio, rb.prio),
+			cmp.Compare(ra.gpus, rb.gpus), cmp.Compare(rb.startRel, ra.startRel), cmp.Compare(ra.j.ID, rb.j.ID))
+	})
+	worst = -1
+	for i, v := range vs {
+		avail += v.gpus
+		freed += st.run[v.ri].gpus
+		worst = max(worst, v.group)
+		if avail >= target {
+			return vs[:i+1], worst, freed, true
+		}
+	}
+	return nil, 0, 0, false
+}
+
+type victimScore struct {
+	worst, freed, count, at int
+}
+
+func cmpScore(a, b victimScore) int {
+	return cmp.Or(cmp.Compare(a.worst, b.worst), cmp.Compare(a.freed, b.freed), cmp.Compare(a.count, b.count), cmp.Compare(a.at, b.at))
+}
+
+// preempt looks for victims that let pj start after one grace period and
+// issues the preemptions. Nodes held by reservations are left alone.
+func (st *state) preempt(pj *pjob, maxGroup int) bool {
+	st.buildNodeRun()
+	g := pj.j.GPUs
+	elig := func(n int) bool {
+		ns := &st.nodes[n]
+		return ns.pool >= 0 && len(ns.claims) == 0 && slices.Contains(pj.elig, int(ns.pool))
+	}
+	var chosen []int // running job indices
+	if !pj.multi {
+		best := victimScore{}
+		found := false
+		var buf, bestVs []victimCand
+		for _, pi := range pj.elig {
+			for _, n := range st.pools[pi].nodes {
+				if st.nodes[n].cap < g || !elig(n) {
+					continue
+				}
+				vs, worst, freed, ok := st.nodeVictims(n, g, maxGroup, buf)
+				if !ok || len(vs) == 0 {
+					continue
+				}
+				sc := victimScore{worst, freed, len(vs), n}
+				if !found || cmpScore(sc, best) < 0 {
+					found, best = true, sc
+					bestVs = append(bestVs[:0], vs...)
+				}
+				buf = vs
+			}
+		}
+		if !found {
+			return false
+		}
+		for _, v := range bestVs {
+			chosen = append(chosen, v.ri)
+		}
+	} else {
+		type nodeCost struct {
+			n     int
+			sc    victimScore
+			give  int
+			vs    []victimCand
+			valid bool
+		}
+		var best victimScore
+		found := false
+		var bestSet []int
+		for _, pi := range pj.elig {
+			for _, gi := range st.pools[pi].groups {
+				gr := &st.grps[gi]
+				if gr.capSum < g {
+					continue
+				}
+				var costs []nodeCost
+				for _, n := range gr.nodes {
+					if !elig(n) {
+						continue
+					}
+					ns := &st.nodes[n]
+					target := ns.cap
+					if pj.q > 0 {
+						target = pj.q
+					}
+					if ns.cap < target {
+						continue
+					}
+					vs, worst, freed, ok := st.nodeVictims(n, target, maxGroup, nil)
+					if !ok {
+						continue
+					}
+					costs = append(costs, nodeCost{n: n, sc: victimScore{worst, freed, len(vs), n}, give: min(target, ns.cap), vs: vs})
+				}
+				slices.SortFunc(costs, func(a, b nodeCost) int { return cmpScore(a.sc, b.sc) })
+				got, sc := 0, victimScore{worst: -1, at: gi}
+				var set []int
+				for _, c := range costs {
+					if got >= g {
+						break
+					}
+					got += c.give
+					sc.worst = max(sc.worst, c.sc.worst)
+					sc.freed += c.sc.freed
+					sc.count += c.sc.count
+					for _, v := range c.vs {
+						if !slices.Contains(set, v.ri) {
+							set = append(set, v.ri)
+						}
+					}
+				}
+				if got < g || len(set) == 0 {
+					continue
+				}
+				if !found || cmpScore(sc, best) < 0 {
+					found, best, bestSet = true, sc, set
+				}
+			}
+		}
+		if !found {
+			return false
+		}
+		chosen = bestSet
+	}
+	slices.Sort(chosen)
+	for _, ri := range chosen {
+		st.markVictim(ri, pj)
+	}
+	pj.preempts = len(chosen)
+	if pj.team >= 0 {
+		st.teams[pj.team].alloc += g // counts against its guarantee from now on
+	}
+	return true
+}
+
+func (st *state) markVictim(ri int, by *pjob) {
+	r := &st.run[ri]
+	grp := st.victimGroup(r, vgAnyResearch)
+	var why string
+	switch grp {
+	case vgPreemptible:
+		why = "it runs as preemptible"
+	case vgAboveGuarantee:
+		if r.team >= 0 {
+			t := &st.teams[r.team]
+			why = fmt.Sprintf("team %s runs above its guarantee (%d of %d GPUs)", t.t.Name, t.alloc, t.guarantee)
+		} else {
+			why = fmt.Sprintf("team %s has no guarantee", r.j.Team)
+		}
+	default:
+		why = "tier-1 work may preempt tier 3-4"
+	}
+	r.victim, r.term = true, true
+	r.end = int64(st.p.GracePeriod)
+	st.victims = append(st.victims, ri)
+	if r.team >= 0 {
+		st.teams[r.team].alloc -= r.gpus
+	}
+	who := fmt.Sprintf("tier %d job %d", by.class, by.j.ID)
+	if by.class >= Tier3 {
+		who = fmt.Sprintf("job %d of team %s, which is under its guarantee", by.j.ID, by.j.Team)
+	}
+	st.plan.Preemptions = append(st.plan.Preemptions, Preemption{
+		JobID:  r.j.ID,
+		By:     by.j.ID,
+		Reason: fmt.Sprintf("preempted for %s: %s", who, why),
+	})
+}

@@ -1,0 +1,79 @@
+package scheduler
+
+import "math"
+
+// computeShares fills each team's sshare row: S = Weight / ΣWeight (equal
+// shares when no team has a positive weight), U = Usage / ΣUsage,
+// F = 2^(-U/S). A team without shares gets F = 0.
+func (st *state) computeShares() {
+	var wsum, usum float64
+	for i := range st.teams {
+		t := st.teams[i].t
+		wsum += math.Max(t.Weight, 0)
+		usum += math.Max(t.Usage, 0)
+	}
+	for i := range st.teams {
+		t := st.teams[i].t
+		var s float64
+		switch {
+		case wsum > 0:
+			s = math.Max(t.Weight, 0) / wsum
+		case len(st.teams) > 0:
+			s = 1 / float64(len(st.teams))
+		}
+		u := 0.0
+		if usum > 0 {
+			u = math.Max(t.Usage, 0) / usum
+		}
+		f := 0.0
+		if s > 0 {
+			f = math.Exp2(-u / s)
+		}
+		st.teams[i].share = TeamShare{
+			Team:           t.Name,
+			NormShares:     s,
+			RawUsage:       t.Usage,
+			EffectiveUsage: u,
+			FairShare:      f,
+		}
+	}
+}
+
+func (st *state) fairShare(ti int) float64 {
+	if ti < 0 {
+		return 0
+	}
+	return st.teams[ti].share.FairShare
+}
+
+func (st *state) sizeFactor(gpus int) float64 {
+	total := st.totalGPUs()
+	if total <= 0 {
+		return 0
+	}
+	return math.Min(float64(gpus)/float64(total), 1)
+}
+
+func (st *state) totalGPUs() int {
+	if st.total == 0 {
+		st.total = max(st.clusterGPUs(), 1)
+	}
+	return st.total
+}
+
+// priority is the multifactor priority of a pending job.
+func (st *state) priority(pj *pjob) Priority {
+	p := st.p
+	age := 0.0
+	if p.MaxAge > 0 && pj.submit < 0 {
+		age = math.Min(float64(-pj.submit)/float64(p.MaxAge), 1)
+	}
+	pr := Priority{
+		Class:     pj.class,
+		FairShare: st.fairShare(pj.team),
+		Size:      st.sizeFactor(pj.j.GPUs),
+		Age:       age,
+	}
+	pr.Total = p.WeightFairShare*pr.FairShare + p.WeightSize*pr.Size + p.WeightAge*pr.Age
+	return pr
+}

@@ -1,0 +1,699 @@
+package scheduler
+
+import (
+	"cmp"
+	"math"
+	"math/bits"
+	"slices"
+	"time"
+)
+
+// Internal times are int64 nanoseconds relative to now (now = 0); never is
+// +inf. time.Time.Sub saturates, so relative times never overflow.
+const never = int64(math.MaxInt64)
+
+// maxNodeGPUs is the most GPUs per node the scheduler can allocate; GPU
+// indices at or above it are ignored.
+const maxNodeGPUs = 64
+
+func rel(t, now time.Time) int64 {
+	if t.IsZero() {
+		return math.MinInt64 / 2
+	}
+	return int64(t.Sub(now))
+}
+
+func abs(x int64, now time.Time) time.Time {
+	if x == never {
+		return time.Time{}
+	}
+	return now.Add(time.Duration(x))
+}
+
+// addSat adds a duration to a relative time, saturating at never.
+func addSat(t, d int64) int64 {
+	if t == never || d == never {
+		return never
+	}
+	if d > 0 && t > never-d {
+		return never
+	}
+	return t + d
+}
+
+// nodeState is the working state of one node during a cycle.
+type nodeState struct {
+	cap    int    // allocatable GPUs (0 if the node takes no new work)
+	used   uint64 // GPUs in use, unavailable or out of range
+	free   int
+	pool   int32 // index into state.pools; -1 if no new work starts here
+	group  int32 // index into state.groups; -1 if none
+	pos    int32 // position in pool.nodes
+	claims []claimRef
+}
+
+// claimRef is one reservation's hold on a node: a job ending after the
+// reservation's time may use at most spare GPUs of the node.
+type claimRef struct {
+	res   int
+	spare int
+}
+
+// pool is a set of nodes with the same GPU type, site and (in
+// ModeFIFOPartitioned) owning team, indexed by free-GPU count.
+type pool struct {
+	gpuType string
+	onprem  bool
+	owner   int // team index in ModeFIFOPartitioned, else -1
+	maxCap  int
+	nodes   []int      // node indices, ascending
+	buckets [][]uint64 // buckets[f]: bitset over positions of unclaimed nodes with f free GPUs
+	counts  []int
+	groups  []int // groups of this pool
+}
+
+// group is an interconnect domain inside a pool.
+type group struct {
+	pool   int
+	domain string
+	nodes  []int // ascending
+	capSum int
+	wf     int // GPUs of unclaimed whole-free nodes
+}
+
+// runJob is a running job of the snapshot.
+type runJob struct {
+	j        *Job
+	team     int
+	class    Tier
+	end      int64 // expected release time (time limit, or grace end)
+	term     bool  // terminating (in the snapshot or preempted this cycle)
+	victim   bool  // preempted this cycle
+	gpus     int
+	prio     float64
+	startRel int64
+}
+
+// pjob is a pending job.
+type pjob struct {
+	idx      int // index into Snapshot.Pending
+	j        *Job
+	team     int
+	class    Tier
+	prio     Priority
+	limit    int64 // time limit, never if none
+	submit   int64
+	elig     []int // eligible pools
+	maxCap   int
+	groupCap int  // largest eligible domain capacity
+	multi    bool // needs several nodes
+	q        int  // GPUs per node in multi mode, 0 = whole nodes
+	never    bool // can never run on this cluster
+	// outcome
+	started  bool
+	resv      int  // reservation index or -1
+	resvCause bool // the reservation waits for a release (not only for other reservations)
+	preempts int // victims this job preempted this cycle
+	blocker  string
+}
+
+// started is a job started this cycle.
+type startRec struct {
+	p     *pjob
+	slots []Slot
+	end   int64
+}
+
+// reservation is an internal reservation.
+type reservation struct {
+	p      *pjob
+	at     int64
+	end    int64 // at + limit
+	claims []Claim
+	cause  event
+}
+
+type teamState struct {
+	t         *Team
+	guarantee int
+	alloc     int // GPUs of non-terminating running + started jobs (+ preemption reservations)
+	share     TeamShare
+}
+
+// state is the working state of one cycle.
+type state struct {
+	s     *Snapshot
+	now   time.Time
+	p     Policy
+	nodes []nodeState
+	pools []pool
+	grps  []group
+
+	teams   []teamState
+	teamIdx map[string]int
+
+	run     []runJob
+	pend    []pjob
+	order   []*pjob
+	starts  []startRec
+	resvs   []reservation
+	claimed []int // claimed node indices
+	free    int   // free GPUs on nodes taking work
+	total   int   // cluster GPUs (lazy)
+
+	eligCache map[eligKey][]int
+
+	runEvents []event // sorted lazily
+	runSorted bool
+	nodeRun   [][]int // node -> running job indices, built lazily
+	victims   []int   // running jobs preempted this cycle
+
+	// sweep scratch
+	sf       []int
+	mark     []int
+	lastEv   []event
+	eligMask []bool
+	gsum     []int
+	extraBuf []event
+	touched  []int
+
+	head *pjob // first blocked job (baselines)
+
+	plan Plan
+}
+
+type eligKey struct {
+	gpuType string
+	onprem  bool
+	owner   int
+}
+
+func nodeUp(n *Node) bool { return n.State == NodeUp || n.State == "" }
+
+func onprem(site string) bool { return site == SiteOnPrem || site == "" }
+
+// effClass is a job's effective class: explicit preemptible and budget
+// demotion applied.
+func effClass(j *Job, t *Team) Tier {
+	c := j.Tier
+	if c < Tier1 || c > TierPreemptible {
+		c = Tier4
+	}
+	if j.Preemptible {
+		return TierPreemptible
+	}
+	if t != nil && t.OverBudget && (c == Tier3 || c == Tier4) {
+		return TierPreemptible
+	}
+	return c
+}
+
+// newState builds the working state. owners maps node -> owning team index
+// (ModeFIFOPartitioned) or is nil.
+func newState(s *Snapshot, now time.Time, p Policy) *state {
+	st := &state{s: s, now: now, p: p, eligCache: map[eligKey][]int{}}
+	st.buildTeams()
+	owners := []int(nil)
+	if p.Mode == ModeFIFOPartitioned {
+		owners = st.partition()
+	}
+	st.buildNodes(owners)
+	st.buildRunning()
+	st.buildIndex()
+	return st
+}
+
+func (st *state) buildTeams() {
+	ts := make([]*Team, len(st.s.Teams))
+	for i := range st.s.Teams {
+		ts[i] = &st.s.Teams[i]
+	}
+	// Total order so that input order never matters.
+	slices.SortFunc(ts, func(a, b *Team) int {
+		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.Weight, b.Weight), cmp.Compare(a.Usage, b.Usage))
+	})
+	st.teamIdx = make(map[string]int, len(ts))
+	for _, t := range ts {
+		if _, dup := st.teamIdx[t.Name]; dup {
+			continue
+		}
+		st.teamIdx[t.Name] = len(st.teams)
+		g := 0
+		for _, v := range t.Guarantee {
+			if v > 0 {
+				g += v
+			}
+		}
+		st.teams = append(st.teams, teamState{t: t, guarantee: g})
+	}
+	st.computeShares()
+}
+
+func (st *state) team(name string) (int, *Team) {
+	if i, ok := st.teamIdx[name]; ok {
+		return i, st.teams[i].t
+	}
+	return -1, nil
+}
+
+// partition assigns nodes to teams for ModeFIFOPartitioned: teams in name
+// order, typed guarantees (type name order) before untyped ones, each
+// taking the lowest-index unassigned nodes until its guarantee is covered.
+func (st *state) partition() []int {
+	owners := make([]int, len(st.s.Nodes))
+	for i := range owners {
+		owners[i] = -1
+	}
+	take := func(ti int, gpuType string, want int) {
+		got := 0
+		for i := range st.s.Nodes {
+			if got >= want {
+				return
+			}
+			n := &st.s.Nodes[i]
+			if owners[i] >= 0 || (gpuType != "" && n.GPUType != gpuType) {
+				continue
+			}
+			owners[i] = ti
+			got += n.GPUs
+		}
+	}
+	for ti := range st.teams {
+		g := st.teams[ti].t.Guarantee
+		types := make([]string, 0, len(g))
+		for k := range g {
+			types = append(types, k)
+		}
+		slices.Sort(types)
+		for _, k := range types {
+			if k != "" && g[k] > 0 {
+				take(ti, k, g[k])
+			}
+		}
+		if g[""] > 0 {
+			take(ti, "", g[""])
+		}
+	}
+	return owners
+}
+
+func (st *state) buildNodes(owners []int) {
+	st.nodes = make([]nodeState, len(st.s.Nodes))
+	poolIdx := map[eligKey]int{}
+	for i := range st.s.Nodes {
+		n := &st.s.Nodes[i]
+		ns := &st.nodes[i]
+		ns.pool, ns.group = -1, -1
+		c := min(max(n.GPUs, 0), maxNodeGPUs)
+		if c < maxNodeGPUs {
+			ns.used = ^uint64(0) << uint(c)
+		}
+		for _, u := range n.Unavailable {
+			if u >= 0 && u < c {
+				ns.used |= 1 << uint(u)
+			}
+		}
+		owner := -1
+		if owners != nil {
+			owner = owners[i]
+			if owner < 0 {
+				continue
+			}
+		}
+		if !nodeUp(n) || c == 0 {
+			continue
+		}
+		ns.cap = c
+		key := eligKey{n.GPUType, onprem(n.Site), owner}
+		pi, ok := poolIdx[key]
+		if !ok {
+			pi = len(st.pools)
+			poolIdx[key] = pi
+			st.pools = append(st.pools, pool{gpuType: key.gpuType, onprem: key.onprem, owner: owner})
+		}
+		ns.pool = int32(pi)
+	}
+	// Domain groups, in order of first node.
+	type gk struct {
+		pool   int32
+		domain string
+	}
+	grpIdx := map[gk]int{}
+	for i := range st.nodes {
+		ns := &st.nodes[i]
+		if ns.pool < 0 {
+			continue
+		}
+		pl := &st.pools[ns.pool]
+		ns.pos = int32(len(pl.nodes))
+		pl.nodes = append(pl.nodes, i)
+		pl.maxCap = max(pl.maxCap, ns.cap)
+		k := gk{ns.pool, st.s.Nodes[i].Domain}
+		gi, ok := grpIdx[k]
+		if !ok {
+			gi = len(st.grps)
+			grpIdx[k] = gi
+			st.grps = append(st.grps, group{pool: int(ns.pool), domain: k.domain})
+			pl.groups = append(pl.groups, gi)
+		}
+		ns.group = int32(gi)
+		g := &st.grps[gi]
+		g.nodes = append(g.nodes, i)
+		g.capSum += ns.cap
+	}
+}
+
+func (st *state) buildRunning() {
+	rs := make([]*Job, len(st.s.Running))
+	for i := range st.s.Running {
+		rs[i] = &st.s.Running[i]
+	}
+	slices.SortFunc(rs, func(a, b *Job) int { return cmp.Compare(a.ID, b.ID) })
+	st.run = make([]runJob, len(rs))
+	for i, j := range rs {
+		ti, t := st.team(j.Team)
+		r := &st.run[i]
+		r.j, r.team = j, ti
+		r.class = j.RunAs
+		if r.class < Tier1 || r.class > TierPreemptible {
+			r.class = effClass(j, t)
+		}
+		r.startRel = rel(j.Start, st.now)
+		if j.Terminating {
+			r.term = true
+			r.end = max(rel(j.GraceEnd, st.now), 0)
+		} else if j.TimeLimit > 0 {
+			r.end = max(addSat(r.startRel, int64(j.TimeLimit)), 0)
+		} else {
+			r.end = never
+		}
+		for _, sl := range j.Placement {
+			if sl.Node < 0 || sl.Node >= len(st.nodes) {
+				continue
+			}
+			ns := &st.nodes[sl.Node]
+			for _, g := range sl.GPUs {
+				if g >= 0 && g < maxNodeGPUs {
+					ns.used |= 1 << uint(g)
+				}
+			}
+			r.gpus += len(sl.GPUs)
+		}
+		if ti >= 0 && !r.term {
+			st.teams[ti].alloc += r.gpus
+		}
+		r.prio = st.p.WeightFairShare*st.fairShare(ti) + st.p.WeightSize*st.sizeFactor(r.gpus)
+	}
+}
+
+func (st *state) buildIndex() {
+	for i := range st.nodes {
+		ns := &st.nodes[i]
+		if ns.pool < 0 {
+			continue
+		}
+		ns.free = maxNodeGPUs - bits.OnesCount64(ns.used) // bits >= cap are set
+		st.free += ns.free
+	}
+	for pi := range st.pools {
+		pl := &st.pools[pi]
+		w := (len(pl.nodes) + 63) / 64
+		pl.buckets = make([][]uint64, pl.maxCap+1)
+		pl.counts = make([]int, pl.maxCap+1)
+		words := make([]uint64, w*(pl.maxCap+1))
+		for f := range pl.buckets {
+			pl.buckets[f] = words[f*w : (f+1)*w]
+		}
+		for _, n := range pl.nodes {
+			st.indexAdd(n)
+		}
+	}
+}
+
+func (st *state) clusterGPUs() int {
+	total := 0
+	for i := range st.s.Nodes {
+		total += max(st.s.Nodes[i].GPUs, 0)
+	}
+	return total
+}
+
+// indexAdd puts an unclaimed node into its pool's bucket and group count.
+func (st *state) indexAdd(n int) {
+	ns := &st.nodes[n]
+	pl := &st.pools[ns.pool]
+	pl.buckets[ns.free][ns.pos>>6] |= 1 << uint(ns.pos&63)
+	pl.counts[ns.free]++
+	if ns.free == ns.cap {
+		st.grps[ns.group].wf += ns.cap
+	}
+}
+
+func (st *state) indexRemove(n int) {
+	ns := &st.nodes[n]
+	pl := &st.pools[ns.pool]
+	pl.buckets[ns.free][ns.pos>>6] &^= 1 << uint(ns.pos&63)
+	pl.counts[ns.free]--
+	if ns.free == ns.cap {
+		st.grps[ns.group].wf -= ns.cap
+	}
+}
+
+// firstIn returns the lowest node index in pool bucket f.
+func (pl *pool) firstIn(f int) int {
+	for w, x := range pl.buckets[f] {
+		if x != 0 {
+			return pl.nodes[w*64+bits.TrailingZeros64(x)]
+		}
+	}
+	return -1
+}
+
+// eligible returns the pools a job may use.
+func (st *state) eligible(gpuType string, onpremOnly bool, owner int) []int {
+	k := eligKey{gpuType, onpremOnly, owner}
+	if e, ok := st.eligCache[k]; ok {
+		return e
+	}
+	var e []int
+	for pi := range st.pools {
+		pl := &st.pools[pi]
+		if gpuType != "" && pl.gpuType != gpuType {
+			continue
+		}
+		if onpremOnly && !pl.onprem {
+			continue
+		}
+		if pl.owner != owner {
+			continue
+		}
+		e = append(e, pi)
+	}
+	st.eligCache[k] = e
+	return e
+}
+
+// effFree is the free GPUs of node n for a job ending at end, honouring the
+// reservations that hold the node.
+func (st *state) effFree(n int, end int64) int {
+	ns := &st.nodes[n]
+	f := ns.free
+	for _, c := range ns.claims {
+		if end > st.resvs[c.res].at {
+			f = min(f, c.spare)
+		}
+	}
+	return max(f, 0)
+}
+
+// preparePending fills the placement shape of a pending job.
+func (st *state) preparePending(pj *pjob, owner int) {
+	j := pj.j
+	prod := pj.class.Production() && st.p.Mode == ModeAllot
+	pj.elig = st.eligible(j.GPUType, prod, owner)
+	for _, pi := range pj.elig {
+		pj.maxCap = max(pj.maxCap, st.pools[pi].maxCap)
+		for _, gi := range st.pools[pi].groups {
+			pj.groupCap = max(pj.groupCap, st.grps[gi].capSum)
+		}
+	}
+	g := j.GPUs
+	switch {
+	case g <= 0:
+		pj.never = true
+	case j.GPUsPerNode > 0 && j.GPUsPerNode < g:
+		pj.multi, pj.q = true, j.GPUsPerNode
+		pj.never = pj.q > pj.maxCap || pj.groupCap < g
+	case g <= pj.maxCap:
+	default:
+		pj.multi = true
+		pj.never = pj.groupCap < g
+	}
+}
+
+// contrib is what node n with f effective free GPUs contributes to a
+// multi-node job (whole nodes, or q GPUs per node).
+func contrib(f, capacity, q int) int {
+	if q == 0 {
+		if f >= capacity {
+			return capacity
+		}
+		return 0
+	}
+	if f >= q {
+		return q
+	}
+	return 0
+}
+
+// place finds a placement for pj now, honouring reservations. It returns
+// node/GPU-count pairs (GPU indices are chosen at commit).
+func (st *state) place(pj *pjob, buf []Claim) []Claim {
+	g := pj.j.GPUs
+	end := pj.limit
+	if !pj.multi {
+		bestF, bestN := math.MaxInt, -1
+		for _, pi := range pj.elig {
+			pl := &st.pools[pi]
+			for f := g; f <= pl.maxCap && f <= bestF; f++ {
+				if pl.counts[f] == 0 {
+					continue
+				}
+				n := pl.firstIn(f)
+				if f < bestF || n < bestN {
+					bestF, bestN = f, n
+				}
+				break
+			}
+		}
+		for _, n := range st.claimed {
+			ns := &st.nodes[n]
+			if ns.cap < g || !slices.Contains(pj.elig, int(ns.pool)) {
+				continue
+			}
+			f := st.effFree(n, end)
+			if f >= g && (f < bestF || f == bestF && n < bestN) {
+				bestF, bestN = f, n
+			}
+		}
+		if bestN < 0 {
+			return nil
+		}
+		return append(buf, Claim{Node: bestN, GPUs: g})
+	}
+	// Multi-node: the domain with the least capacity that still suffices
+	// (best fit), then the lowest first node; nodes in index order.
+	bestG, bestAvail := -1, math.MaxInt
+	for _, pi := range pj.elig {
+		for _, gi := range st.pools[pi].groups {
+			gr := &st.grps[gi]
+			if gr.capSum < g {
+				continue
+			}
+			avail := st.groupAvail(gi, pj)
+			if avail >= g && avail < bestAvail {
+				bestG, bestAvail = gi, avail
+			}
+		}
+	}
+	if bestG < 0 {
+		return nil
+	}
+	left := g
+	for _, n := range st.grps[bestG].nodes {
+		ns := &st.nodes[n]
+		f := ns.free
+		if len(ns.claims) > 0 {
+			f = st.effFree(n, end)
+		}
+		c := min(contrib(f, ns.cap, pj.q), left)
+		if c > 0 {
+			buf = append(buf, Claim{Node: n, GPUs: c})
+			left -= c
+			if left == 0 {
+				break
+			}
+		}
+	}
+	return buf
+}
+
+// groupAvail is what group gi can give to multi-node job pj now.
+func (st *state) groupAvail(gi int, pj *pjob) int {
+	gr := &st.grps[gi]
+	if pj.q == 0 {
+		a := gr.wf
+		for _, n := range st.claimed {
+			ns := &st.nodes[n]
+			if int(ns.group) == gi {
+				a += contrib(st.effFree(n, pj.limit), ns.cap, 0)
+			}
+		}
+		return a
+	}
+	a := 0
+	for _, n := range gr.nodes {
+		ns := &st.nodes[n]
+		f := ns.free
+		if len(ns.claims) > 0 {
+			f = st.effFree(n, pj.limit)
+		}
+		a += contrib(f, ns.cap, pj.q)
+	}
+	return a
+}
+
+// commit starts pj on the given node counts.
+func (st *state) commit(pj *pjob, cl []Claim, backfill bool) {
+	slots := make([]Slot, len(cl))
+	end := pj.limit
+	for i, c := range cl {
+		ns := &st.nodes[c.Node]
+		idx := make([]int, 0, c.GPUs)
+		m := ns.used
+		for len(idx) < c.GPUs {
+			b := bits.TrailingZeros64(^m)
+			m |= 1 << uint(b)
+			idx = append(idx, b)
+		}
+		claimed := len(ns.claims) > 0
+		if !claimed {
+			st.indexRemove(c.Node)
+		}
+		ns.used = m
+		ns.free -= c.GPUs
+		st.free -= c.GPUs
+		if !claimed {
+			st.indexAdd(c.Node)
+		}
+		for k := range ns.claims {
+			if end > st.resvs[ns.claims[k].res].at {
+				ns.claims[k].spare -= c.GPUs
+			}
+		}
+		slots[i] = Slot{Node: c.Node, GPUs: idx}
+	}
+	pj.started = true
+	if pj.team >= 0 {
+		st.teams[pj.team].alloc += pj.j.GPUs
+	}
+	st.starts = append(st.starts, startRec{p: pj, slots: slots, end: end})
+	st.plan.Starts = append(st.plan.Starts, Start{
+		JobID:     pj.j.ID,
+		Placement: slots,
+		RunAs:     pj.class,
+		Backfill:  backfill,
+		Priority:  pj.prio,
+	})
+}
+
+// claimNode takes node n out of the free index so that placements check
+// its reservation claims.
+func (st *state) claimNode(n int, res, spare int) {
+	ns := &st.nodes[n]
+	if len(ns.claims) == 0 {
+		st.indexRemove(n)
+		st.claimed = append(st.claimed, n)
+	}
+	ns.claims = append(ns.claims, claimRef{res: res, spare: spare})
+}

@@ -1,0 +1,273 @@
+package scheduler
+
+import (
+	"cmp"
+	"slices"
+)
+
+type evKind uint8
+
+const (
+	evRun     evKind = iota // a running job reaches its time limit
+	evGrace                 // a preempted job's grace period ends
+	evStart                 // a job started this cycle reaches its time limit
+	evPhantom               // a reserved job's (projected) run ends
+)
+
+// event is a projected GPU release.
+type event struct {
+	at   int64
+	kind evKind
+	idx  int // into state.run, state.starts or state.resvs
+	id   int64
+}
+
+func cmpEvent(a, b event) int {
+	return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.kind, b.kind), cmp.Compare(a.id, b.id))
+}
+
+// sweepResult is the earliest time a job fits, by time limits.
+type sweepResult struct {
+	ok     bool
+	at     int64
+	claims []Claim
+	spares []int // GPUs of each claimed node left for others at `at`
+	cause  event
+	causeN bool // cause is meaningful (the job did not fit at once)
+}
+
+func (st *state) sortRunEvents() {
+	if st.runSorted {
+		return
+	}
+	st.runSorted = true
+	st.runEvents = st.runEvents[:0]
+	for i := range st.run {
+		r := &st.run[i]
+		if r.end == never || r.victim {
+			continue
+		}
+		k := evRun
+		if r.term {
+			k = evGrace
+		}
+		st.runEvents = append(st.runEvents, event{at: r.end, kind: k, idx: i, id: r.j.ID})
+	}
+	slices.SortFunc(st.runEvents, cmpEvent)
+}
+
+// sweep projects GPU releases by time limits (running jobs, jobs started
+// this cycle, reservations already made — the latter conservatively held
+// from now until their projected end) and returns the first time and place
+// pj fits. Cost: O(nodes + running jobs).
+func (st *state) sweep(pj *pjob) sweepResult {
+	st.sortRunEvents()
+	if len(st.sf) != len(st.nodes) {
+		st.sf = make([]int, len(st.nodes))
+		st.mark = make([]int, len(st.nodes))
+		st.lastEv = make([]event, len(st.nodes))
+		st.eligMask = make([]bool, len(st.pools))
+		st.gsum = make([]int, len(st.grps))
+	}
+	sf, mark := st.sf, st.mark
+	for i := range st.nodes {
+		sf[i] = st.nodes[i].free
+		mark[i] = 0
+	}
+	for _, r := range st.resvs {
+		for _, c := range r.claims {
+			sf[c.Node] -= c.GPUs
+		}
+	}
+	for i := range st.eligMask {
+		st.eligMask[i] = false
+	}
+	for _, pi := range pj.elig {
+		st.eligMask[pi] = true
+	}
+	g := pj.j.GPUs
+	okNode := func(n int) bool {
+		ns := &st.nodes[n]
+		return ns.pool >= 0 && st.eligMask[ns.pool] && ns.cap >= min(g, max(pj.q, 1))
+	}
+	res := sweepResult{}
+	// Fits at once (only when reservations made it look blocked)?
+	if !pj.multi {
+		best := -1
+		for n := range st.nodes {
+			if okNode(n) && sf[n] >= g && (best < 0 || sf[n] < sf[best]) {
+				best = n
+			}
+		}
+		if best >= 0 {
+			return st.sweepDone(pj, 0, []int{best}, event{}, false)
+		}
+	} else {
+		for gi := range st.gsum {
+			st.gsum[gi] = 0
+		}
+		for n := range st.nodes {
+			if okNode(n) {
+				ns := &st.nodes[n]
+				st.gsum[ns.group] += contrib(sf[n], ns.cap, pj.q)
+			}
+		}
+		if gi := st.bestGroup(pj, nil); gi >= 0 {
+			return st.sweepDone(pj, 0, []int{gi}, event{}, false)
+		}
+	}
+	// Extra events: this cycle's starts and victims, reservations.
+	extra := st.extraBuf[:0]
+	for i := range st.starts {
+		if e := st.starts[i].end; e != never {
+			extra = append(extra, event{at: e, kind: evStart, idx: i, id: st.starts[i].p.j.ID})
+		}
+	}
+	for _, vi := range st.victims {
+		extra = append(extra, event{at: st.run[vi].end, kind: evGrace, idx: vi, id: st.run[vi].j.ID})
+	}
+	for i := range st.resvs {
+		if e := st.resvs[i].end; e != never {
+			extra = append(extra, event{at: e, kind: evPhantom, idx: i, id: st.resvs[i].p.j.ID})
+		}
+	}
+	slices.SortFunc(extra, cmpEvent)
+	st.extraBuf = extra
+	touched := st.touched[:0]
+	a, b := 0, 0
+	runEv := st.runEvents
+	for a < len(runEv) || b < len(extra) {
+		var ev event
+		if b >= len(extra) || (a < len(runEv) && cmpEvent(runEv[a], extra[b]) <= 0) {
+			ev = runEv[a]
+			a++
+			if st.run[ev.idx].victim {
+				continue
+			}
+		} else {
+			ev = extra[b]
+			b++
+		}
+		release := func(n, k int) {
+			ns := &st.nodes[n]
+			if ns.pool < 0 || k <= 0 {
+				return
+			}
+			old := sf[n]
+			sf[n] = min(old+k, ns.cap)
+			st.lastEv[n] = ev
+			if mark[n] != -1 {
+				mark[n] = -1
+				touched = append(touched, n)
+			}
+			if pj.multi && okNode(n) {
+				st.gsum[ns.group] += contrib(sf[n], ns.cap, pj.q) - contrib(old, ns.cap, pj.q)
+			}
+		}
+		switch ev.kind {
+		case evRun, evGrace:
+			for _, sl := range st.run[ev.idx].j.Placement {
+				if sl.Node >= 0 && sl.Node < len(st.nodes) {
+					release(sl.Node, len(sl.GPUs))
+				}
+			}
+		case evStart:
+			for _, sl := range st.starts[ev.idx].slots {
+				release(sl.Node, len(sl.GPUs))
+			}
+		case evPhantom:
+			for _, c := range st.resvs[ev.idx].claims {
+				release(c.Node, c.GPUs)
+			}
+		}
+		// Check after the last event of this instant.
+		if a < len(runEv) && runEv[a].at == ev.at || b < len(extra) && extra[b].at == ev.at {
+			continue
+		}
+		if !pj.multi {
+			best := -1
+			for _, n := range touched {
+				if okNode(n) && sf[n] >= g && (best < 0 || sf[n] < sf[best] || sf[n] == sf[best] && n < best) {
+					best = n
+				}
+			}
+			if best >= 0 {
+				st.touched = touched
+				return st.sweepDone(pj, ev.at, []int{best}, st.lastEv[best], true)
+			}
+		} else if gi := st.bestGroup(pj, touched); gi >= 0 {
+			st.touched = touched
+			return st.sweepDone(pj, ev.at, []int{gi}, ev, true)
+		}
+		for _, n := range touched {
+			mark[n] = 0
+		}
+		touched = touched[:0]
+	}
+	st.touched = touched
+	return res
+}
+
+// bestGroup picks, among the groups of the touched nodes (all groups when
+// touched is nil), the one with the least sufficient capacity, then the
+// lowest index.
+func (st *state) bestGroup(pj *pjob, touched []int) int {
+	g := pj.j.GPUs
+	best := -1
+	consider := func(gi int) {
+		if st.gsum[gi] >= g && (best < 0 || st.gsum[gi] < st.gsum[best] || st.gsum[gi] == st.gsum[best] && gi < best) {
+			best = gi
+		}
+	}
+	if touched == nil {
+		for gi := range st.gsum {
+			consider(gi)
+		}
+		return best
+	}
+	for _, n := range touched {
+		if gi := st.nodes[n].group; gi >= 0 && st.eligMask[st.nodes[n].pool] {
+			consider(int(gi))
+		}
+	}
+	return best
+}
+
+// sweepDone builds the result: for a single-node job where[0] is the node,
+// for a multi-node job it is the group.
+func (st *state) sweepDone(pj *pjob, at int64, where []int, cause event, hasCause bool) sweepResult {
+	res := sweepResult{ok: true, at: at, cause: cause, causeN: hasCause}
+	g := pj.j.GPUs
+	if !pj.multi {
+		n := where[0]
+		res.claims = []Claim{{Node: n, GPUs: g}}
+		res.spares = []int{st.sf[n] - g}
+		return res
+	}
+	left := g
+	for _, n := range st.grps[where[0]].nodes {
+		ns := &st.nodes[n]
+		c := min(contrib(st.sf[n], ns.cap, pj.q), left)
+		if c > 0 {
+			res.claims = append(res.claims, Claim{Node: n, GPUs: c})
+			res.spares = append(res.spares, st.sf[n]-c)
+			left -= c
+			if left == 0 {
+				break
+			}
+		}
+	}
+	return res
+}
+
+// reserve records a reservation for pj from a sweep result.
+func (st *state) reserve(pj *pjob, r sweepResult) {
+	k := len(st.resvs)
+	st.resvs = append(st.resvs, reservation{p: pj, at: r.at, end: addSat(r.at, pj.limit), claims: r.claims, cause: r.cause})
+	for i, c := range r.claims {
+		st.claimNode(c.Node, k, r.spares[i])
+	}
+	pj.resv = k
+	pj.resvCause = r.causeN
+	st.plan.Reservations = append(st.plan.Reservations, Reservation{JobID: pj.j.ID, At: abs(r.at, st.now), Claims: r.claims})
+}
