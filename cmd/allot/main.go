@@ -3,11 +3,19 @@
 package main
 
 import (
+	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
+	"os/exec"
+	"os/signal"
+	"syscall"
 
 	"github.com/allotlabs/allot/internal/scheduler/sim"
+	"github.com/allotlabs/allot/internal/store"
 )
 
 func main() {
@@ -16,8 +24,22 @@ func main() {
 
 const usage = `usage: allot <command> [flags]
 
-commands:
+Run the system:
+  dev       everything in one process with demo data (finds or starts PostgreSQL)
+  server    portal and JSON API (DATABASE_URL)
+  worker    River worker pool: scheduling cycles and periodic jobs (DATABASE_URL)
+  agent     node agent (not available yet)
+  migrate   apply database migrations (DATABASE_URL)
+
+Use it:
+  submit    submit a job:  allot submit --team nlp --tier 3 --gpus 8 --time 4h -- python train.py
+  jobs      list jobs
+  cancel    cancel a job:  allot cancel 42
+
+Measure it:
   sim       replay a job trace through the scheduler and baselines
+
+Run 'allot <command> -h' for a command's flags.
 `
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -26,8 +48,27 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	switch args[0] {
+	case "dev":
+		return cmdDev(args[1:], stdout, stderr)
+	case "server":
+		return cmdServe(args[0], args[1:], stderr)
+	case "worker":
+		return cmdServe(args[0], args[1:], stderr)
+	case "migrate":
+		return cmdMigrate(args[1:], stdout, stderr)
+	case "submit":
+		return cmdSubmit(args[1:], stdout, stderr)
+	case "jobs":
+		return cmdJobs(args[1:], stdout, stderr)
+	case "cancel":
+		return cmdCancel(args[1:], stdout, stderr)
 	case "sim":
 		return sim.Main(args[1:], stdout, stderr)
+	case "test-env":
+		return cmdTestEnv(args[1:], stdout, stderr)
+	case "agent":
+		fmt.Fprintln(stderr, "allot agent: the node agent is not available in this version yet")
+		return 2
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -35,4 +76,112 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "allot: unknown command %q\n\n%s", args[0], usage)
 		return 2
 	}
+}
+
+func databaseURL(flagValue string) (string, error) {
+	if flagValue != "" {
+		return flagValue, nil
+	}
+	if u := os.Getenv("DATABASE_URL"); u != "" {
+		return u, nil
+	}
+	return "", errors.New("set DATABASE_URL (or --database-url) to the PostgreSQL to use")
+}
+
+// cmdServe runs `allot server` or `allot worker` until SIGINT/SIGTERM.
+func cmdServe(name string, args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dbURL := fs.String("database-url", "", "PostgreSQL URL (default: env DATABASE_URL)")
+	migrate := fs.Bool("migrate", false, "apply migrations before starting")
+	addr := ":8080"
+	if name == "server" {
+		fs.StringVar(&addr, "addr", ":8080", "listen address")
+	}
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	url, err := databaseURL(*dbURL)
+	if err != nil {
+		fmt.Fprintf(stderr, "allot %s: %v\n", name, err)
+		return 2
+	}
+	log := slog.New(slog.NewJSONHandler(stderr, nil))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	cfg := Config{DatabaseURL: url, Migrate: *migrate, Logger: log}
+	if name == "server" {
+		cfg.Addr = addr
+	} else {
+		cfg.Worker = true
+	}
+	m := &Main{Config: cfg}
+	if err := m.Run(ctx); err != nil {
+		fmt.Fprintf(stderr, "allot %s: %v\n", name, err)
+		m.Close()
+		return 1
+	}
+	log.Info("started", "command", name, "url", m.URL())
+	err = m.Wait(ctx)
+	if cerr := m.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "allot %s: %v\n", name, err)
+		return 1
+	}
+	return 0
+}
+
+func cmdMigrate(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dbURL := fs.String("database-url", "", "PostgreSQL URL (default: env DATABASE_URL)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	url, err := databaseURL(*dbURL)
+	if err != nil {
+		fmt.Fprintf(stderr, "allot migrate: %v\n", err)
+		return 2
+	}
+	ctx := context.Background()
+	pool, err := store.Open(ctx, url)
+	if err != nil {
+		fmt.Fprintf(stderr, "allot migrate: %v\n", err)
+		return 1
+	}
+	defer pool.Close()
+	if err := store.Migrate(ctx, pool, slog.New(slog.NewTextHandler(stdout, nil))); err != nil {
+		fmt.Fprintf(stderr, "allot migrate: %v\n", err)
+		return 1
+	}
+	fmt.Fprintln(stdout, "database is up to date")
+	return 0
+}
+
+// runChild runs argv with env, wiring stdio, and returns its exit code.
+func runChild(argv []string, env []string, stdout, stderr io.Writer) int {
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env, cmd.Stdin, cmd.Stdout, cmd.Stderr = env, os.Stdin, stdout, stderr
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sig)
+	if err := cmd.Start(); err != nil {
+		fmt.Fprintf(stderr, "allot: %v\n", err)
+		return 1
+	}
+	go func() {
+		for s := range sig {
+			cmd.Process.Signal(s) //nolint:errcheck
+		}
+	}()
+	if err := cmd.Wait(); err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return ee.ExitCode()
+		}
+		return 1
+	}
+	return 0
 }

@@ -189,3 +189,30 @@ func TestValidateDomain(t *testing.T) {
 		t.Errorf("multiplier %s", tier.Multiplier())
 	}
 }
+
+func TestSplitCommand(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string][]string{
+		`python train.py --lr 3e-4`: {"python", "train.py", "--lr", "3e-4"},
+		`bash -c 'echo "hi there"'`: {"bash", "-c", `echo "hi there"`},
+		`echo "a\"b" c\ d ''`:       {"echo", `a"b`, "c d", ""},
+		"  torchrun\tx.py  ":        {"torchrun", "x.py"},
+	} {
+		got, err := allot.SplitCommand(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := cmp.Diff(want, got); d != "" {
+			t.Errorf("SplitCommand(%q) (-want +got)\n%s", in, d)
+		}
+		back, _ := allot.SplitCommand(allot.JoinCommand(got))
+		if d := cmp.Diff(got, back); d != "" {
+			t.Errorf("JoinCommand round trip of %q (-want +got)\n%s", in, d)
+		}
+	}
+	for _, bad := range []string{`echo 'x`, `echo "x`, `echo x\`} {
+		if _, err := allot.SplitCommand(bad); err == nil {
+			t.Errorf("SplitCommand(%q) accepted", bad)
+		}
+	}
+}

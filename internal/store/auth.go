@@ -97,3 +97,23 @@ func (s *Store) DeleteSession(ctx context.Context, secret string) error {
 	_, err := s.db.Exec(ctx, `DELETE FROM sessions WHERE id_hash = $1`, hashSecret(secret))
 	return mapErr("deleting session", err)
 }
+
+// DeleteExpiredSessions removes sessions past their expiry and returns how
+// many went.
+func (s *Store) DeleteExpiredSessions(ctx context.Context) (int64, error) {
+	tag, err := s.db.Exec(ctx, `DELETE FROM sessions WHERE expires_at <= $1`, s.Now())
+	return tag.RowsAffected(), mapErr("deleting expired sessions", err)
+}
+
+// RevokeAPITokensNamed revokes userID's unrevoked tokens called name.
+func (s *Store) RevokeAPITokensNamed(ctx context.Context, userID int64, name string) error {
+	_, err := s.db.Exec(ctx, `UPDATE api_tokens SET revoked_at = now() WHERE user_id = $1 AND name = $2 AND revoked_at IS NULL`, userID, name)
+	return mapErr("revoking API tokens", err)
+}
+
+// CountTeams returns the number of teams (0 means an empty organisation).
+func (s *Store) CountTeams(ctx context.Context) (int, error) {
+	var n int
+	err := s.db.QueryRow(ctx, `SELECT count(*) FROM teams`).Scan(&n)
+	return n, mapErr("counting teams", err)
+}

@@ -1,0 +1,124 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/allotlabs/allot/internal/jobs"
+	"github.com/allotlabs/allot/internal/metric"
+	"github.com/allotlabs/allot/internal/store"
+	"github.com/allotlabs/allot/web"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+)
+
+// Config is what a Main runs with.
+type Config struct {
+	DatabaseURL string
+	Addr        string // listen address for the portal/API; "" = no server
+	Worker      bool   // run a River worker pool in this process
+	Migrate     bool   // apply migrations at start
+	DevMode     bool
+	Logger      *slog.Logger
+}
+
+// Main is one running Allot process: HTTP server and/or River worker over
+// one pool. End-to-end tests boot it on :0.
+type Main struct {
+	Config
+	Pool  *pgxpool.Pool
+	Store *store.Store
+
+	ln     net.Listener
+	http   *http.Server
+	river  *river.Client[pgx.Tx]
+	served chan error
+}
+
+// Run connects, migrates if asked, and starts what the config names. It
+// returns once everything is serving.
+func (m *Main) Run(ctx context.Context) error {
+	if m.Logger == nil {
+		m.Logger = slog.New(slog.DiscardHandler)
+	}
+	pool, err := store.Open(ctx, m.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	m.Pool, m.Store = pool, store.New(pool)
+	if m.Migrate {
+		if err := store.Migrate(ctx, pool, m.Logger); err != nil {
+			return err
+		}
+	}
+	if m.Worker {
+		m.river, err = jobs.NewClient(jobs.Config{Pool: pool, Store: m.Store, Logger: m.Logger})
+		if err != nil {
+			return err
+		}
+		if err := m.river.Start(ctx); err != nil {
+			return fmt.Errorf("starting River: %w", err)
+		}
+	}
+	if m.Addr != "" {
+		reg := metric.NewRegistry()
+		srv := web.New(web.Config{Store: m.Store, Logger: m.Logger, Registry: reg, DevMode: m.DevMode})
+		m.ln, err = net.Listen("tcp", m.Addr)
+		if err != nil {
+			return fmt.Errorf("listening on %s: %w", m.Addr, err)
+		}
+		m.http = &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+		m.served = make(chan error, 1)
+		go func() { m.served <- m.http.Serve(m.ln) }()
+	}
+	return nil
+}
+
+// URL is the base URL the server listens on.
+func (m *Main) URL() string {
+	if m.ln == nil {
+		return ""
+	}
+	addr := m.ln.Addr().(*net.TCPAddr)
+	host := addr.IP.String()
+	if addr.IP.IsUnspecified() {
+		host = "localhost"
+	}
+	return fmt.Sprintf("http://%s", net.JoinHostPort(host, fmt.Sprint(addr.Port)))
+}
+
+// Wait blocks until ctx ends or the server fails.
+func (m *Main) Wait(ctx context.Context) error {
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-m.served:
+		if errors.Is(err, http.ErrServerClosed) {
+			return nil
+		}
+		return err
+	}
+}
+
+// Close stops the server (draining requests), the worker and the pool.
+func (m *Main) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var errs []error
+	if m.http != nil {
+		errs = append(errs, m.http.Shutdown(ctx))
+	}
+	if m.river != nil {
+		errs = append(errs, m.river.Stop(ctx))
+	}
+	if m.Pool != nil {
+		m.Pool.Close()
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,146 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/allotlabs/allot/internal/demo"
+	"github.com/allotlabs/allot/internal/devdb"
+)
+
+const devTokenName = "dev persona token"
+
+// cmdDev runs the whole system with demo data on a database it finds or
+// starts: `make run`.
+func cmdDev(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("addr", ":8080", "listen address of the portal and API")
+	dataDir := fs.String("data-dir", ".allot/pgdata", "where a private PostgreSQL keeps its data when one must be started")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	db, err := devdb.Find(ctx, devdb.Options{EnvURL: os.Getenv("DATABASE_URL"), DataDir: *dataDir, Logger: log})
+	if err != nil {
+		fmt.Fprintf(stderr, "allot dev: %v\n", err)
+		return 1
+	}
+	defer db.Close()
+	url := db.URL
+	if db.Source != devdb.SourceEnv {
+		if url, err = devdb.EnsureDatabase(ctx, db.URL, "allot"); err != nil {
+			fmt.Fprintf(stderr, "allot dev: %v\n", err)
+			return 1
+		}
+	}
+	m := &Main{Config: Config{DatabaseURL: url, Addr: *addr, Worker: true, Migrate: true, DevMode: true, Logger: log}}
+	if err := m.Run(ctx); err != nil {
+		fmt.Fprintf(stderr, "allot dev: %v\n", err)
+		m.Close()
+		return 1
+	}
+	defer m.Close()
+	n, err := m.Store.CountTeams(ctx)
+	if err == nil && n == 0 {
+		log.Info("seeding the demo organisation")
+		err = demo.Seed(ctx, m.Store)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "allot dev: %v\n", err)
+		return 1
+	}
+	var tokens strings.Builder
+	fmt.Fprintf(stdout, "\nAllot is running at %s (database: %s, %s)\n", m.URL(), db.Source, redactURL(url))
+	fmt.Fprintf(stdout, "Open %s/login and pick a persona.\n\nAPI tokens (new at every start):\n", m.URL())
+	for _, p := range demo.Personas {
+		u, err := m.Store.UserByEmail(ctx, demo.PersonaEmail[p])
+		if err != nil {
+			fmt.Fprintf(stderr, "allot dev: %v\n", err)
+			return 1
+		}
+		if err := m.Store.RevokeAPITokensNamed(ctx, u.ID, devTokenName); err != nil {
+			fmt.Fprintf(stderr, "allot dev: %v\n", err)
+			return 1
+		}
+		secret, _, err := m.Store.CreateAPIToken(ctx, u.ID, devTokenName)
+		if err != nil {
+			fmt.Fprintf(stderr, "allot dev: %v\n", err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "  %-9s %-18s %s\n", p, u.Email, secret)
+		fmt.Fprintf(&tokens, "ALLOT_TOKEN_%s=%s\n", strings.ToUpper(p), secret)
+		if p == demo.Engineer {
+			fmt.Fprintf(&tokens, "ALLOT_TOKEN=%s\n", secret)
+		}
+	}
+	fmt.Fprintf(&tokens, "ALLOT_URL=%s\n", m.URL())
+	envFile := filepath.Join(filepath.Dir(*dataDir), "tokens.env")
+	if err := os.MkdirAll(filepath.Dir(envFile), 0o700); err == nil {
+		if err := os.WriteFile(envFile, []byte(tokens.String()), 0o600); err == nil {
+			fmt.Fprintf(stdout, "\n(also in %s: `set -a; . %s; set +a` makes the engineer's token the CLI default)\n", envFile, envFile)
+		}
+	}
+	fmt.Fprintf(stdout, `
+Try:
+  go run ./cmd/allot submit --server %[1]s --token <engineer token> --team nlp --tier 3 --gpus 8 --time 4h -- python train.py --lr 3e-4
+  curl -H "Authorization: Bearer <engineer token>" -H "Content-Type: application/json" \
+       -d '{"team":"nlp","tier":3,"gpus":1,"time_limit":"1h","command":["python","eval.py"]}' %[1]s/api/v1/jobs
+
+Ctrl-C stops everything.
+`, m.URL())
+	if err := m.Wait(ctx); err != nil {
+		fmt.Fprintf(stderr, "allot dev: %v\n", err)
+		return 1
+	}
+	fmt.Fprintln(stderr, "allot dev: stopping")
+	return 0
+}
+
+func redactURL(u string) string {
+	if i := strings.Index(u, "://"); i >= 0 {
+		rest := u[i+3:]
+		if at := strings.LastIndex(rest, "@"); at >= 0 {
+			if c := strings.Index(rest[:at], ":"); c >= 0 {
+				return u[:i+3] + rest[:c] + ":***" + rest[at:]
+			}
+		}
+	}
+	return u
+}
+
+// cmdTestEnv runs a command with DATABASE_URL pointing at the PostgreSQL
+// `allot dev` would use (starting a private one if needed, and stopping it
+// afterwards). `make test` runs `go test` under it.
+func cmdTestEnv(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("test-env", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dataDir := fs.String("data-dir", ".allot/testpg", "data directory of a private PostgreSQL, if one is needed")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() == 0 {
+		fmt.Fprintln(stderr, "usage: allot test-env [--data-dir DIR] -- COMMAND [ARGS...]")
+		return 2
+	}
+	ctx := context.Background()
+	db, err := devdb.Find(ctx, devdb.Options{EnvURL: os.Getenv("DATABASE_URL"), DataDir: *dataDir})
+	if err != nil {
+		fmt.Fprintf(stderr, "allot test-env: %v\n", err)
+		return 1
+	}
+	defer db.Close()
+	fmt.Fprintf(stderr, "allot test-env: PostgreSQL from %s: %s\n", db.Source, redactURL(db.URL))
+	return runChild(fs.Args(), append(os.Environ(), "DATABASE_URL="+db.URL), stdout, stderr)
+}

@@ -1,0 +1,40 @@
+// Package metric defines Allot's Prometheus metrics. They are registered on
+// a registry passed in from main, never on the global default.
+package metric
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// HTTP holds the HTTP server's request metrics.
+type HTTP struct {
+	Requests *prometheus.CounterVec
+	Duration *prometheus.HistogramVec
+	InFlight prometheus.Gauge
+}
+
+// NewHTTP creates the HTTP metrics and registers them on reg.
+func NewHTTP(reg prometheus.Registerer) *HTTP {
+	m := &HTTP{
+		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "allot_http_requests_total", Help: "HTTP requests by route, method and status code.",
+		}, []string{"route", "method", "code"}),
+		Duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "allot_http_request_duration_seconds", Help: "HTTP request latency by route and method.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
+		}, []string{"route", "method"}),
+		InFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "allot_http_requests_in_flight", Help: "HTTP requests being served.",
+		}),
+	}
+	reg.MustRegister(m.Requests, m.Duration, m.InFlight)
+	return m
+}
+
+// NewRegistry returns a registry with the Go runtime and process collectors.
+func NewRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}

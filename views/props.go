@@ -1,0 +1,113 @@
+// Package views holds the portal's templ components and the typed props
+// they render. Views never see the store or echo: package web builds the
+// props.
+package views
+
+// Page is what every page's layout needs.
+type Page struct {
+	Title   string
+	User    *UserBadge // nil when logged out
+	CSRF    string
+	DevMode bool
+	Flash   string
+}
+
+// UserBadge is the logged-in person as shown in the header.
+type UserBadge struct {
+	Name  string
+	Email string
+	Roles string // "admin", "lead of nlp", ...
+}
+
+// Option is one choice of a select.
+type Option struct {
+	Value, Label string
+}
+
+// JobRow is one line of the jobs list.
+type JobRow struct {
+	ID            int64
+	Name          string
+	Team          string
+	User          string
+	Tier          string
+	GPUs          int
+	GPUType       string
+	TimeLimit     string
+	State         string
+	Submitted     string
+	PendingReason string
+	Preemptible   bool
+	QuotaWarning  string
+}
+
+// JobsList is the jobs page.
+type JobsList struct {
+	Page
+	Rows   []JobRow
+	Teams  []Option
+	States []Option
+	Team   string
+	State  string
+	CanSubmit bool
+}
+
+// JobDetail is a job's own page.
+type JobDetail struct {
+	Page
+	Job       JobRow
+	Command   string
+	Env       []Option
+	WorkDir   string
+	GPUsPerNode int
+	Checkpointable bool
+	Demoted   bool
+	Started   string
+	Ended     string
+	ExitCode  string
+	Priority  string
+	Breakdown string
+	CanCancel bool
+}
+
+// JobForm is the submit form with its current values and errors.
+type JobForm struct {
+	Page
+	Teams    []Option
+	Tiers    []Option
+	GPUTypes []Option
+	Values   JobFormValues
+	Errors   map[string]string
+	Quota    Quota
+}
+
+// JobFormValues are the form's fields as typed.
+type JobFormValues struct {
+	Name, Team, Tier, GPUs, GPUType, GPUsPerNode, TimeLimit, Command, Env, WorkDir string
+	Checkpointable, Preemptible                                                  bool
+}
+
+// Quota is the budget check shown before submitting.
+type Quota struct {
+	Kind    string // "ok", "warn", "none" (nothing to check yet)
+	Message string
+}
+
+// Login is the dev persona picker.
+type Login struct {
+	Page
+	Personas []Persona
+	Message  string
+}
+
+// Persona is one demo identity on the dev login page.
+type Persona struct {
+	Key, Title, Name, Email, Description string
+}
+
+// ErrorPage shows an error to a person.
+type ErrorPage struct {
+	Page
+	Status  int
+	Message string
+}

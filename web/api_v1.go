@@ -1,0 +1,346 @@
+package web
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/store"
+	"github.com/labstack/echo/v4"
+)
+
+// JobJSON is a job as the API shows it (snake_case, RFC 3339 times).
+type JobJSON struct {
+	ID                int64                   `json:"id"`
+	Name              string                  `json:"name"`
+	Team              string                  `json:"team"`
+	User              string                  `json:"user"`
+	Tier              string                  `json:"tier"`
+	GPUs              int                     `json:"gpus"`
+	GPUType           *string                 `json:"gpu_type"`
+	GPUsPerNode       *int                    `json:"gpus_per_node"`
+	TimeLimitS        int64                   `json:"time_limit_s"`
+	Command           []string                `json:"command"`
+	Env               map[string]string       `json:"env"`
+	WorkDir           string                  `json:"workdir"`
+	Checkpointable    bool                    `json:"checkpointable"`
+	Preemptible       bool                    `json:"preemptible"`
+	Demoted           bool                    `json:"demoted"`
+	State             string                  `json:"state"`
+	SubmittedAt       time.Time               `json:"submitted_at"`
+	StartedAt         *time.Time              `json:"started_at"`
+	EndedAt           *time.Time              `json:"ended_at"`
+	ExitCode          *int                    `json:"exit_code"`
+	PendingReason     string                  `json:"pending_reason"`
+	Priority          float64                 `json:"priority"`
+	PriorityBreakdown allot.PriorityBreakdown `json:"priority_breakdown"`
+	QuotaWarning      string                  `json:"quota_warning"`
+}
+
+func timePtr(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+func toJSON(j *allot.Job) JobJSON {
+	out := JobJSON{ID: j.ID, Name: j.Name, Team: j.Team, User: j.User, Tier: string(j.Tier), GPUs: j.GPUs,
+		TimeLimitS: int64(j.TimeLimit / time.Second), Command: j.Command, Env: j.Env, WorkDir: j.WorkDir,
+		Checkpointable: j.Checkpointable, Preemptible: j.Preemptible, Demoted: j.Demoted, State: string(j.State),
+		SubmittedAt: j.SubmittedAt.UTC(), StartedAt: timePtr(j.StartedAt), EndedAt: timePtr(j.EndedAt), ExitCode: j.ExitCode,
+		PendingReason: j.PendingReason, Priority: j.Priority, PriorityBreakdown: j.Breakdown, QuotaWarning: j.QuotaWarning}
+	if j.GPUType != "" {
+		out.GPUType = &j.GPUType
+	}
+	if j.GPUsPerNode > 0 {
+		out.GPUsPerNode = &j.GPUsPerNode
+	}
+	if out.Env == nil {
+		out.Env = map[string]string{}
+	}
+	return out
+}
+
+// JobRequest is the body of POST /api/v1/jobs. tier may be a number or a
+// string; the time limit is time_limit_s (seconds) or time_limit ("4h").
+type JobRequest struct {
+	Name           string            `json:"name"`
+	Team           string            `json:"team"`
+	Tier           json.RawMessage   `json:"tier"`
+	GPUs           *int              `json:"gpus"`
+	GPUType        string            `json:"gpu_type"`
+	GPUsPerNode    int               `json:"gpus_per_node"`
+	TimeLimitS     *int64            `json:"time_limit_s"`
+	TimeLimit      string            `json:"time_limit"`
+	Command        []string          `json:"command"`
+	Env            map[string]string `json:"env"`
+	WorkDir        string            `json:"workdir"`
+	Checkpointable bool              `json:"checkpointable"`
+	Preemptible    bool              `json:"preemptible"`
+}
+
+// decodeJobRequest turns a request body into a spec; problems with single
+// fields come back as field errors, malformed JSON as a bad request.
+func decodeJobRequest(body io.Reader) (allot.JobSpec, error) {
+	var r JobRequest
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	f := allot.FieldErrors{}
+	if err := dec.Decode(&r); err != nil {
+		var te *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &te):
+			f.Add(te.Field, "must be a %s", jsonKind(te.Type.Kind().String()))
+			return allot.JobSpec{}, f.Err()
+		case strings.HasPrefix(err.Error(), "json: unknown field "):
+			name := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+			f.Add(name, "unknown field")
+			return allot.JobSpec{}, f.Err()
+		case errors.Is(err, io.EOF):
+			return allot.JobSpec{}, &badRequest{"request body is empty: send a JSON job spec"}
+		default:
+			return allot.JobSpec{}, &badRequest{"malformed JSON: " + err.Error()}
+		}
+	}
+	if dec.More() {
+		return allot.JobSpec{}, &badRequest{"malformed JSON: more than one value in the body"}
+	}
+	spec := allot.JobSpec{Name: r.Name, Team: r.Team, GPUType: r.GPUType, GPUsPerNode: r.GPUsPerNode, Command: r.Command,
+		Env: r.Env, WorkDir: r.WorkDir, Checkpointable: r.Checkpointable, Preemptible: r.Preemptible}
+	if r.GPUs != nil {
+		spec.GPUs = *r.GPUs
+	}
+	if len(r.Tier) > 0 && !bytes.Equal(r.Tier, []byte("null")) {
+		var s string
+		if err := json.Unmarshal(r.Tier, &s); err != nil {
+			var n json.Number
+			if err := json.Unmarshal(r.Tier, &n); err != nil {
+				f.Add("tier", "must be 1, 2, 3, 4 or \"preemptible\"")
+			}
+			s = n.String()
+		}
+		if t, ok := allot.ParseTier(s); ok {
+			spec.Tier = t
+		} else if _, bad := f["tier"]; !bad {
+			spec.Tier = allot.TierID(s)
+		}
+	}
+	switch {
+	case r.TimeLimitS != nil && r.TimeLimit != "":
+		f.Add("time_limit_s", "give time_limit_s or time_limit, not both")
+	case r.TimeLimitS != nil:
+		if *r.TimeLimitS > int64(365*24*time.Hour/time.Second) {
+			f.Add("time_limit_s", "is too long")
+		} else {
+			spec.TimeLimit = time.Duration(*r.TimeLimitS) * time.Second
+		}
+	case r.TimeLimit != "":
+		d, err := allot.ParseDuration(r.TimeLimit)
+		if err != nil {
+			f.Add("time_limit_s", "%v", err)
+		}
+		spec.TimeLimit = d
+	}
+	return spec, f.Err()
+}
+
+func jsonKind(k string) string {
+	switch k {
+	case "int", "int64", "float64":
+		return "number"
+	case "slice":
+		return "list"
+	case "map", "struct":
+		return "object"
+	case "bool":
+		return "boolean"
+	}
+	return k
+}
+
+// submit is the one submission path behind the form and the API: parse
+// errors are merged with the domain's so the user sees everything at once.
+func (s *Server) submit(c echo.Context, u *allot.User, spec allot.JobSpec, parseErr error) (allot.Job, error) {
+	if parseErr != nil {
+		pf := allot.Fields(parseErr)
+		if pf == nil {
+			return allot.Job{}, parseErr
+		}
+		if _, err := s.st.QuotaPreview(c.Request().Context(), u, &spec); err != nil {
+			for k, v := range allot.Fields(err) {
+				pf.Add(k, "%s", v)
+			}
+		}
+		return allot.Job{}, pf.Err()
+	}
+	j, err := s.st.SubmitJob(c.Request().Context(), u, spec)
+	if err == nil {
+		s.jobEvent(c.Request().Context())
+	}
+	return j, err
+}
+
+func (s *Server) apiSubmitJob(c echo.Context) error {
+	u, err := currentUser(c)
+	if err != nil {
+		return err
+	}
+	if ct := c.Request().Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
+		return &badRequest{"Content-Type must be application/json"}
+	}
+	spec, perr := decodeJobRequest(c.Request().Body)
+	if perr != nil && allot.Fields(perr) == nil {
+		return perr
+	}
+	j, err := s.submit(c, u, spec, perr)
+	if err != nil {
+		return err
+	}
+	c.Response().Header().Set("Location", fmt.Sprintf("/api/v1/jobs/%d", j.ID))
+	return writeJSON(c, http.StatusCreated, toJSON(&j))
+}
+
+// JobList is the body of GET /api/v1/jobs.
+type JobList struct {
+	Jobs       []JobJSON `json:"jobs"`
+	NextBefore *int64    `json:"next_before"` // pass as ?before= for the next page
+}
+
+// parseJobFilter reads team, state, limit and before from the query.
+func parseJobFilter(c echo.Context, u *allot.User) (store.JobFilter, error) {
+	f := store.JobFilter{Teams: visibleTeams(u), Team: c.QueryParam("team")}
+	errs := allot.FieldErrors{}
+	if st := c.QueryParam("state"); st != "" {
+		state, ok := allot.ParseJobState(st)
+		if !ok {
+			errs.Add("state", "unknown state %q", st)
+		}
+		f.State = state
+	}
+	for name, dst := range map[string]*int64{"before": &f.BeforeID} {
+		if v := c.QueryParam(name); v != "" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 1 {
+				errs.Add(name, "must be a positive job id")
+			}
+			*dst = n
+		}
+	}
+	if v := c.QueryParam("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1000 {
+			errs.Add("limit", "must be between 1 and 1000")
+		}
+		f.Limit = n
+	}
+	return f, errs.Err()
+}
+
+func (s *Server) apiListJobs(c echo.Context) error {
+	u, err := currentUser(c)
+	if err != nil {
+		return err
+	}
+	f, err := parseJobFilter(c, u)
+	if err != nil {
+		return err
+	}
+	if f.Limit == 0 {
+		f.Limit = 100
+	}
+	jobs, err := s.st.ListJobs(c.Request().Context(), f)
+	if err != nil {
+		return err
+	}
+	out := JobList{Jobs: make([]JobJSON, len(jobs))}
+	for i := range jobs {
+		out.Jobs[i] = toJSON(&jobs[i])
+	}
+	if len(jobs) == f.Limit {
+		out.NextBefore = &jobs[len(jobs)-1].ID
+	}
+	return writeJSON(c, http.StatusOK, out)
+}
+
+// loadJob returns the job named by :id if u may see it.
+func (s *Server) loadJob(c echo.Context, u *allot.User) (allot.Job, error) {
+	id, err := strconv.ParseInt(c.Param("id"), 10, 64)
+	if err != nil || id < 1 {
+		return allot.Job{}, allot.Errorf(allot.ENotFound, "no job %q", c.Param("id"))
+	}
+	j, err := s.st.GetJob(c.Request().Context(), id)
+	if err != nil {
+		if allot.ErrorCode(err) == allot.ENotFound {
+			return j, allot.Errorf(allot.ENotFound, "no job %d", id)
+		}
+		return j, err
+	}
+	if !canSee(u, &j) {
+		return allot.Job{}, allot.Errorf(allot.ENotFound, "no job %d", id)
+	}
+	return j, nil
+}
+
+func (s *Server) apiGetJob(c echo.Context) error {
+	u, err := currentUser(c)
+	if err != nil {
+		return err
+	}
+	j, err := s.loadJob(c, u)
+	if err != nil {
+		return err
+	}
+	return writeJSON(c, http.StatusOK, toJSON(&j))
+}
+
+func (s *Server) apiCancelJob(c echo.Context) error {
+	u, err := currentUser(c)
+	if err != nil {
+		return err
+	}
+	j, err := s.loadJob(c, u)
+	if err != nil {
+		return err
+	}
+	j, err = s.st.CancelJob(c.Request().Context(), u, j.ID)
+	if err != nil {
+		return err
+	}
+	s.jobEvent(c.Request().Context())
+	return writeJSON(c, http.StatusOK, toJSON(&j))
+}
+
+// MeJSON is the body of GET /api/v1/me.
+type MeJSON struct {
+	ID      int64             `json:"id"`
+	Email   string            `json:"email"`
+	Name    string            `json:"name"`
+	Admin   bool              `json:"admin"`
+	Finance bool              `json:"finance"`
+	Teams   map[string]string `json:"teams"` // team → role
+}
+
+func (s *Server) apiMe(c echo.Context) error {
+	u, err := currentUser(c)
+	if err != nil {
+		return err
+	}
+	me := MeJSON{ID: u.ID, Email: u.Email, Name: u.Name, Admin: u.Admin, Finance: u.Finance, Teams: map[string]string{}}
+	for _, m := range u.Memberships {
+		me.Teams[m.Team] = m.Role
+	}
+	return writeJSON(c, http.StatusOK, me)
+}
+
+func (s *Server) apiNotFound(c echo.Context) error {
+	return allot.Errorf(allot.ENotFound, "no API endpoint %s %s", c.Request().Method, c.Request().URL.Path)
+}

@@ -1,0 +1,37 @@
+package web
+
+import (
+	"github.com/allotlabs/allot/static"
+	"github.com/labstack/echo/v4"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// routes is the one route table.
+func (s *Server) routes() {
+	e := s.e
+	e.GET("/healthz", s.healthz)
+	e.GET("/readyz", s.readyz)
+	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{})))
+	e.GET(static.Prefix+"*", echo.WrapHandler(static.Handler()))
+
+	// Portal.
+	e.GET("/", s.home)
+	e.GET("/login", s.loginPage)
+	e.POST("/login/dev", s.devLogin)
+	e.POST("/logout", s.logout)
+	e.GET("/jobs", s.jobsPage)
+	e.GET("/jobs/new", s.newJobPage)
+	e.POST("/jobs", s.submitJobForm)
+	e.POST("/jobs/quota", s.quotaPreview)
+	e.GET("/jobs/:id", s.jobPage)
+	e.POST("/jobs/:id/cancel", s.cancelJobForm)
+
+	// JSON API.
+	api := e.Group("/api/v1")
+	api.GET("/me", s.apiMe)
+	api.POST("/jobs", s.apiSubmitJob)
+	api.GET("/jobs", s.apiListJobs)
+	api.GET("/jobs/:id", s.apiGetJob)
+	api.POST("/jobs/:id/cancel", s.apiCancelJob)
+	api.Any("/*", s.apiNotFound)
+}

@@ -1,0 +1,177 @@
+// Package web is Allot's HTTP layer: the portal (echo + templ + HTMX) and
+// the JSON API. routes.go is the only route table; errors.go maps domain
+// errors to responses in one place.
+package web
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/metric"
+	"github.com/allotlabs/allot/internal/store"
+	"github.com/labstack/echo/v4"
+	"github.com/labstack/echo/v4/middleware"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Config is what the server needs from main.
+type Config struct {
+	Store    *store.Store
+	Logger   *slog.Logger
+	Registry *prometheus.Registry
+	// DevMode enables the persona login page. Only `allot dev` sets it.
+	DevMode bool
+	// SecureCookies marks cookies Secure (set when served over HTTPS).
+	SecureCookies bool
+	// SessionTTL is how long a portal session lasts (default 12 h).
+	SessionTTL time.Duration
+	// OnJobEvent, if set, is called after a job is submitted or cancelled
+	// (the worker uses it to trigger a scheduling cycle).
+	OnJobEvent func(ctx context.Context)
+}
+
+// Server serves the portal and the API.
+type Server struct {
+	cfg  Config
+	e    *echo.Echo
+	http *metric.HTTP
+	log  *slog.Logger
+	st   *store.Store
+}
+
+const (
+	sessionCookie = "allot_session"
+	ctxUser       = "user"
+	ctxCSRF       = "csrf"
+)
+
+// New builds the server and its routes.
+func New(cfg Config) *Server {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = metric.NewRegistry()
+	}
+	if cfg.SessionTTL == 0 {
+		cfg.SessionTTL = 12 * time.Hour
+	}
+	e := echo.New()
+	e.HideBanner, e.HidePort = true, true
+	s := &Server{cfg: cfg, e: e, http: metric.NewHTTP(cfg.Registry), log: cfg.Logger, st: cfg.Store}
+	e.HTTPErrorHandler = s.handleError
+	e.Use(s.observe, middleware.Recover(), middleware.BodyLimit("1M"), middleware.SecureWithConfig(middleware.SecureConfig{
+		XSSProtection: "0", ContentTypeNosniff: "nosniff", XFrameOptions: "DENY", ReferrerPolicy: "same-origin",
+		ContentSecurityPolicy: "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'",
+	}))
+	e.Use(middleware.CSRFWithConfig(middleware.CSRFConfig{
+		Skipper:        func(c echo.Context) bool { return isAPI(c) || c.Request().URL.Path == "/metrics" },
+		TokenLookup:    "form:_csrf,header:X-CSRF-Token",
+		CookieName:     "_csrf",
+		CookiePath:     "/",
+		CookieHTTPOnly: true,
+		CookieSecure:   cfg.SecureCookies,
+		CookieSameSite: http.SameSiteLaxMode,
+		ContextKey:     ctxCSRF,
+	}))
+	e.Use(s.authenticate)
+	s.routes()
+	return s
+}
+
+// Handler returns the server as an http.Handler.
+func (s *Server) Handler() http.Handler { return s.e }
+
+func isAPI(c echo.Context) bool { return strings.HasPrefix(c.Request().URL.Path, "/api/") }
+
+// observe records request metrics and logs server errors.
+func (s *Server) observe(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		start := time.Now()
+		s.http.InFlight.Inc()
+		defer s.http.InFlight.Dec()
+		err := next(c)
+		if err != nil {
+			c.Error(err)
+		}
+		route := c.Path()
+		if route == "" {
+			route = "unmatched"
+		}
+		code := c.Response().Status
+		s.http.Requests.WithLabelValues(route, c.Request().Method, strconv.Itoa(code)).Inc()
+		s.http.Duration.WithLabelValues(route, c.Request().Method).Observe(time.Since(start).Seconds())
+		return nil
+	}
+}
+
+// authenticate loads the caller from a bearer token (API clients) or the
+// session cookie (browsers). It never rejects: handlers decide.
+func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		ctx := c.Request().Context()
+		if h := c.Request().Header.Get("Authorization"); h != "" {
+			tok, ok := strings.CutPrefix(h, "Bearer ")
+			if !ok {
+				return allot.Errorf(allot.EUnauthorized, "Authorization header must be \"Bearer <token>\"")
+			}
+			u, err := s.st.UserByAPIToken(ctx, strings.TrimSpace(tok))
+			if err != nil {
+				return err
+			}
+			c.Set(ctxUser, &u)
+			return next(c)
+		}
+		if ck, err := c.Cookie(sessionCookie); err == nil && ck.Value != "" {
+			u, err := s.st.UserBySession(ctx, ck.Value)
+			switch {
+			case err == nil:
+				c.Set(ctxUser, &u)
+			case allot.ErrorCode(err) == allot.EUnauthorized:
+				s.clearSession(c)
+			default:
+				return err
+			}
+		}
+		return next(c)
+	}
+}
+
+// currentUser returns the caller or an EUnauthorized error.
+func currentUser(c echo.Context) (*allot.User, error) {
+	if u, ok := c.Get(ctxUser).(*allot.User); ok {
+		return u, nil
+	}
+	if isAPI(c) {
+		return nil, allot.Errorf(allot.EUnauthorized, "missing API token: send Authorization: Bearer <token>")
+	}
+	return nil, allot.Errorf(allot.EUnauthorized, "log in to continue")
+}
+
+func (s *Server) jobEvent(ctx context.Context) {
+	if s.cfg.OnJobEvent != nil {
+		s.cfg.OnJobEvent(ctx)
+	}
+}
+
+// visibleTeams returns the teams whose jobs u may see: nil for all (admin,
+// finance), else u's teams.
+func visibleTeams(u *allot.User) []string {
+	if u.Admin || u.Finance {
+		return nil
+	}
+	t := u.Teams()
+	if t == nil {
+		t = []string{}
+	}
+	return t
+}
+
+func canSee(u *allot.User, j *allot.Job) bool {
+	return u.Admin || u.Finance || u.MemberOf(j.Team)
+}
