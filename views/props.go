@@ -44,30 +44,30 @@ type JobRow struct {
 // JobsList is the jobs page.
 type JobsList struct {
 	Page
-	Rows   []JobRow
-	Teams  []Option
-	States []Option
-	Team   string
-	State  string
+	Rows      []JobRow
+	Teams     []Option
+	States    []Option
+	Team      string
+	State     string
 	CanSubmit bool
 }
 
 // JobDetail is a job's own page.
 type JobDetail struct {
 	Page
-	Job       JobRow
-	Command   string
-	Env       []Option
-	WorkDir   string
-	GPUsPerNode int
+	Job            JobRow
+	Command        string
+	Env            []Option
+	WorkDir        string
+	GPUsPerNode    int
 	Checkpointable bool
-	Demoted   bool
-	Started   string
-	Ended     string
-	ExitCode  string
-	Priority  string
-	Breakdown string
-	CanCancel bool
+	Demoted        bool
+	Started        string
+	Ended          string
+	ExitCode       string
+	Priority       string
+	Breakdown      string
+	CanCancel      bool
 }
 
 // JobForm is the submit form with its current values and errors.
@@ -84,7 +84,7 @@ type JobForm struct {
 // JobFormValues are the form's fields as typed.
 type JobFormValues struct {
 	Name, Team, Tier, GPUs, GPUType, GPUsPerNode, TimeLimit, Command, Env, WorkDir string
-	Checkpointable, Preemptible                                                  bool
+	Checkpointable, Preemptible                                                    bool
 }
 
 // Quota is the budget check shown before submitting.

@@ -71,7 +71,7 @@ func (s *Server) jobPage(c echo.Context) error {
 	}
 	d := views.JobDetail{Page: s.page(c, j.Name), Job: jobRow(&j), Command: allot.JoinCommand(j.Command), WorkDir: j.WorkDir,
 		GPUsPerNode: j.GPUsPerNode, Checkpointable: j.Checkpointable, Demoted: j.Demoted, Started: fmtTime(j.StartedAt), Ended: fmtTime(j.EndedAt),
-		Priority: strconv.FormatFloat(j.Priority, 'f', 0, 64),
+		Priority:  strconv.FormatFloat(j.Priority, 'f', 0, 64),
 		Breakdown: fmt.Sprintf("class %d · fair share %.3f · size %.3f · age %.3f", j.Breakdown.Class, j.Breakdown.FairShare, j.Breakdown.Size, j.Breakdown.Age),
 		CanCancel: (j.State == allot.JobPending || j.State == allot.JobRunning) && (u.Admin || u.ID == j.UserID || u.LeadOf(j.Team))}
 	if j.ExitCode != nil {
