@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"sort"
 	"strconv"
@@ -35,6 +36,7 @@ type options struct {
 	seed                                                            int64
 	cycle, ckptInterval                                             time.Duration
 	progress                                                        bool
+	cpuProfile                                                      string
 }
 
 // Main runs `allot sim` with args (without the subcommand name) and returns
@@ -59,6 +61,19 @@ func main(args []string, stdout, stderr io.Writer, sched ScheduleFunc) int {
 		return 2
 	}
 	setup.sched = sched
+	if o.cpuProfile != "" {
+		f, err := os.Create(o.cpuProfile)
+		if err != nil {
+			fmt.Fprintf(stderr, "allot sim: --cpuprofile: %v\n", err)
+			return 2
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintf(stderr, "allot sim: --cpuprofile: %v\n", err)
+			return 2
+		}
+		defer pprof.StopCPUProfile()
+	}
 	results, err := setup.runAll(o, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "allot sim: %v\n", err)
@@ -137,6 +152,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Var(secondsOrDuration{&o.cycle}, "cycle", "periodic cycle in virtual time (e.g. 10s); 0 = schedule only on submit/finish events")
 	fs.Var(secondsOrDuration{&o.ckptInterval}, "checkpoint-interval", "checkpointable jobs save their progress every this much run time")
 	fs.Float64Var(&o.ckptFraction, "checkpointable", 0.5, "fraction of jobs (seeded hash of the id) that checkpoint, 0..1")
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the replays to this file (for developers)")
 	fs.BoolVar(&o.progress, "progress", false, "draw a progress bar on stderr even when it is not a terminal")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

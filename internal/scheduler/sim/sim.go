@@ -42,7 +42,10 @@ type Config struct {
 	CheckpointInterval time.Duration
 	Schedule           ScheduleFunc // nil means scheduler.Schedule
 	Timeline           bool         // record busy GPUs over time (for plots)
-	Progress           *atomic.Int64
+	// EveryEvent disables the skipping of provably idle baseline cycles
+	// (for tests that check the skipping changes nothing).
+	EveryEvent bool
+	Progress   *atomic.Int64
 }
 
 // Group is a per-tier or per-team breakdown.
@@ -199,9 +202,13 @@ type state struct {
 	cycleNS     []int64
 	timeline    []Point
 	startedAny  bool
-	lastFreed   bool // GPUs were freed or jobs arrived since the last cycle
-	progress    *atomic.Int64
-	waterBuf    []int
+	// Since the last cycle: GPUs were freed, or a job arrived that a
+	// baseline might start (see mayStart).
+	released  bool
+	startable bool
+	teamPend  []int // pending jobs per team
+	progress  *atomic.Int64
+	waterBuf  []int
 }
 
 // Run replays trace (sorted by Submit) under cfg and returns the metrics.
@@ -225,6 +232,8 @@ func Run(cfg Config, trace []TraceJob) (*Result, error) {
 	if cfg.Policy.Mode == "" {
 		cfg.Policy = scheduler.DefaultPolicy()
 	}
+	// The replay reads starts, preemptions and nothing else of a plan.
+	cfg.Policy.NoPendingInfo = true
 	s := &state{cfg: cfg, sched: cfg.Schedule, progress: cfg.Progress}
 	if s.sched == nil {
 		s.sched = scheduler.Schedule
@@ -291,7 +300,7 @@ func (s *state) build(trace []TraceJob) {
 		s.teams[i] = t
 	}
 	nt := len(sorted)
-	s.teamBusy, s.teamDemand = make([]int, nt), make([]int, nt)
+	s.teamBusy, s.teamDemand, s.teamPend = make([]int, nt), make([]int, nt), make([]int, nt)
 	s.teamFair, s.teamR, s.teamF = make([]float64, nt), make([]float64, nt), make([]float64, nt)
 	s.tierBusy, s.tierDemand = make([]int, 5), make([]int, 5)
 	s.tierFair, s.tierR, s.tierF = make([]float64, 5), make([]float64, 5), make([]float64, 5)
@@ -412,8 +421,7 @@ func (s *state) loop() error {
 		if !evented && !tick {
 			continue
 		}
-		if s.cfg.Policy.Mode != scheduler.ModeAllot && s.free == 0 {
-			// Baselines never preempt: with no free GPU nothing can start.
+		if s.skip(tick) {
 			continue
 		}
 		if err := s.cycle(); err != nil {
@@ -426,6 +434,7 @@ func (s *state) loop() error {
 				j := &s.jobs[p.ID-1]
 				j.phase = phaseDropped
 				j.stuck = true
+				s.teamPend[j.team]--
 				s.teamDemand[j.team] -= j.tj.GPUs
 				s.tierDemand[j.tier-1] -= j.tj.GPUs
 				s.markProgress()
@@ -436,6 +445,63 @@ func (s *state) loop() error {
 	}
 	s.advance(s.now)
 	return nil
+}
+
+// skip reports whether this cycle can be skipped because it provably
+// starts nothing. Only the baselines skip: they never preempt and their
+// decisions depend on nothing but the queue and the free GPUs (a later
+// cycle can only find less room before an EASY reservation), so
+//   - with no free GPU nothing can start;
+//   - when only arrivals happened since the last cycle (which left every
+//     remaining pending job blocked), only an arrival can start, and only
+//     if mayStart said so when it arrived.
+//
+// ModeAllot is never skipped: priorities age, usage decays, and preemption
+// becomes possible as running jobs pass the minimum runtime.
+func (s *state) skip(tick bool) bool {
+	if s.cfg.Policy.Mode == scheduler.ModeAllot || s.cfg.EveryEvent {
+		return false
+	}
+	if s.free == 0 {
+		return true
+	}
+	return !tick && !s.released && !s.startable
+}
+
+// mayStart reports whether a baseline could start job j, which arrives
+// while the jobs in s.pending are blocked: strict FIFO only if the queue is
+// empty, the partitioned FIFO only if its team's queue is empty, and
+// anything only if it fits in the free GPUs right now (ignoring domains and
+// partitions, so the test errs on the side of running the cycle).
+func (s *state) mayStart(j *simJob) bool {
+	switch s.cfg.Policy.Mode {
+	case scheduler.ModeFIFO:
+		if len(s.pending) > 0 {
+			return false
+		}
+	case scheduler.ModeFIFOPartitioned:
+		if s.teamPend[j.team] > 0 {
+			return false
+		}
+	}
+	per := s.cfg.GPUsPerNode
+	if j.tj.GPUs <= per {
+		for _, u := range s.nodeUsed {
+			if per-u >= j.tj.GPUs {
+				return true
+			}
+		}
+		return false
+	}
+	need, whole := (j.tj.GPUs+per-1)/per, 0
+	for _, u := range s.nodeUsed {
+		if u == 0 {
+			if whole++; whole >= need {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // advance moves virtual time to t, integrating every time-weighted metric
@@ -537,6 +603,10 @@ func (s *state) arrive(i int) {
 	s.teamDemand[j.team] += j.tj.GPUs
 	s.tierDemand[j.tier-1] += j.tj.GPUs
 	s.fairDirty = true
+	if !s.startable && s.cfg.Policy.Mode != scheduler.ModeAllot {
+		s.startable = s.mayStart(j)
+	}
+	s.teamPend[j.team]++
 	// Arrivals come in submit order, so appending keeps pending sorted.
 	s.pending = append(s.pending, s.pendingJob(j))
 }
@@ -573,6 +643,7 @@ func (s *state) cycle() error {
 	t0 := time.Now()
 	plan := s.sched(snap, now, s.cfg.Policy)
 	s.cycleNS = append(s.cycleNS, time.Since(t0).Nanoseconds())
+	s.released, s.startable = false, false
 	s.startedAny = len(plan.Starts) > 0 || len(plan.Preemptions) > 0
 
 	for _, st := range plan.Starts {
@@ -641,6 +712,7 @@ func (s *state) start(st scheduler.Start) error {
 		return fmt.Errorf("job %d asks for %d GPUs but was placed on %d", st.JobID, j.tj.GPUs, n)
 	}
 	s.free -= n
+	s.teamPend[j.team]--
 	j.phase = phaseRunning
 	j.runStart = s.now
 	j.placement = st.Placement
@@ -712,6 +784,7 @@ func (s *state) release(idx int) {
 		}
 	}
 	s.free += j.tj.GPUs
+	s.released = true
 	j.placement = nil
 	// Swap-remove from running.
 	k := s.runIdx[idx]
@@ -756,6 +829,7 @@ func (s *state) requeue(idx int) {
 	j.done += saved
 	s.release(idx)
 	j.phase = phasePending
+	s.teamPend[j.team]++
 	p := s.pendingJob(j)
 	at := sort.Search(len(s.pending), func(k int) bool {
 		q := &s.pending[k]

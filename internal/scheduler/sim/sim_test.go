@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -494,6 +495,46 @@ func TestCLIBadInput(t *testing.T) {
 		code := main(c.args, &stdout, &stderr, refSchedule)
 		if code != 2 || !strings.Contains(stderr.String(), c.msg) || stdout.Len() != 0 {
 			t.Errorf("allot sim %v: exit %d, stderr %q; want exit 2 and %q", c.args, code, stderr.String(), c.msg)
+		}
+	}
+}
+
+// randomTrace is a deterministic synthetic trace of n jobs with bursts, a
+// mix of sizes and three teams.
+func randomTrace(n int, seed uint64) []TraceJob {
+	rng := rand.New(rand.NewPCG(seed, 1))
+	sizes := []int{1, 1, 1, 1, 2, 4, 8, 16}
+	teams := []string{"a", "b", "c"}
+	var t float64
+	out := make([]TraceJob, n)
+	for i := range out {
+		if rng.IntN(4) == 0 {
+			t += float64(rng.IntN(300))
+		}
+		out[i] = tj(fmt.Sprintf("r%04d", i), t, float64(10+rng.IntN(2000)), sizes[rng.IntN(len(sizes))], teams[rng.IntN(3)])
+	}
+	return out
+}
+
+// TestSkippingChangesNothing: skipping provably idle baseline cycles gives
+// exactly the replay of calling Schedule on every event.
+func TestSkippingChangesNothing(t *testing.T) {
+	t.Parallel()
+	trace := randomTrace(600, 7)
+	teams := []TeamSpec{{"a", 16}, {"b", 16}, {"c", 16}}
+	for name, sched := range map[string]ScheduleFunc{"ref": refSchedule, "core": scheduler.Schedule} {
+		for _, m := range []scheduler.Mode{scheduler.ModeFIFO, scheduler.ModeEASY, scheduler.ModeFIFOPartitioned} {
+			cfg := Config{Nodes: 6, GPUsPerNode: 8, Teams: teams, Policy: policy(m), Cycle: 10 * time.Second, Schedule: sched}
+			skipped := run(t, cfg, trace)
+			cfg.EveryEvent = true
+			every := run(t, cfg, trace)
+			if skipped.Cycles >= every.Cycles {
+				t.Errorf("%s %s: %d cycles with skipping, %d without", name, m, skipped.Cycles, every.Cycles)
+			}
+			ignore := cmpopts.IgnoreFields(Result{}, "Cycles", "CycleMeanUS", "CycleP99US", "SimWallS")
+			if d := gocmp.Diff(every, skipped, ignore); d != "" {
+				t.Errorf("%s %s: skipping changed the replay (-every +skipped):\n%s", name, m, d)
+			}
 		}
 	}
 }
