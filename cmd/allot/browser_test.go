@@ -1,0 +1,119 @@
+package main
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/allotlabs/allot/internal/demo"
+	"github.com/chromedp/chromedp"
+)
+
+// chromium returns a headless Chromium context, or skips the test when no
+// Chromium is installed (.ci/run installs Debian's chromium).
+func chromium(t *testing.T) context.Context {
+	t.Helper()
+	var path string
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable"} {
+		if p, err := exec.LookPath(name); err == nil {
+			path = p
+			break
+		}
+	}
+	if path == "" {
+		t.Skip("no Chromium on PATH: install it (apt-get install -y chromium) to run browser tests")
+	}
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(path), chromedp.NoSandbox, chromedp.DisableGPU,
+		chromedp.Flag("disable-quic", true), chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true), chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 1000))
+	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelC := chromedp.NewContext(actx)
+	ctx, cancelT := context.WithTimeout(ctx, 60*time.Second)
+	t.Cleanup(func() { cancelT(); cancelC(); cancelA() })
+	return ctx
+}
+
+// screenshot saves the page to $ALLOT_SCREENSHOTS/name.png when set.
+func screenshot(t *testing.T, ctx context.Context, name string) {
+	dir := os.Getenv("ALLOT_SCREENSHOTS")
+	if dir == "" {
+		return
+	}
+	buf, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Logf("screenshot %s: %v", name, err)
+		return
+	}
+	os.WriteFile(filepath.Join(dir, name+".png"), buf, 0o644) //nolint:errcheck
+}
+
+// TestBrowserSubmit walks the first-day path in a real browser: pick a
+// persona, fill the form, see the budget check update before submitting
+// (HTMX), get an inline field error, fix it, submit, and find the job.
+func TestBrowserSubmit(t *testing.T) {
+	e := boot(t)
+	ctx := chromium(t)
+	css := func(sel string) chromedp.CSS { return chromedp.CSS(sel) }
+	text := func(sel string) string {
+		t.Helper()
+		v, err := chromedp.Run(ctx, chromedp.Text(css(sel)))
+		if err != nil {
+			t.Fatalf("reading %s: %v", sel, err)
+		}
+		return v
+	}
+	do := func(steps ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		if err := chromedp.Do(ctx, steps...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	do(chromedp.Navigate(e.url+"/"),
+		chromedp.Click(css(`[data-testid="persona-`+demo.Engineer+`"]`)),
+		chromedp.WaitVisible(css(`[data-testid="jobs-table"]`)))
+	if whoami := text(`[data-testid="whoami"]`); !strings.Contains(whoami, "Noah Kim") {
+		t.Errorf("header says %q", whoami)
+	}
+	do(chromedp.Navigate(e.url+"/jobs/new"),
+		chromedp.WaitVisible(css(`[data-testid="job-form"]`)),
+		chromedp.SetValue(css(`input[name="gpus"]`), "8"),
+		chromedp.SetValue(css(`input[name="time_limit"]`), "4h"),
+		chromedp.SendKeys(css(`input[name="command"]`), "python train.py --lr 3e-4"),
+		chromedp.SendKeys(css(`input[name="name"]`), "browser-job"),
+		chromedp.WaitVisible(css(`[data-testid="quota"][data-kind="warn"]`)))
+	screenshot(t, ctx, "submit-form")
+	if quota := text(`[data-testid="quota"]`); !strings.Contains(quota, "Budget exceeded by") || !strings.Contains(quota, "preemptible") {
+		t.Errorf("budget check before submit says %q", quota)
+	}
+
+	// A bad value gets an inline error and keeps what was typed.
+	do(chromedp.SetValue(css(`input[name="time_limit"]`), "0"),
+		chromedp.Click(css(`[data-testid="submit"]`)),
+		chromedp.WaitVisible(css(`[data-testid="error-time_limit_s"]`)))
+	screenshot(t, ctx, "submit-error")
+	gpusKept, err := chromedp.Run(ctx, chromedp.Value(css(`input[name="gpus"]`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fieldErr := text(`[data-testid="error-time_limit_s"]`); fieldErr != "must be positive" || gpusKept != "8" {
+		t.Errorf("inline error %q, gpus kept %q", fieldErr, gpusKept)
+	}
+
+	do(chromedp.SetValue(css(`input[name="time_limit"]`), "4h"),
+		chromedp.Click(css(`[data-testid="submit"]`)),
+		chromedp.WaitVisible(css(`[data-testid="quota-warning"]`)))
+	screenshot(t, ctx, "job-page")
+	if title, state := text(`h1`), text(`[data-testid="state"]`); !strings.Contains(title, "browser-job") || state != "pending" {
+		t.Errorf("job page: title %q state %q", title, state)
+	}
+	do(chromedp.Navigate(e.url+"/jobs?state=pending"), chromedp.WaitVisible(css(`[data-testid="jobs-table"]`)))
+	screenshot(t, ctx, "jobs-list")
+	if listed := text(`[data-testid="jobs-table"] tbody`); !strings.Contains(listed, "browser-job") {
+		t.Errorf("jobs list lacks the new job: %q", listed)
+	}
+}
