@@ -21,18 +21,24 @@ const devTokenName = "dev persona token"
 // cmdDev runs the whole system with demo data on a database it finds or
 // starts: `make run`.
 func cmdDev(args []string, stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return devMain(ctx, args, stdout, stderr)
+}
+
+// devMain is `allot dev` until ctx ends.
+func devMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	addr := fs.String("addr", ":8080", "listen address of the portal and API")
 	dataDir := fs.String("data-dir", ".allot/pgdata", "where a private PostgreSQL keeps its data when one must be started")
+	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL to use as is (default: env DATABASE_URL; unset: find or start one)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 
-	db, err := devdb.Find(ctx, devdb.Options{EnvURL: os.Getenv("DATABASE_URL"), DataDir: *dataDir, Logger: log})
+	db, err := devdb.Find(ctx, devdb.Options{EnvURL: *dbURL, DataDir: *dataDir, Logger: log})
 	if err != nil {
 		fmt.Fprintf(stderr, "allot dev: %v\n", err)
 		return 1
