@@ -245,19 +245,25 @@ func parseJobFilter(c echo.Context, u *allot.User) (store.JobFilter, error) {
 	return f, errs.Err()
 }
 
-func (s *Server) apiListJobs(c echo.Context) error {
+// listJobs lists the jobs the caller may see that match the query.
+func (s *Server) listJobs(c echo.Context) (*allot.User, store.JobFilter, []allot.Job, error) {
 	u, err := currentUser(c)
 	if err != nil {
-		return err
+		return nil, store.JobFilter{}, nil, err
 	}
 	f, err := parseJobFilter(c, u)
 	if err != nil {
-		return err
+		return nil, f, nil, err
 	}
 	if f.Limit == 0 {
 		f.Limit = 100
 	}
 	jobs, err := s.st.ListJobs(c.Request().Context(), f)
+	return u, f, jobs, err
+}
+
+func (s *Server) apiListJobs(c echo.Context) error {
+	_, f, jobs, err := s.listJobs(c)
 	if err != nil {
 		return err
 	}
@@ -269,6 +275,29 @@ func (s *Server) apiListJobs(c echo.Context) error {
 		out.NextBefore = &jobs[len(jobs)-1].ID
 	}
 	return writeJSON(c, http.StatusOK, out)
+}
+
+// visibleJob returns the caller and the job named by :id if they may see it.
+func (s *Server) visibleJob(c echo.Context) (*allot.User, allot.Job, error) {
+	u, err := currentUser(c)
+	if err != nil {
+		return nil, allot.Job{}, err
+	}
+	j, err := s.loadJob(c, u)
+	return u, j, err
+}
+
+// cancel cancels the job named by :id for the caller.
+func (s *Server) cancel(c echo.Context) (allot.Job, error) {
+	u, j, err := s.visibleJob(c)
+	if err != nil {
+		return j, err
+	}
+	j, err = s.st.CancelJob(c.Request().Context(), u, j.ID)
+	if err == nil {
+		s.jobEvent(c.Request().Context())
+	}
+	return j, err
 }
 
 // loadJob returns the job named by :id if u may see it.
@@ -291,11 +320,7 @@ func (s *Server) loadJob(c echo.Context, u *allot.User) (allot.Job, error) {
 }
 
 func (s *Server) apiGetJob(c echo.Context) error {
-	u, err := currentUser(c)
-	if err != nil {
-		return err
-	}
-	j, err := s.loadJob(c, u)
+	_, j, err := s.visibleJob(c)
 	if err != nil {
 		return err
 	}
@@ -303,19 +328,10 @@ func (s *Server) apiGetJob(c echo.Context) error {
 }
 
 func (s *Server) apiCancelJob(c echo.Context) error {
-	u, err := currentUser(c)
+	j, err := s.cancel(c)
 	if err != nil {
 		return err
 	}
-	j, err := s.loadJob(c, u)
-	if err != nil {
-		return err
-	}
-	j, err = s.st.CancelJob(c.Request().Context(), u, j.ID)
-	if err != nil {
-		return err
-	}
-	s.jobEvent(c.Request().Context())
 	return writeJSON(c, http.StatusOK, toJSON(&j))
 }
 

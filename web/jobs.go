@@ -34,15 +34,7 @@ func (s *Server) teamOptions(c echo.Context, u *allot.User, forSubmit bool) ([]v
 }
 
 func (s *Server) jobsPage(c echo.Context) error {
-	u, err := currentUser(c)
-	if err != nil {
-		return err
-	}
-	f, err := parseJobFilter(c, u)
-	if err != nil {
-		return err
-	}
-	jobs, err := s.st.ListJobs(c.Request().Context(), f)
+	u, f, jobs, err := s.listJobs(c)
 	if err != nil {
 		return err
 	}
@@ -61,11 +53,7 @@ func (s *Server) jobsPage(c echo.Context) error {
 }
 
 func (s *Server) jobPage(c echo.Context) error {
-	u, err := currentUser(c)
-	if err != nil {
-		return err
-	}
-	j, err := s.loadJob(c, u)
+	u, j, err := s.visibleJob(c)
 	if err != nil {
 		return err
 	}
@@ -239,17 +227,9 @@ func (s *Server) submitJobForm(c echo.Context) error {
 }
 
 func (s *Server) cancelJobForm(c echo.Context) error {
-	u, err := currentUser(c)
+	j, err := s.cancel(c)
 	if err != nil {
 		return err
 	}
-	j, err := s.loadJob(c, u)
-	if err != nil {
-		return err
-	}
-	if _, err := s.st.CancelJob(c.Request().Context(), u, j.ID); err != nil {
-		return err
-	}
-	s.jobEvent(c.Request().Context())
 	return redirect(c, fmt.Sprintf("/jobs/%d", j.ID))
 }
