@@ -148,7 +148,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.tierMix, "tier-mix", "1:1,2:4,3:45,4:50", "tier:weight,…; a job's tier is a seeded hash of its id (tier 5 = preemptible)")
 	fs.Int64Var(&o.seed, "seed", 1, "seed of the tier and checkpointability hashes")
 	fs.StringVar(&o.jsonOut, "json", "", "write the metrics as JSON to this file ('-' = stdout, instead of the table)")
-	fs.StringVar(&o.plotOut, "plot", "", "write utilization over time and the wait CDF, one SVG with two panels, to this file")
+	fs.StringVar(&o.plotOut, "plot", "", "write utilization over time and the wait CDF, one SVG with two panels (PNG if FILE ends in .png), to this file")
 	fs.Var(secondsOrDuration{&o.cycle}, "cycle", "periodic cycle in virtual time (e.g. 10s); 0 = schedule only on submit/finish events")
 	fs.Var(secondsOrDuration{&o.ckptInterval}, "checkpoint-interval", "checkpointable jobs save their progress every this much run time")
 	fs.Float64Var(&o.ckptFraction, "checkpointable", 0.5, "fraction of jobs (seeded hash of the id) that checkpoint, 0..1")

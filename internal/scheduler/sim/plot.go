@@ -3,13 +3,16 @@ package sim
 import (
 	"fmt"
 	"image/color"
+	"io"
 	"math"
 	"os"
+	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
 	"gonum.org/v1/plot/vg/vgsvg"
 
 	"github.com/allotlabs/allot/internal/scheduler"
@@ -26,8 +29,7 @@ var policyColors = map[scheduler.Mode]color.RGBA{
 const utilBins = 300
 
 // utilSeries averages the busy-GPU step function over utilBins equal bins
-// from the first submit to the end of the longest replay and returns
-// (hours, utilization) points.
+// of [from, to] (seconds) and returns (hours, utilization) points.
 func utilSeries(r *Result, from, to float64) plotter.XYs {
 	width := (to - from) / utilBins
 	acc := make([]float64, utilBins)
@@ -38,14 +40,16 @@ func utilSeries(r *Result, from, to float64) plotter.XYs {
 			end = tl[k+1].T
 		}
 		a, b := max(p.T, from), min(end, to)
-		for a < b {
-			bin := min(int((a-from)/width), utilBins-1)
-			edge := min(b, from+float64(bin+1)*width)
-			if edge <= a { // rounding at a bin edge
-				edge = b
+		if b <= a || p.Busy == 0 {
+			continue
+		}
+		lo := max(0, min(int((a-from)/width), utilBins-1))
+		hi := max(0, min(int((b-from)/width), utilBins-1))
+		for bin := lo; bin <= hi; bin++ {
+			bs, be := from+float64(bin)*width, from+float64(bin+1)*width
+			if ov := min(b, be) - max(a, bs); ov > 0 {
+				acc[bin] += float64(p.Busy) * ov
 			}
-			acc[bin] += float64(p.Busy) * (edge - a)
-			a = edge
 		}
 	}
 	xy := make(plotter.XYs, utilBins)
@@ -72,19 +76,23 @@ func cdfSeries(waits []float64) plotter.XYs {
 	return xy
 }
 
-// writePlot draws one SVG with two panels: utilization over time (top) and
+// writePlot draws one SVG (or PNG, by the file's extension) with two panels: utilization over time (top) and
 // the wait-time CDF (bottom), one line per policy.
 func writePlot(path string, modes []scheduler.Mode, rs []*Result) error {
-	from, to := math.Inf(1), 0.0
+	// The arrival period plus a quarter of it: the tail of a heavy-tailed
+	// trace (a few multi-week jobs) would squeeze everything else.
+	from, to, last := math.Inf(1), 0.0, 0.0
 	for _, r := range rs {
 		from = min(from, r.SpanStartS)
-		to = max(to, r.SpanStartS+r.MakespanS)
+		to = max(to, r.SpanEndS)
+		last = max(last, r.SpanStartS+r.MakespanS)
 	}
+	to = min(last, to+(to-from)/4)
 	if !(to > from) {
 		to = from + 1
 	}
 	util := plot.New()
-	util.Title.Text = "GPU utilization over time"
+	util.Title.Text = "GPU utilization over time (arrival period + 25 %)"
 	util.X.Label.Text = "virtual time (h)"
 	util.Y.Label.Text = "busy GPUs / total"
 	util.Y.Min, util.Y.Max = 0, 1.05
@@ -118,12 +126,20 @@ func writePlot(path string, modes []scheduler.Mode, rs []*Result) error {
 		cdf.Add(l2)
 		cdf.Legend.Add(string(m), l2)
 	}
-	util.Legend.Top = true
+	util.Legend.Top = false
 	cdf.Legend.Left = true
 	cdf.Legend.Top = true
 
 	const w, h = 8 * vg.Inch, 8 * vg.Inch
-	canvas := vgsvg.New(w, h)
+	var canvas interface {
+		vg.CanvasSizer
+		io.WriterTo
+	}
+	if strings.HasSuffix(strings.ToLower(path), ".png") {
+		canvas = vgimg.PngCanvas{Canvas: vgimg.New(w, h)}
+	} else {
+		canvas = vgsvg.New(w, h)
+	}
 	dc := draw.New(canvas)
 	tiles := draw.Tiles{Rows: 2, Cols: 1, PadX: vg.Millimeter, PadY: 4 * vg.Millimeter, PadTop: 2 * vg.Millimeter, PadBottom: 2 * vg.Millimeter, PadLeft: 2 * vg.Millimeter, PadRight: 4 * vg.Millimeter}
 	plots := [][]*plot.Plot{{util}, {cdf}}
