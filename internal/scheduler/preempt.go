@@ -21,7 +21,7 @@ func (st *state) preemptRight(pj *pjob) int {
 	case Tier2:
 		return vgAboveGuarantee
 	case Tier3, Tier4:
-		if pj.team >= 0 {
+		if pj.team >= 0 && -pj.submit >= int64(st.p.GuaranteePatience) {
 			t := &st.teams[pj.team]
 			if t.alloc+pj.j.GPUs <= t.guarantee {
 				return vgAboveGuarantee
@@ -75,7 +75,7 @@ type victimCand struct {
 // nodeVictims picks the victims on node n that bring it to target free
 // GPUs: victim groups in order, then lowest priority, fewest GPUs, newest
 // start, id. ok is false when that is impossible.
-func (st *state) nodeVictims(n, target, maxGroup int, buf []victimCand) (vs []victimCand, worst, freed int, ok bool) {
+func (st *state) nodeVictims(n, target, maxGroup int, class Tier, buf []victimCand) (vs []victimCand, worst, freed int, lost float64, ok bool) {
 	ns := &st.nodes[n]
 	avail := ns.free
 	vs = buf[:0]
@@ -91,36 +91,54 @@ func (st *state) nodeVictims(n, target, maxGroup int, buf []victimCand) (vs []vi
 			avail += k // freed at its grace end, within one grace period
 			continue
 		}
-		if g := st.victimGroup(r, maxGroup); g >= 0 && g <= maxGroup {
+		if g := st.victimGroup(r, maxGroup); g >= 0 && g <= maxGroup && (r.class >= class || class.Production()) {
 			vs = append(vs, victimCand{ri: ri, group: g, gpus: k})
 		}
 	}
 	if avail >= target {
-		return vs[:0], -1, 0, true
+		return vs[:0], -1, 0, 0, true
 	}
 	slices.SortFunc(vs, func(a, b victimCand) int {
 		ra, rb := &st.run[a.ri], &st.run[b.ri]
-		return cmp.Or(cmp.Compare(a.group, b.group), cmp.Compare(rb.class, ra.class), cmp.Compare(ra.prio, rb.prio),
-			cmp.Compare(ra.gpus, rb.gpus), cmp.Compare(rb.startRel, ra.startRel), cmp.Compare(ra.j.ID, rb.j.ID))
+		return cmp.Or(cmp.Compare(a.group, b.group), cmp.Compare(rb.class, ra.class), cmp.Compare(st.lostWork(ra), st.lostWork(rb)),
+			cmp.Compare(st.runPrio(ra), st.runPrio(rb)), cmp.Compare(ra.gpus, rb.gpus), cmp.Compare(ra.j.ID, rb.j.ID))
 	})
 	worst = -1
 	for i, v := range vs {
 		avail += v.gpus
 		freed += st.run[v.ri].gpus
+		lost += st.lostWork(&st.run[v.ri])
 		worst = max(worst, v.group)
 		if avail >= target {
-			return vs[:i+1], worst, freed, true
+			return vs[:i+1], worst, freed, lost, true
 		}
 	}
-	return nil, 0, 0, false
+	return nil, 0, 0, 0, false
 }
 
+// victimScore ranks victim sets: worst victim group, work lost, GPUs
+// freed, number of victims, then node (or domain) index.
 type victimScore struct {
-	worst, freed, count, at int
+	worst int
+	lost  float64
+	freed int
+	count int
+	at    int
 }
 
 func cmpScore(a, b victimScore) int {
-	return cmp.Or(cmp.Compare(a.worst, b.worst), cmp.Compare(a.freed, b.freed), cmp.Compare(a.count, b.count), cmp.Compare(a.at, b.at))
+	return cmp.Or(cmp.Compare(a.worst, b.worst), cmp.Compare(a.lost, b.lost), cmp.Compare(a.freed, b.freed),
+		cmp.Compare(a.count, b.count), cmp.Compare(a.at, b.at))
+}
+
+// lostWork is the GPU-seconds a victim loses: its run time since its last
+// checkpoint (or start).
+func (st *state) lostWork(r *runJob) float64 {
+	since := r.startRel
+	if r.j.Checkpointable && !r.j.LastCheckpoint.IsZero() {
+		since = max(since, rel(r.j.LastCheckpoint, st.now))
+	}
+	return float64(r.gpus) * float64(-min(since, 0)) / 1e9
 }
 
 // preempt looks for victims that let pj start after one grace period and
@@ -142,11 +160,11 @@ func (st *state) preempt(pj *pjob, maxGroup int) bool {
 				if st.nodes[n].cap < g || !elig(n) {
 					continue
 				}
-				vs, worst, freed, ok := st.nodeVictims(n, g, maxGroup, buf)
+				vs, worst, freed, lost, ok := st.nodeVictims(n, g, maxGroup, pj.class, buf)
 				if !ok || len(vs) == 0 {
 					continue
 				}
-				sc := victimScore{worst, freed, len(vs), n}
+				sc := victimScore{worst, lost, freed, len(vs), n}
 				if !found || cmpScore(sc, best) < 0 {
 					found, best = true, sc
 					bestVs = append(bestVs[:0], vs...)
@@ -190,11 +208,11 @@ func (st *state) preempt(pj *pjob, maxGroup int) bool {
 					if ns.cap < target {
 						continue
 					}
-					vs, worst, freed, ok := st.nodeVictims(n, target, maxGroup, nil)
+					vs, worst, freed, lost, ok := st.nodeVictims(n, target, maxGroup, pj.class, nil)
 					if !ok {
 						continue
 					}
-					costs = append(costs, nodeCost{n: n, sc: victimScore{worst, freed, len(vs), n}, give: min(target, ns.cap), vs: vs})
+					costs = append(costs, nodeCost{n: n, sc: victimScore{worst, lost, freed, len(vs), n}, give: min(target, ns.cap), vs: vs})
 				}
 				slices.SortFunc(costs, func(a, b nodeCost) int { return cmpScore(a.sc, b.sc) })
 				got, sc := 0, victimScore{worst: -1, at: gi}
@@ -206,6 +224,7 @@ func (st *state) preempt(pj *pjob, maxGroup int) bool {
 					got += c.give
 					sc.worst = max(sc.worst, c.sc.worst)
 					sc.freed += c.sc.freed
+					sc.lost += c.sc.lost
 					sc.count += c.sc.count
 					for _, v := range c.vs {
 						if !slices.Contains(set, v.ri) {
@@ -226,7 +245,7 @@ func (st *state) preempt(pj *pjob, maxGroup int) bool {
 		}
 		chosen = bestSet
 	}
-	slices.Sort(chosen)
+	slices.SortFunc(chosen, func(a, b int) int { return cmp.Compare(st.run[a].j.ID, st.run[b].j.ID) })
 	for _, ri := range chosen {
 		st.markVictim(ri, pj)
 	}

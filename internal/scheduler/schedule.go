@@ -14,6 +14,8 @@ const (
 	// detailedReasons bounds the blocked jobs per cycle, beyond those holding
 	// a reservation, that get a pending reason with an estimated start.
 	detailedReasons = 32
+	// maxStarvationResv bounds the extra reservations of Policy.StarvationWait.
+	maxStarvationResv = 8
 )
 
 // Schedule computes one scheduling cycle. It is a pure function of its
@@ -50,10 +52,14 @@ func (st *state) preparePendingAll() {
 	s := st.s
 	st.pend = make([]pjob, len(s.Pending))
 	st.order = make([]*pjob, len(s.Pending))
+	lastTeam, ti, t := "", -1, (*Team)(nil)
 	for i := range s.Pending {
 		j := &s.Pending[i]
 		pj := &st.pend[i]
-		ti, t := st.team(j.Team)
+		if i == 0 || j.Team != lastTeam {
+			lastTeam = j.Team
+			ti, t = st.team(j.Team)
+		}
 		*pj = pjob{idx: i, j: j, team: ti, class: effClass(j, t), resv: -1}
 		pj.limit = never
 		if j.TimeLimit > 0 {
@@ -81,9 +87,12 @@ func (st *state) preparePendingAll() {
 				cmp.Compare(a.submit, b.submit), cmp.Compare(a.j.ID, b.j.ID))
 		})
 	} else {
-		slices.SortFunc(st.order, func(a, b *pjob) int {
+		fifo := func(a, b *pjob) int {
 			return cmp.Or(cmp.Compare(a.submit, b.submit), cmp.Compare(a.j.ID, b.j.ID))
-		})
+		}
+		if !slices.IsSortedFunc(st.order, fifo) {
+			slices.SortFunc(st.order, fifo)
+		}
 	}
 }
 
@@ -111,6 +120,7 @@ func (st *state) runAllot() {
 	var resvPerClass [TierPreemptible + 1]int
 	failed := map[shapeKey]int64{}
 	attempts := 0
+	var starving []*pjob
 	grace := int64(st.p.GracePeriod)
 	for _, pj := range st.order {
 		if pj.never {
@@ -156,6 +166,17 @@ func (st *state) runAllot() {
 			if r := st.sweep(pj); r.ok {
 				st.reserve(pj, r)
 			}
+		} else if st.p.StarvationWait > 0 && -pj.submit >= int64(st.p.StarvationWait) {
+			starving = append(starving, pj)
+		}
+	}
+	// Starvation guard: the longest-waiting blocked jobs get reservations
+	// too. They come after every other decision, so they only constrain
+	// later cycles' backfill.
+	slices.SortFunc(starving, func(a, b *pjob) int { return cmp.Or(cmp.Compare(a.submit, b.submit), cmp.Compare(a.j.ID, b.j.ID)) })
+	for _, pj := range starving[:min(len(starving), maxStarvationResv)] {
+		if r := st.sweep(pj); r.ok {
+			st.reserve(pj, r)
 		}
 	}
 }

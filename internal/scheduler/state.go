@@ -90,7 +90,6 @@ type runJob struct {
 	term     bool  // terminating (in the snapshot or preempted this cycle)
 	victim   bool  // preempted this cycle
 	gpus     int
-	prio     float64
 	startRel int64
 }
 
@@ -110,11 +109,11 @@ type pjob struct {
 	q        int  // GPUs per node in multi mode, 0 = whole nodes
 	never    bool // can never run on this cluster
 	// outcome
-	started  bool
+	started   bool
 	resv      int  // reservation index or -1
 	resvCause bool // the reservation waits for a release (not only for other reservations)
-	preempts int // victims this job preempted this cycle
-	blocker  string
+	preempts  int  // victims this job preempted this cycle
+	blocker   string
 }
 
 // started is a job started this cycle.
@@ -161,7 +160,9 @@ type state struct {
 	free    int   // free GPUs on nodes taking work
 	total   int   // cluster GPUs (lazy)
 
-	eligCache map[eligKey][]int
+	eligCache   map[eligKey][]int
+	lastEligKey eligKey
+	lastElig    []int
 
 	runEvents []event // sorted lazily
 	runSorted bool
@@ -300,6 +301,8 @@ func (st *state) partition() []int {
 func (st *state) buildNodes(owners []int) {
 	st.nodes = make([]nodeState, len(st.s.Nodes))
 	poolIdx := map[eligKey]int{}
+	var lastKey eligKey
+	lastPool := -1
 	for i := range st.s.Nodes {
 		n := &st.s.Nodes[i]
 		ns := &st.nodes[i]
@@ -325,8 +328,14 @@ func (st *state) buildNodes(owners []int) {
 		}
 		ns.cap = c
 		key := eligKey{n.GPUType, onprem(n.Site), owner}
+		if lastPool >= 0 && key == lastKey {
+			ns.pool = int32(lastPool)
+			continue
+		}
 		pi, ok := poolIdx[key]
+		lastKey, lastPool = key, pi
 		if !ok {
+			lastPool = len(st.pools)
 			pi = len(st.pools)
 			poolIdx[key] = pi
 			st.pools = append(st.pools, pool{gpuType: key.gpuType, onprem: key.onprem, owner: owner})
@@ -339,6 +348,8 @@ func (st *state) buildNodes(owners []int) {
 		domain string
 	}
 	grpIdx := map[gk]int{}
+	var lastGK gk
+	lastG := -1
 	for i := range st.nodes {
 		ns := &st.nodes[i]
 		if ns.pool < 0 {
@@ -349,6 +360,13 @@ func (st *state) buildNodes(owners []int) {
 		pl.nodes = append(pl.nodes, i)
 		pl.maxCap = max(pl.maxCap, ns.cap)
 		k := gk{ns.pool, st.s.Nodes[i].Domain}
+		if lastG >= 0 && k == lastGK {
+			ns.group = int32(lastG)
+			g := &st.grps[lastG]
+			g.nodes = append(g.nodes, i)
+			g.capSum += ns.cap
+			continue
+		}
 		gi, ok := grpIdx[k]
 		if !ok {
 			gi = len(st.grps)
@@ -356,6 +374,7 @@ func (st *state) buildNodes(owners []int) {
 			st.grps = append(st.grps, group{pool: int(ns.pool), domain: k.domain})
 			pl.groups = append(pl.groups, gi)
 		}
+		lastGK, lastG = k, gi
 		ns.group = int32(gi)
 		g := &st.grps[gi]
 		g.nodes = append(g.nodes, i)
@@ -363,19 +382,31 @@ func (st *state) buildNodes(owners []int) {
 	}
 }
 
+// buildRunning marks running jobs' GPUs as used. Input order is kept; all
+// later uses of st.run order by total keys ending in the job id.
 func (st *state) buildRunning() {
-	rs := make([]*Job, len(st.s.Running))
+	needTeam := st.p.Mode == ModeAllot || st.p.Mode == ModeFIFOPartitioned
+	st.run = make([]runJob, len(st.s.Running))
+	lastTeam, lastIdx := "", -1
 	for i := range st.s.Running {
-		rs[i] = &st.s.Running[i]
-	}
-	slices.SortFunc(rs, func(a, b *Job) int { return cmp.Compare(a.ID, b.ID) })
-	st.run = make([]runJob, len(rs))
-	for i, j := range rs {
-		ti, t := st.team(j.Team)
+		j := &st.s.Running[i]
 		r := &st.run[i]
-		r.j, r.team = j, ti
+		r.j, r.team = j, -1
+		if needTeam {
+			if lastIdx < 0 || j.Team != lastTeam {
+				lastTeam, lastIdx = j.Team, i
+				r.team, _ = st.team(j.Team)
+			} else {
+				r.team = st.run[lastIdx].team
+			}
+			lastIdx = i
+		}
 		r.class = j.RunAs
 		if r.class < Tier1 || r.class > TierPreemptible {
+			var t *Team
+			if r.team >= 0 {
+				t = st.teams[r.team].t
+			}
 			r.class = effClass(j, t)
 		}
 		r.startRel = rel(j.Start, st.now)
@@ -399,11 +430,16 @@ func (st *state) buildRunning() {
 			}
 			r.gpus += len(sl.GPUs)
 		}
-		if ti >= 0 && !r.term {
-			st.teams[ti].alloc += r.gpus
+		if r.team >= 0 && !r.term {
+			st.teams[r.team].alloc += r.gpus
 		}
-		r.prio = st.p.WeightFairShare*st.fairShare(ti) + st.p.WeightSize*st.sizeFactor(r.gpus)
 	}
+}
+
+// runPrio is the priority of a running job for victim ordering: its
+// team's fair-share and its size factor (age means nothing once started).
+func (st *state) runPrio(r *runJob) float64 {
+	return st.p.WeightFairShare*st.fairShare(r.team) + st.p.WeightSize*st.sizeFactor(r.gpus)
 }
 
 func (st *state) buildIndex() {
@@ -472,9 +508,14 @@ func (pl *pool) firstIn(f int) int {
 // eligible returns the pools a job may use.
 func (st *state) eligible(gpuType string, onpremOnly bool, owner int) []int {
 	k := eligKey{gpuType, onpremOnly, owner}
+	if st.lastElig != nil && k == st.lastEligKey {
+		return st.lastElig
+	}
 	if e, ok := st.eligCache[k]; ok {
+		st.lastEligKey, st.lastElig = k, e
 		return e
 	}
+	defer func() { st.lastEligKey, st.lastElig = k, st.eligCache[k] }()
 	var e []int
 	for pi := range st.pools {
 		pl := &st.pools[pi]
@@ -488,6 +529,9 @@ func (st *state) eligible(gpuType string, onpremOnly bool, owner int) []int {
 			continue
 		}
 		e = append(e, pi)
+	}
+	if e == nil {
+		e = []int{}
 	}
 	st.eligCache[k] = e
 	return e

@@ -120,6 +120,15 @@ type Policy struct {
 	HalfLife        time.Duration // usage decay half-life (default 7 days; applied by callers)
 	GracePeriod     time.Duration // SIGTERM → SIGKILL (default 120 s)
 	MinRuntime      time.Duration // anti-thrash: no preemption before this much runtime
+	// GuaranteePatience: a tier 3-4 job of a team under its guarantee
+	// preempts only after waiting this long (0 = at once). Short waits are
+	// usually ended by the natural churn of jobs, without losing work.
+	GuaranteePatience time.Duration
+	// StarvationWait: a blocked job (not preemptible) that has waited this
+	// long gets a reservation beyond ReservationDepth, so that wide jobs of
+	// low-priority teams are not starved by backfill (0 = off; at most
+	// maxStarvationResv such reservations per cycle, oldest first).
+	StarvationWait time.Duration
 	// ReservationDepth is how many blocked jobs per class get a backfill
 	// reservation in ModeAllot (0 means 1, EASY's classic depth). Jobs that
 	// preempted, or wait for GPUs coming free from preemption, always get one.
@@ -140,6 +149,10 @@ func DefaultPolicy() Policy {
 		HalfLife:        7 * 24 * time.Hour,
 		GracePeriod:     120 * time.Second,
 		MinRuntime:      10 * time.Minute,
+
+		GuaranteePatience: 10 * time.Minute,
+		ReservationDepth:  1,
+		StarvationWait:    time.Hour,
 	}
 }
 
