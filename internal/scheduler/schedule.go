@@ -122,8 +122,37 @@ func (st *state) runAllot() {
 	attempts := 0
 	var starving []*pjob
 	grace := int64(st.p.GracePeriod)
+	// Preemptors whose victims are still in their grace period come first:
+	// they start, or reserve the GPUs coming free, before anyone else.
+	var preemptors map[int64]bool
+	for i := range st.run {
+		if r := &st.run[i]; r.term && r.j.PreemptedBy != 0 {
+			if preemptors == nil {
+				preemptors = map[int64]bool{}
+			}
+			preemptors[r.j.PreemptedBy] = true
+		}
+	}
+	if preemptors != nil {
+		for _, pj := range st.order {
+			if pj.never || !preemptors[pj.j.ID] {
+				continue
+			}
+			pj.inflight = true
+			if cl := st.place(pj, nil); cl != nil {
+				st.commit(pj, cl, false)
+				continue
+			}
+			if r := st.sweep(pj); r.ok {
+				st.reserve(pj, r)
+				if pj.team >= 0 {
+					st.teams[pj.team].alloc += pj.j.GPUs
+				}
+			}
+		}
+	}
 	for _, pj := range st.order {
-		if pj.never {
+		if pj.never || pj.inflight {
 			continue
 		}
 		key := shapeKey{pj.j.GPUs, pj.q, pj.j.GPUType, pj.class.Production()}

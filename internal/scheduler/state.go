@@ -113,6 +113,7 @@ type pjob struct {
 	resv      int  // reservation index or -1
 	resvCause bool // the reservation waits for a release (not only for other reservations)
 	preempts  int  // victims this job preempted this cycle
+	inflight  bool // its victims are in their grace period
 	blocker   string
 }
 

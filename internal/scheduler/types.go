@@ -84,6 +84,11 @@ type Job struct {
 	// its grace period; its GPUs are still held until GraceEnd.
 	Terminating bool
 	GraceEnd    time.Time
+	// PreemptedBy is the pending job this terminating job was preempted for
+	// (Preemption.By); Schedule holds the GPUs coming free for that job
+	// first, so that nobody else takes them. 0 = unknown (then the freed
+	// GPUs go to whoever comes first in priority order).
+	PreemptedBy int64
 }
 
 // Team is one team's standing for fair share, guarantees and budget.

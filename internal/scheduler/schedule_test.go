@@ -1,0 +1,481 @@
+package scheduler
+
+import (
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func allot() Policy { return DefaultPolicy() }
+
+func mode(m Mode) Policy {
+	p := DefaultPolicy()
+	p.Mode = m
+	return p
+}
+
+func TestClassOrder(t *testing.T) {
+	t.Parallel()
+	// One free GPU; the tier-1 job wins over older tier-3/4 jobs, and the
+	// tier-3 job over the tier-4 one.
+	tests := []struct {
+		name    string
+		pending []Job
+		want    []int64
+	}{
+		{"tier 1 first", []Job{job(1, 1, tier(Tier4), submitted(time.Hour)), job(2, 1, tier(Tier3)), job(3, 1, tier(Tier1))}, []int64{3}},
+		{"tier 3 before tier 4", []Job{job(1, 1, tier(Tier4), submitted(time.Hour)), job(2, 1, tier(Tier3))}, []int64{2}},
+		{"preemptible last", []Job{job(1, 1, tier(Tier4), preemptible(), submitted(time.Hour)), job(2, 1, tier(Tier4))}, []int64{2}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s := Snapshot{
+				Nodes:   cluster(1, 2),
+				Running: []Job{job(100, 1, on(time.Hour, slot(0, 0)))},
+				Pending: tt.pending,
+				Teams:   teamsAB(1, 1),
+			}
+			if diff := cmp.Diff(tt.want, startIDs(Schedule(s, t0, allot()))); diff != "" {
+				t.Errorf("starts (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestPriorityMath(t *testing.T) {
+	t.Parallel()
+	s := Snapshot{
+		Nodes: cluster(2, 8),
+		Running: []Job{
+			job(100, 8, on(time.Hour, slot(0, seq(0, 8)...))),
+			job(101, 8, on(time.Hour, slot(1, seq(0, 8)...))),
+		},
+		Pending: []Job{job(1, 4, team("a"), submitted(42*time.Hour))},
+		Teams: []Team{
+			{Name: "a", Weight: 1, Usage: 300},
+			{Name: "b", Weight: 3, Usage: 100},
+		},
+	}
+	p := Schedule(s, t0, allot())
+	// S_a = 1/4, U_a = 300/400 = 3/4, F = 2^(-3) = 0.125; size = 4/16;
+	// age = 42 h / 168 h = 0.25.
+	want := Priority{Class: Tier3, FairShare: 0.125, Size: 0.25, Age: 0.25, Total: 10000*0.125 + 1000*0.25 + 500*0.25}
+	got := pendingInfo(p, 1).Priority
+	if diff := cmp.Diff(want, got, cmp.Comparer(func(x, y float64) bool { return math.Abs(x-y) < 1e-9 })); diff != "" {
+		t.Errorf("priority (-want +got):\n%s", diff)
+	}
+	wantShares := []TeamShare{
+		{Team: "a", NormShares: 0.25, RawUsage: 300, EffectiveUsage: 0.75, FairShare: 0.125},
+		{Team: "b", NormShares: 0.75, RawUsage: 100, EffectiveUsage: 0.25, FairShare: math.Exp2(-1.0 / 3)},
+	}
+	if diff := cmp.Diff(wantShares, p.Shares, cmp.Comparer(func(x, y float64) bool { return math.Abs(x-y) < 1e-9 })); diff != "" {
+		t.Errorf("shares (-want +got):\n%s", diff)
+	}
+}
+
+func TestFairShareOrdering(t *testing.T) {
+	t.Parallel()
+	// Same class, one free GPU: the team that used less of its share goes
+	// first even though its job is younger.
+	s := Snapshot{
+		Nodes:   cluster(1, 2),
+		Running: []Job{job(100, 1, on(time.Hour, slot(0, 0)))},
+		Pending: []Job{job(1, 1, team("a"), submitted(2*time.Hour)), job(2, 1, team("b"))},
+		Teams:   []Team{{Name: "a", Weight: 1, Usage: 900}, {Name: "b", Weight: 1, Usage: 100}},
+	}
+	if diff := cmp.Diff([]int64{2}, startIDs(Schedule(s, t0, allot()))); diff != "" {
+		t.Errorf("starts (-want +got):\n%s", diff)
+	}
+}
+
+func TestBudgetDemotion(t *testing.T) {
+	t.Parallel()
+	s := Snapshot{
+		Nodes: cluster(1, 8),
+		Pending: []Job{
+			job(1, 1, tier(Tier3)),
+			job(2, 1, tier(Tier4)),
+			job(3, 1, tier(Tier1)),
+			job(4, 1, tier(Tier2), team("b")),
+			job(5, 1, tier(Tier3), team("b"), preemptible()),
+		},
+		Teams: []Team{{Name: "a", Weight: 1, OverBudget: true}, {Name: "b", Weight: 1}},
+	}
+	got := map[int64]Tier{}
+	for _, st := range Schedule(s, t0, allot()).Starts {
+		got[st.JobID] = st.RunAs
+	}
+	want := map[int64]Tier{1: TierPreemptible, 2: TierPreemptible, 3: Tier1, 4: Tier2, 5: TierPreemptible}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("RunAs (-want +got):\n%s", diff)
+	}
+}
+
+// fullCluster is one 8-GPU node fully used by team b's running jobs.
+func fullCluster(running ...Job) Snapshot {
+	return Snapshot{Nodes: cluster(1, 8), Running: running, Teams: teamsAB(4, 0)}
+}
+
+func TestGuaranteePreemption(t *testing.T) {
+	t.Parallel()
+	s := fullCluster(
+		job(100, 4, team("b"), tier(Tier4), on(time.Hour, slot(0, 0, 1, 2, 3))),
+		job(101, 4, team("b"), tier(Tier4), on(20*time.Minute, slot(0, 4, 5, 6, 7))),
+	)
+	s.Pending = []Job{job(1, 4, team("a"), tier(Tier4), limit(10*time.Hour), submitted(time.Hour))}
+	p := Schedule(s, t0, allot())
+	if diff := cmp.Diff([]int64{101}, victimIDs(p)); diff != "" {
+		t.Fatalf("victims (-want +got):\n%s", diff)
+	}
+	if p.Preemptions[0].By != 1 || len(p.Starts) != 0 {
+		t.Fatalf("plan = %+v", p)
+	}
+	wantRes := []Reservation{{JobID: 1, At: t0.Add(2 * time.Minute), Claims: []Claim{{Node: 0, GPUs: 4}}}}
+	if diff := cmp.Diff(wantRes, p.Reservations); diff != "" {
+		t.Errorf("reservations (-want +got):\n%s", diff)
+	}
+
+	// Next cycle, the victim is terminating: no second preemption, and
+	// the freed GPUs stay reserved for job 1 against a backfill job.
+	s.Running[1].Terminating = true
+	s.Running[1].GraceEnd = t0.Add(2 * time.Minute)
+	s.Running[1].PreemptedBy = 1
+	s.Pending = append(s.Pending, job(2, 4, team("b"), tier(Tier3), limit(time.Hour)))
+	p = Schedule(s, t0.Add(10*time.Second), allot())
+	if len(p.Preemptions) != 0 || len(p.Starts) != 0 {
+		t.Fatalf("second cycle: preemptions %v starts %v", p.Preemptions, p.Starts)
+	}
+	if got := pendingInfo(p, 1).EstStart; !got.Equal(t0.Add(2 * time.Minute)) {
+		t.Errorf("EstStart = %v, want grace end", got)
+	}
+}
+
+func TestGuaranteePatience(t *testing.T) {
+	t.Parallel()
+	s := fullCluster(job(100, 8, team("b"), tier(Tier4), on(time.Hour, slot(0, seq(0, 8)...))))
+	s.Pending = []Job{job(1, 4, team("a"), tier(Tier4), submitted(time.Minute))}
+	if p := Schedule(s, t0, allot()); len(p.Preemptions) != 0 {
+		t.Errorf("preempted before the patience ran out: %v", p.Preemptions)
+	}
+}
+
+func TestNoPreemptionAboveGuarantee(t *testing.T) {
+	t.Parallel()
+	// Team a already uses its guarantee: its job waits.
+	s := fullCluster(
+		job(100, 4, team("a"), tier(Tier4), on(time.Hour, slot(0, 0, 1, 2, 3))),
+		job(101, 4, team("b"), tier(Tier4), on(time.Hour, slot(0, 4, 5, 6, 7))),
+	)
+	s.Pending = []Job{job(1, 4, team("a"), tier(Tier4), submitted(time.Hour))}
+	if p := Schedule(s, t0, allot()); len(p.Preemptions) != 0 {
+		t.Errorf("preemptions = %v", p.Preemptions)
+	}
+}
+
+func TestVictimOrdering(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		running []Job
+		want    []int64
+	}{
+		{
+			name: "preemptible before above-guarantee",
+			running: []Job{
+				job(100, 4, team("b"), tier(Tier4), on(time.Hour, slot(0, 0, 1, 2, 3))),
+				job(101, 4, team("b"), tier(Tier3), preemptible(), func(j *Job) { j.RunAs = TierPreemptible }, on(3*time.Hour, slot(0, 4, 5, 6, 7))),
+			},
+			want: []int64{101},
+		},
+		{
+			name: "least lost work",
+			running: []Job{
+				job(100, 4, team("b"), tier(Tier4), on(3*time.Hour, slot(0, 0, 1, 2, 3))),
+				job(101, 4, team("b"), tier(Tier4), on(time.Hour, slot(0, 4, 5, 6, 7))),
+			},
+			want: []int64{101},
+		},
+		{
+			name: "fewest GPUs freed",
+			running: []Job{
+				job(100, 6, team("b"), tier(Tier4), on(time.Hour, slot(0, seq(0, 6)...))),
+				job(101, 1, team("b"), tier(Tier4), on(time.Hour, slot(0, 6))),
+				job(102, 1, team("b"), tier(Tier4), on(time.Hour, slot(0, 7))),
+			},
+			want: []int64{101},
+		},
+		{
+			name: "never before the minimum runtime",
+			running: []Job{
+				job(100, 8, team("b"), tier(Tier4), on(5*time.Minute, slot(0, seq(0, 8)...))),
+			},
+			want: []int64{},
+		},
+		{
+			name: "never production",
+			running: []Job{
+				job(100, 8, team("b"), tier(Tier2), on(5*time.Hour, slot(0, seq(0, 8)...))),
+			},
+			want: []int64{},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s := fullCluster(tt.running...)
+			s.Pending = []Job{job(1, 1, team("a"), tier(Tier3), limit(10*time.Hour), submitted(time.Hour))}
+			if diff := cmp.Diff(tt.want, victimIDs(Schedule(s, t0, allot()))); diff != "" {
+				t.Errorf("victims (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestTier1Preempts(t *testing.T) {
+	t.Parallel()
+	// Tier 1 may preempt any tier 3-4 work, even of a team within its
+	// guarantee, but never tier 1-2.
+	s := Snapshot{
+		Nodes: cluster(2, 4),
+		Running: []Job{
+			job(100, 4, team("b"), tier(Tier2), on(time.Hour, slot(0, seq(0, 4)...))),
+			job(101, 4, team("b"), tier(Tier3), on(time.Hour, slot(1, seq(0, 4)...))),
+		},
+		Pending: []Job{job(1, 4, tier(Tier1), limit(10*time.Hour))},
+		Teams:   teamsAB(0, 8),
+	}
+	p := Schedule(s, t0, allot())
+	if diff := cmp.Diff([]int64{101}, victimIDs(p)); diff != "" {
+		t.Errorf("victims (-want +got):\n%s", diff)
+	}
+	if !strings.Contains(p.Preemptions[0].Reason, "tier 1 job 1") {
+		t.Errorf("reason = %q", p.Preemptions[0].Reason)
+	}
+}
+
+func TestProductionOnPremOnly(t *testing.T) {
+	t.Parallel()
+	nodes := cluster(2, 8)
+	nodes[1].Site = SiteCloud
+	s := Snapshot{
+		Nodes:   nodes,
+		Running: []Job{job(100, 8, on(time.Minute, slot(0, seq(0, 8)...)))},
+		Pending: []Job{job(1, 1, tier(Tier1)), job(2, 1, tier(Tier2)), job(3, 1, tier(Tier3))},
+		Teams:   teamsAB(0, 0),
+	}
+	p := Schedule(s, t0, allot())
+	if diff := cmp.Diff([]int64{3}, startIDs(p)); diff != "" {
+		t.Errorf("starts (-want +got):\n%s", diff)
+	}
+	if r := pendingInfo(p, 1).Reason; !strings.Contains(r, "on-premise") {
+		t.Errorf("reason = %q", r)
+	}
+}
+
+func TestGPUTypeConstraint(t *testing.T) {
+	t.Parallel()
+	nodes := cluster(2, 8)
+	nodes[1].GPUType = "H100"
+	s := Snapshot{Nodes: nodes, Pending: []Job{job(1, 2, gpuType("H100")), job(2, 2, gpuType("A100")), job(3, 2, gpuType("B200"))}}
+	p := Schedule(s, t0, allot())
+	want := []Start{
+		{JobID: 1, Placement: []Slot{slot(1, 0, 1)}, RunAs: Tier3},
+		{JobID: 2, Placement: []Slot{slot(0, 0, 1)}, RunAs: Tier3},
+	}
+	if diff := cmp.Diff(want, p.Starts, cmpStartsNoPrio); diff != "" {
+		t.Errorf("starts (-want +got):\n%s", diff)
+	}
+	if r := pendingInfo(p, 3).Reason; !strings.HasPrefix(r, "can never run") {
+		t.Errorf("reason = %q", r)
+	}
+}
+
+var cmpStartsNoPrio = cmp.FilterPath(func(p cmp.Path) bool { return p.Last().String() == ".Priority" }, cmp.Ignore())
+
+func TestMultiNodeOneDomain(t *testing.T) {
+	t.Parallel()
+	nodes := cluster(5, 8)
+	nodes[2].Domain, nodes[3].Domain, nodes[4].Domain = "d1", "d1", "d1"
+	s := Snapshot{
+		Nodes: nodes,
+		// d0 has one whole free node (1), d1 has three (2, 3, 4).
+		Running: []Job{job(100, 1, on(time.Minute, slot(0, 0)))},
+		Pending: []Job{job(1, 16), job(2, 12)},
+	}
+	p := Schedule(s, t0, allot())
+	want := []Start{
+		{JobID: 1, Placement: []Slot{slot(2, seq(0, 8)...), slot(3, seq(0, 8)...)}, RunAs: Tier3},
+	}
+	if diff := cmp.Diff(want, p.Starts, cmpStartsNoPrio); diff != "" {
+		t.Errorf("starts (-want +got):\n%s", diff)
+	}
+	if r := pendingInfo(p, 2).Reason; !strings.HasPrefix(r, "waiting for 12 GPUs in one interconnect domain") || !strings.Contains(r, "largest free block is 8") {
+		t.Errorf("reason = %q", r)
+	}
+}
+
+func TestMultiNodeFlatDomain(t *testing.T) {
+	t.Parallel()
+	// Domain "" is one flat domain: whole free nodes, lowest index first.
+	nodes := cluster(4, 8)
+	for i := range nodes {
+		nodes[i].Domain = ""
+	}
+	s := Snapshot{Nodes: nodes, Running: []Job{job(100, 1, on(time.Minute, slot(1, 0)))}, Pending: []Job{job(1, 12)}}
+	want := []Slot{slot(0, seq(0, 8)...), slot(2, seq(0, 4)...)}
+	for _, m := range []Mode{ModeAllot, ModeFIFO, ModeEASY} {
+		p := Schedule(s, t0, mode(m))
+		if len(p.Starts) != 1 {
+			t.Fatalf("%s: starts = %v", m, p.Starts)
+		}
+		if diff := cmp.Diff(want, p.Starts[0].Placement); diff != "" {
+			t.Errorf("%s placement (-want +got):\n%s", m, diff)
+		}
+	}
+}
+
+func TestBestFit(t *testing.T) {
+	t.Parallel()
+	// Free GPUs: node 0: 8, node 1: 3, node 2: 2, node 3: 2.
+	s := Snapshot{
+		Nodes: cluster(4, 8),
+		Running: []Job{
+			job(100, 5, on(time.Minute, slot(1, seq(0, 5)...))),
+			job(101, 6, on(time.Minute, slot(2, seq(0, 6)...))),
+			job(102, 6, on(time.Minute, slot(3, seq(2, 6)...))),
+		},
+	}
+	tests := []struct {
+		gpus int
+		want Slot
+	}{
+		{2, slot(2, 6, 7)}, // fewest free that fit, then lowest index
+		{3, slot(1, 5, 6, 7)},
+		{4, slot(0, 0, 1, 2, 3)},
+		{1, slot(2, 6)},
+	}
+	for _, tt := range tests {
+		for _, m := range []Mode{ModeAllot, ModeFIFO, ModeEASY} {
+			s := s
+			s.Pending = []Job{job(1, tt.gpus)}
+			p := Schedule(s, t0, mode(m))
+			if len(p.Starts) != 1 {
+				t.Fatalf("%s %d GPUs: starts = %v", m, tt.gpus, p.Starts)
+			}
+			if diff := cmp.Diff([]Slot{tt.want}, p.Starts[0].Placement); diff != "" {
+				t.Errorf("%s %d GPUs (-want +got):\n%s", m, tt.gpus, diff)
+			}
+		}
+	}
+}
+
+func TestBackfillDoesNotDelayReservation(t *testing.T) {
+	t.Parallel()
+	// Node 0 frees at 15:00; node 1 has 4 free GPUs now and frees at 16:00.
+	// The 16-GPU job reserves both nodes from 16:00; a 4-GPU job may
+	// backfill on node 1 only if it ends by then.
+	s := Snapshot{
+		Nodes: cluster(2, 8),
+		Running: []Job{
+			job(100, 8, on(0, slot(0, seq(0, 8)...))),
+			job(101, 4, limit(2*time.Hour), on(0, slot(1, seq(0, 4)...))),
+		},
+		Pending: []Job{
+			job(1, 16, submitted(time.Hour)),
+			job(2, 4, limit(3*time.Hour)),
+			job(3, 4, limit(90*time.Minute)),
+		},
+	}
+	p := Schedule(s, t0, allot())
+	want := []Start{{JobID: 3, Placement: []Slot{slot(1, 4, 5, 6, 7)}, RunAs: Tier3, Backfill: true}}
+	if diff := cmp.Diff(want, p.Starts, cmpStartsNoPrio); diff != "" {
+		t.Errorf("starts (-want +got):\n%s", diff)
+	}
+	wantRes := []Reservation{{JobID: 1, At: t0.Add(2 * time.Hour), Claims: []Claim{{0, 8}, {1, 8}}}}
+	if diff := cmp.Diff(wantRes, p.Reservations); diff != "" {
+		t.Errorf("reservations (-want +got):\n%s", diff)
+	}
+	wantReason := "waiting for 16 GPUs in one interconnect domain; holds a backfill reservation; largest free block is 0; expected start 16:00 when job 101 reaches its time limit"
+	if diff := cmp.Diff(wantReason, pendingInfo(p, 1).Reason); diff != "" {
+		t.Errorf("reason (-want +got):\n%s", diff)
+	}
+}
+
+func TestPendingReasonClock(t *testing.T) {
+	t.Parallel()
+	if got := clock(t0.Add(20*time.Minute), t0); got != "14:20" {
+		t.Errorf("same day: %q", got)
+	}
+	if got := clock(t0.Add(26*time.Hour), t0); got != "Dec 1 16:00" {
+		t.Errorf("next day: %q", got)
+	}
+}
+
+func TestFIFOHeadOfLine(t *testing.T) {
+	t.Parallel()
+	s := Snapshot{
+		Nodes:   cluster(1, 8),
+		Running: []Job{job(100, 4, on(0, slot(0, seq(0, 4)...)))},
+		Pending: []Job{job(1, 8, submitted(time.Hour)), job(2, 1, limit(time.Minute))},
+	}
+	if p := Schedule(s, t0, mode(ModeFIFO)); len(p.Starts) != 0 {
+		t.Errorf("FIFO started %v behind a blocked head", p.Starts)
+	}
+	// EASY backfills the short job (ends before the shadow time) but not a
+	// long one that needs more than the extra GPUs.
+	s.Pending = append(s.Pending, job(3, 2, limit(5*time.Hour)))
+	p := Schedule(s, t0, mode(ModeEASY))
+	if diff := cmp.Diff([]int64{2}, startIDs(p)); diff != "" {
+		t.Errorf("EASY starts (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]Reservation{{JobID: 1, At: t0.Add(time.Hour)}}, p.Reservations); diff != "" {
+		t.Errorf("EASY reservations (-want +got):\n%s", diff)
+	}
+	// Tiers mean nothing to the baselines.
+	s.Pending = []Job{job(1, 2, tier(Tier4), submitted(time.Hour)), job(2, 2, tier(Tier1))}
+	if diff := cmp.Diff([]int64{1, 2}, startIDs(Schedule(s, t0, mode(ModeFIFO)))); diff != "" {
+		t.Errorf("FIFO order (-want +got):\n%s", diff)
+	}
+}
+
+func TestPartitioned(t *testing.T) {
+	t.Parallel()
+	s := Snapshot{
+		Nodes: cluster(3, 8),
+		Pending: []Job{
+			job(1, 8, team("a"), submitted(3*time.Hour)),
+			job(2, 8, team("a"), submitted(2*time.Hour)), // a's partition is full
+			job(3, 1, team("a"), submitted(time.Hour)),   // strict FIFO in a
+			job(4, 8, team("b")),
+			job(5, 1, team("c")), // no guarantee
+		},
+		Teams: append(teamsAB(8, 16), Team{Name: "c", Weight: 1}),
+	}
+	p := Schedule(s, t0, mode(ModeFIFOPartitioned))
+	want := []Start{
+		{JobID: 1, Placement: []Slot{slot(0, seq(0, 8)...)}, RunAs: Tier3},
+		{JobID: 4, Placement: []Slot{slot(1, seq(0, 8)...)}, RunAs: Tier3},
+	}
+	if diff := cmp.Diff(want, p.Starts, cmpStartsNoPrio); diff != "" {
+		t.Errorf("starts (-want +got):\n%s", diff)
+	}
+	if r := pendingInfo(p, 5).Reason; !strings.HasPrefix(r, "can never run in the partitioned cluster") {
+		t.Errorf("reason = %q", r)
+	}
+}
+
+func TestUnavailableAndDrained(t *testing.T) {
+	t.Parallel()
+	nodes := cluster(2, 2)
+	nodes[0].Unavailable = []int{0}
+	nodes[1].State = NodeDraining
+	s := Snapshot{Nodes: nodes, Pending: []Job{job(1, 1), job(2, 1)}}
+	want := []Start{{JobID: 1, Placement: []Slot{slot(0, 1)}, RunAs: Tier3}}
+	if diff := cmp.Diff(want, Schedule(s, t0, allot()).Starts, cmpStartsNoPrio); diff != "" {
+		t.Errorf("starts (-want +got):\n%s", diff)
+	}
+}
