@@ -274,7 +274,7 @@ func (st *state) markVictim(ri int, by *pjob) {
 		why = "tier-1 work may preempt tier 3-4"
 	}
 	r.victim, r.term = true, true
-	r.end = int64(st.p.GracePeriod)
+	r.end = min(r.end, int64(st.p.GracePeriod)) // a job past its time limit ends anyway
 	st.victims = append(st.victims, ri)
 	if r.team >= 0 {
 		st.teams[r.team].alloc -= r.gpus

@@ -89,7 +89,7 @@ func (st *state) finish() {
 			if ahead > 0 {
 				fmt.Fprintf(&b, "; %d blocked job(s) ahead", ahead)
 			}
-			if r := st.sweep(pj); r.ok {
+			if r := st.sweep(pj, never); r.ok {
 				info.EstStart = abs(r.at, st.now)
 				fmt.Fprintf(&b, "; expected start %s%s", clock(info.EstStart, st.now), st.causeText(r.cause, r.causeN))
 			} else {

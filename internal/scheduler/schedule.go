@@ -10,7 +10,7 @@ import (
 const (
 	// maxPreemptAttempts bounds the blocked jobs per cycle that look for
 	// victims (each look costs O(nodes + running jobs)).
-	maxPreemptAttempts = 64
+	maxPreemptAttempts = 16
 	// detailedReasons bounds the blocked jobs per cycle, beyond those holding
 	// a reservation, that get a pending reason with an estimated start.
 	detailedReasons = 32
@@ -81,19 +81,38 @@ func (st *state) preparePendingAll() {
 		st.order[i] = pj
 	}
 	if st.p.Mode == ModeAllot {
-		// Class, then priority, then submit time, then id.
-		slices.SortFunc(st.order, func(a, b *pjob) int {
-			return cmp.Or(cmp.Compare(a.class, b.class), cmp.Compare(b.prio.Total, a.prio.Total),
-				cmp.Compare(a.submit, b.submit), cmp.Compare(a.j.ID, b.j.ID))
-		})
-	} else {
-		fifo := func(a, b *pjob) int {
-			return cmp.Or(cmp.Compare(a.submit, b.submit), cmp.Compare(a.j.ID, b.j.ID))
+		// Class, then priority, then submit time, then id. Sorting compact
+		// keys by value is several times faster than chasing pointers.
+		keys := make([]orderKey, len(st.pend))
+		for i := range st.pend {
+			pj := &st.pend[i]
+			keys[i] = orderKey{class: pj.class, prio: pj.prio.Total, submit: pj.submit, id: pj.j.ID, idx: i}
 		}
-		if !slices.IsSortedFunc(st.order, fifo) {
-			slices.SortFunc(st.order, fifo)
+		slices.SortFunc(keys, func(a, b orderKey) int {
+			return cmp.Or(cmp.Compare(a.class, b.class), cmp.Compare(b.prio, a.prio),
+				cmp.Compare(a.submit, b.submit), cmp.Compare(a.id, b.id))
+		})
+		for i, k := range keys {
+			st.order[i] = &st.pend[k.idx]
+		}
+	} else {
+		if !slices.IsSortedFunc(st.order, cmpFIFO) {
+			slices.SortFunc(st.order, cmpFIFO)
 		}
 	}
+}
+
+// cmpFIFO orders by submit time, then id.
+func cmpFIFO(a, b *pjob) int {
+	return cmp.Or(cmp.Compare(a.submit, b.submit), cmp.Compare(a.j.ID, b.j.ID))
+}
+
+type orderKey struct {
+	class  Tier
+	prio   float64
+	submit int64
+	id     int64
+	idx    int
 }
 
 // shapeKey identifies jobs that place alike; a failed placement of one
@@ -143,7 +162,7 @@ func (st *state) runAllot() {
 				st.commit(pj, cl, false)
 				continue
 			}
-			if r := st.sweep(pj); r.ok {
+			if r := st.sweep(pj, never); r.ok {
 				st.reserve(pj, r)
 				if pj.team >= 0 {
 					st.teams[pj.team].alloc += pj.j.GPUs
@@ -170,8 +189,9 @@ func (st *state) runAllot() {
 		}
 		if mg := st.preemptRight(pj); mg >= 0 && attempts < maxPreemptAttempts {
 			attempts++
-			r := st.sweep(pj)
-			if r.ok && r.at <= grace {
+			// Only look one grace period ahead: GPUs coming free by then
+			// (from earlier preemptions, say) make preempting pointless.
+			if r := st.sweep(pj, grace); r.ok {
 				st.reserve(pj, r)
 				if pj.team >= 0 {
 					st.teams[pj.team].alloc += pj.j.GPUs
@@ -179,32 +199,31 @@ func (st *state) runAllot() {
 				continue
 			}
 			if st.preempt(pj, mg) {
-				if r := st.sweep(pj); r.ok {
+				if r := st.sweep(pj, never); r.ok {
 					st.reserve(pj, r)
 				}
 				continue
 			}
-			if resvPerClass[pj.class] < depth && r.ok {
-				resvPerClass[pj.class]++
-				st.reserve(pj, r)
-			}
-			continue
 		}
 		if resvPerClass[pj.class] < depth {
 			resvPerClass[pj.class]++
-			if r := st.sweep(pj); r.ok {
+			if r := st.sweep(pj, never); r.ok {
 				st.reserve(pj, r)
 			}
 		} else if st.p.StarvationWait > 0 && -pj.submit >= int64(st.p.StarvationWait) {
-			starving = append(starving, pj)
+			// Keep the maxStarvationResv oldest, in (submit, id) order.
+			i, _ := slices.BinarySearchFunc(starving, pj, cmpFIFO)
+			if i < maxStarvationResv {
+				starving = slices.Insert(starving, i, pj)
+				starving = starving[:min(len(starving), maxStarvationResv)]
+			}
 		}
 	}
 	// Starvation guard: the longest-waiting blocked jobs get reservations
 	// too. They come after every other decision, so they only constrain
 	// later cycles' backfill.
-	slices.SortFunc(starving, func(a, b *pjob) int { return cmp.Or(cmp.Compare(a.submit, b.submit), cmp.Compare(a.j.ID, b.j.ID)) })
-	for _, pj := range starving[:min(len(starving), maxStarvationResv)] {
-		if r := st.sweep(pj); r.ok {
+	for _, pj := range starving {
+		if r := st.sweep(pj, never); r.ok {
 			st.reserve(pj, r)
 		}
 	}
@@ -322,9 +341,9 @@ func (st *state) shadow(pj *pjob) (int64, int) {
 		}
 	}
 	slices.SortFunc(rs, func(a, b rel) int { return cmp.Compare(a.at, b.at) })
-	for _, r := range rs {
+	for i, r := range rs {
 		avail += r.gpus
-		if avail >= g {
+		if avail >= g && (i+1 == len(rs) || rs[i+1].at != r.at) {
 			return r.at, avail - g
 		}
 	}

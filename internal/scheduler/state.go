@@ -161,12 +161,16 @@ type state struct {
 	free    int   // free GPUs on nodes taking work
 	total   int   // cluster GPUs (lazy)
 
-	eligCache   map[eligKey][]int
-	lastEligKey eligKey
-	lastElig    []int
+	eligCache    map[eligKey][]int
+	lastEligKey  eligKey
+	lastElig     []int
+	lastMaxCap   int // largest node of lastElig
+	lastGroupCap int // largest domain of lastElig
 
 	runEvents []event // sorted lazily
 	runSorted bool
+	runRel    []nodeRel // releases of runEvents[i] are runRel[runRelOff[i]:runRelOff[i+1]]
+	runRelOff []int32
 	nodeRun   [][]int // node -> running job indices, built lazily
 	victims   []int   // running jobs preempted this cycle
 
@@ -512,11 +516,19 @@ func (st *state) eligible(gpuType string, onpremOnly bool, owner int) []int {
 	if st.lastElig != nil && k == st.lastEligKey {
 		return st.lastElig
 	}
+	defer func() {
+		st.lastEligKey, st.lastElig = k, st.eligCache[k]
+		st.lastMaxCap, st.lastGroupCap = 0, 0
+		for _, pi := range st.lastElig {
+			st.lastMaxCap = max(st.lastMaxCap, st.pools[pi].maxCap)
+			for _, gi := range st.pools[pi].groups {
+				st.lastGroupCap = max(st.lastGroupCap, st.grps[gi].capSum)
+			}
+		}
+	}()
 	if e, ok := st.eligCache[k]; ok {
-		st.lastEligKey, st.lastElig = k, e
 		return e
 	}
-	defer func() { st.lastEligKey, st.lastElig = k, st.eligCache[k] }()
 	var e []int
 	for pi := range st.pools {
 		pl := &st.pools[pi]
@@ -556,12 +568,7 @@ func (st *state) preparePending(pj *pjob, owner int) {
 	j := pj.j
 	prod := pj.class.Production() && st.p.Mode == ModeAllot
 	pj.elig = st.eligible(j.GPUType, prod, owner)
-	for _, pi := range pj.elig {
-		pj.maxCap = max(pj.maxCap, st.pools[pi].maxCap)
-		for _, gi := range st.pools[pi].groups {
-			pj.groupCap = max(pj.groupCap, st.grps[gi].capSum)
-		}
-	}
+	pj.maxCap, pj.groupCap = st.lastMaxCap, st.lastGroupCap
 	g := j.GPUs
 	switch {
 	case g <= 0:

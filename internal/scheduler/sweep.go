@@ -54,13 +54,26 @@ func (st *state) sortRunEvents() {
 		st.runEvents = append(st.runEvents, event{at: r.end, kind: k, idx: i, id: r.j.ID})
 	}
 	slices.SortFunc(st.runEvents, cmpEvent)
+	// Flatten the releases so that sweeps read contiguous memory.
+	st.runRelOff = make([]int32, len(st.runEvents)+1)
+	for i, ev := range st.runEvents {
+		for _, sl := range st.run[ev.idx].j.Placement {
+			if sl.Node >= 0 && sl.Node < len(st.nodes) && len(sl.GPUs) > 0 {
+				st.runRel = append(st.runRel, nodeRel{node: int32(sl.Node), gpus: int32(len(sl.GPUs))})
+			}
+		}
+		st.runRelOff[i+1] = int32(len(st.runRel))
+	}
 }
+
+// nodeRel is a release of gpus GPUs on a node.
+type nodeRel struct{ node, gpus int32 }
 
 // sweep projects GPU releases by time limits (running jobs, jobs started
 // this cycle, reservations already made — the latter conservatively held
 // from now until their projected end) and returns the first time and place
-// pj fits. Cost: O(nodes + running jobs).
-func (st *state) sweep(pj *pjob) sweepResult {
+// pj fits, looking no further than horizon. Cost: O(nodes + running jobs).
+func (st *state) sweep(pj *pjob, horizon int64) sweepResult {
 	st.sortRunEvents()
 	if len(st.sf) != len(st.nodes) {
 		st.sf = make([]int, len(st.nodes))
@@ -138,15 +151,19 @@ func (st *state) sweep(pj *pjob) sweepResult {
 	runEv := st.runEvents
 	for a < len(runEv) || b < len(extra) {
 		var ev event
-		if b >= len(extra) || (a < len(runEv) && cmpEvent(runEv[a], extra[b]) <= 0) {
+		fromRun := b >= len(extra) || (a < len(runEv) && cmpEvent(runEv[a], extra[b]) <= 0)
+		if fromRun {
 			ev = runEv[a]
 			a++
-			if st.run[ev.idx].victim {
-				continue
-			}
 		} else {
 			ev = extra[b]
 			b++
+		}
+		if ev.at > horizon {
+			break
+		}
+		if fromRun && st.run[ev.idx].victim {
+			continue
 		}
 		release := func(n, k int) {
 			ns := &st.nodes[n]
@@ -166,6 +183,13 @@ func (st *state) sweep(pj *pjob) sweepResult {
 		}
 		switch ev.kind {
 		case evRun, evGrace:
+			if fromRun {
+				rel := st.runRel[st.runRelOff[a-1]:st.runRelOff[a]]
+				for _, x := range rel {
+					release(int(x.node), int(x.gpus))
+				}
+				break
+			}
 			for _, sl := range st.run[ev.idx].j.Placement {
 				if sl.Node >= 0 && sl.Node < len(st.nodes) {
 					release(sl.Node, len(sl.GPUs))
