@@ -58,6 +58,8 @@ func (st *state) buildNodeRun() {
 	}
 	st.nodeRun = make([][]int, len(st.nodes))
 	for i := range st.run {
+		r := &st.run[i]
+		r.lost, r.vprio = st.lostWork(r), st.runPrio(r)
 		for _, sl := range st.run[i].j.Placement {
 			if sl.Node >= 0 && sl.Node < len(st.nodes) && len(sl.GPUs) > 0 {
 				st.nodeRun[sl.Node] = append(st.nodeRun[sl.Node], i)
@@ -100,14 +102,14 @@ func (st *state) nodeVictims(n, target, maxGroup int, class Tier, buf []victimCa
 	}
 	slices.SortFunc(vs, func(a, b victimCand) int {
 		ra, rb := &st.run[a.ri], &st.run[b.ri]
-		return cmp.Or(cmp.Compare(a.group, b.group), cmp.Compare(rb.class, ra.class), cmp.Compare(st.lostWork(ra), st.lostWork(rb)),
-			cmp.Compare(st.runPrio(ra), st.runPrio(rb)), cmp.Compare(ra.gpus, rb.gpus), cmp.Compare(ra.j.ID, rb.j.ID))
+		return cmp.Or(cmp.Compare(a.group, b.group), cmp.Compare(rb.class, ra.class), cmp.Compare(ra.lost, rb.lost),
+			cmp.Compare(ra.vprio, rb.vprio), cmp.Compare(ra.gpus, rb.gpus), cmp.Compare(ra.j.ID, rb.j.ID))
 	})
 	worst = -1
 	for i, v := range vs {
 		avail += v.gpus
 		freed += st.run[v.ri].gpus
-		lost += st.lostWork(&st.run[v.ri])
+		lost += st.run[v.ri].lost
 		worst = max(worst, v.group)
 		if avail >= target {
 			return vs[:i+1], worst, freed, lost, true
@@ -276,6 +278,10 @@ func (st *state) markVictim(ri int, by *pjob) {
 	r.victim, r.term = true, true
 	r.end = min(r.end, int64(st.p.GracePeriod)) // a job past its time limit ends anyway
 	st.victims = append(st.victims, ri)
+	if st.isVictim == nil {
+		st.isVictim = make([]bool, len(st.run))
+	}
+	st.isVictim[ri] = true
 	if r.team >= 0 {
 		st.teams[r.team].alloc -= r.gpus
 	}

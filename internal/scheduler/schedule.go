@@ -10,10 +10,10 @@ import (
 const (
 	// maxPreemptAttempts bounds the blocked jobs per cycle that look for
 	// victims (each look costs O(nodes + running jobs)).
-	maxPreemptAttempts = 16
+	maxPreemptAttempts = 8
 	// detailedReasons bounds the blocked jobs per cycle, beyond those holding
 	// a reservation, that get a pending reason with an estimated start.
-	detailedReasons = 32
+	detailedReasons = 16
 	// maxStarvationResv bounds the extra reservations of Policy.StarvationWait.
 	maxStarvationResv = 8
 )

@@ -91,6 +91,8 @@ type runJob struct {
 	victim   bool  // preempted this cycle
 	gpus     int
 	startRel int64
+	lost     float64 // GPU-seconds lost if preempted now (set by buildNodeRun)
+	vprio    float64 // priority as a victim (set by buildNodeRun)
 }
 
 // pjob is a pending job.
@@ -161,11 +163,9 @@ type state struct {
 	free    int   // free GPUs on nodes taking work
 	total   int   // cluster GPUs (lazy)
 
-	eligCache    map[eligKey][]int
-	lastEligKey  eligKey
-	lastElig     []int
-	lastMaxCap   int // largest node of lastElig
-	lastGroupCap int // largest domain of lastElig
+	eligCache   map[eligKey]*eligInfo
+	lastEligKey eligKey
+	lastElig    *eligInfo
 
 	runEvents []event // sorted lazily
 	runSorted bool
@@ -173,6 +173,7 @@ type state struct {
 	runRelOff []int32
 	nodeRun   [][]int // node -> running job indices, built lazily
 	victims   []int   // running jobs preempted this cycle
+	isVictim  []bool  // by running job index
 
 	// sweep scratch
 	sf       []int
@@ -217,7 +218,7 @@ func effClass(j *Job, t *Team) Tier {
 // newState builds the working state. owners maps node -> owning team index
 // (ModeFIFOPartitioned) or is nil.
 func newState(s *Snapshot, now time.Time, p Policy) *state {
-	st := &state{s: s, now: now, p: p, eligCache: map[eligKey][]int{}}
+	st := &state{s: s, now: now, p: p, eligCache: map[eligKey]*eligInfo{}}
 	st.buildTeams()
 	owners := []int(nil)
 	if p.Mode == ModeFIFOPartitioned {
@@ -510,43 +511,37 @@ func (pl *pool) firstIn(f int) int {
 	return -1
 }
 
+// eligInfo is the pools a job shape may use, with its largest node and
+// domain.
+type eligInfo struct {
+	pools    []int
+	maxCap   int
+	groupCap int
+}
+
 // eligible returns the pools a job may use.
-func (st *state) eligible(gpuType string, onpremOnly bool, owner int) []int {
+func (st *state) eligible(gpuType string, onpremOnly bool, owner int) *eligInfo {
 	k := eligKey{gpuType, onpremOnly, owner}
 	if st.lastElig != nil && k == st.lastEligKey {
 		return st.lastElig
 	}
-	defer func() {
-		st.lastEligKey, st.lastElig = k, st.eligCache[k]
-		st.lastMaxCap, st.lastGroupCap = 0, 0
-		for _, pi := range st.lastElig {
-			st.lastMaxCap = max(st.lastMaxCap, st.pools[pi].maxCap)
-			for _, gi := range st.pools[pi].groups {
-				st.lastGroupCap = max(st.lastGroupCap, st.grps[gi].capSum)
+	e, ok := st.eligCache[k]
+	if !ok {
+		e = &eligInfo{pools: []int{}}
+		for pi := range st.pools {
+			pl := &st.pools[pi]
+			if gpuType != "" && pl.gpuType != gpuType || onpremOnly && !pl.onprem || pl.owner != owner {
+				continue
+			}
+			e.pools = append(e.pools, pi)
+			e.maxCap = max(e.maxCap, pl.maxCap)
+			for _, gi := range pl.groups {
+				e.groupCap = max(e.groupCap, st.grps[gi].capSum)
 			}
 		}
-	}()
-	if e, ok := st.eligCache[k]; ok {
-		return e
+		st.eligCache[k] = e
 	}
-	var e []int
-	for pi := range st.pools {
-		pl := &st.pools[pi]
-		if gpuType != "" && pl.gpuType != gpuType {
-			continue
-		}
-		if onpremOnly && !pl.onprem {
-			continue
-		}
-		if pl.owner != owner {
-			continue
-		}
-		e = append(e, pi)
-	}
-	if e == nil {
-		e = []int{}
-	}
-	st.eligCache[k] = e
+	st.lastEligKey, st.lastElig = k, e
 	return e
 }
 
@@ -567,8 +562,8 @@ func (st *state) effFree(n int, end int64) int {
 func (st *state) preparePending(pj *pjob, owner int) {
 	j := pj.j
 	prod := pj.class.Production() && st.p.Mode == ModeAllot
-	pj.elig = st.eligible(j.GPUType, prod, owner)
-	pj.maxCap, pj.groupCap = st.lastMaxCap, st.lastGroupCap
+	e := st.eligible(j.GPUType, prod, owner)
+	pj.elig, pj.maxCap, pj.groupCap = e.pools, e.maxCap, e.groupCap
 	g := j.GPUs
 	switch {
 	case g <= 0:

@@ -23,7 +23,13 @@ type event struct {
 }
 
 func cmpEvent(a, b event) int {
-	return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.kind, b.kind), cmp.Compare(a.id, b.id))
+	switch {
+	case a.at != b.at:
+		return cmp.Compare(a.at, b.at)
+	case a.kind != b.kind:
+		return cmp.Compare(a.kind, b.kind)
+	}
+	return cmp.Compare(a.id, b.id)
 }
 
 // sweepResult is the earliest time a job fits, by time limits.
@@ -104,18 +110,11 @@ func (st *state) sweep(pj *pjob, horizon int64) sweepResult {
 		return ns.pool >= 0 && st.eligMask[ns.pool] && ns.cap >= min(g, max(pj.q, 1))
 	}
 	res := sweepResult{}
-	// Fits at once (only when reservations made it look blocked)?
-	if !pj.multi {
-		best := -1
-		for n := range st.nodes {
-			if okNode(n) && sf[n] >= g && (best < 0 || sf[n] < sf[best]) {
-				best = n
-			}
-		}
-		if best >= 0 {
-			return st.sweepDone(pj, 0, []int{best}, event{}, false)
-		}
-	} else {
+	// A single-node job that could not be placed now cannot fit in the
+	// projection's initial state either (it subtracts every reservation's
+	// claims), so only multi-node jobs need the initial check, which also
+	// sets up the per-domain sums.
+	if pj.multi {
 		for gi := range st.gsum {
 			st.gsum[gi] = 0
 		}
@@ -162,7 +161,7 @@ func (st *state) sweep(pj *pjob, horizon int64) sweepResult {
 		if ev.at > horizon {
 			break
 		}
-		if fromRun && st.run[ev.idx].victim {
+		if fromRun && len(st.victims) > 0 && st.isVictim[ev.idx] {
 			continue
 		}
 		release := func(n, k int) {
