@@ -314,6 +314,7 @@ func (st *state) shadow(pj *pjob) (int64, int) {
 	}
 	type rel struct {
 		at   int64
+		id   int64
 		gpus int
 	}
 	var rs []rel
@@ -332,18 +333,18 @@ func (st *state) shadow(pj *pjob) (int64, int) {
 			continue
 		}
 		if k := count(r.j.Placement); k > 0 {
-			rs = append(rs, rel{r.end, k})
+			rs = append(rs, rel{r.end, r.j.ID, k})
 		}
 	}
 	for i := range st.starts {
 		if e := st.starts[i].end; e != never {
-			rs = append(rs, rel{e, count(st.starts[i].slots)})
+			rs = append(rs, rel{e, st.starts[i].p.j.ID, count(st.starts[i].slots)})
 		}
 	}
-	slices.SortFunc(rs, func(a, b rel) int { return cmp.Compare(a.at, b.at) })
-	for i, r := range rs {
+	slices.SortFunc(rs, func(a, b rel) int { return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.id, b.id)) })
+	for _, r := range rs {
 		avail += r.gpus
-		if avail >= g && (i+1 == len(rs) || rs[i+1].at != r.at) {
+		if avail >= g {
 			return r.at, avail - g
 		}
 	}

@@ -1,7 +1,83 @@
 // Package scheduler is Allot's pure scheduling core: a snapshot of the
 // cluster, the queue, usage and policy goes in, a Plan comes out. It does no
 // I/O, never reads the wall clock and uses no global randomness; the same code
-// runs in the live worker and in the trace simulator (package sim).
+// runs in the live worker and in the trace simulator (package sim). The
+// output depends only on the input's content: Pending, Running and Teams may
+// come in any order; node indices are identities.
+//
+// # ModeAllot, one cycle
+//
+//  1. Effective class: tier 1 > 2 > 3 > 4 > preemptible. Job.Preemptible, or
+//     a tier 3-4 job of a Team.OverBudget team, runs as TierPreemptible.
+//  2. Priority inside a class, Slurm's multifactor form:
+//     WeightFairShare·F + WeightSize·S + WeightAge·A with F = 2^(-U/S_t)
+//     (classic fair share; U = the team's share of all decayed usage, S_t =
+//     Weight / ΣWeight), S = GPUs / cluster GPUs, A = wait / MaxAge capped at 1.
+//     Classic rather than Fair Tree: teams are one flat level (no accounts
+//     with users below them), where Fair Tree's advantage — isolating
+//     siblings' users — does not apply; the classic factor is a continuous
+//     number per team that sshare-like output (Plan.Shares) can show and
+//     that people can reason about ("used 3× its share → F = 1/8").
+//     Pending order: class, priority (desc), submit time, job id.
+//  3. Placement, gang (all or nothing): a job that fits on one node goes on
+//     one node, best fit — the eligible node with the fewest free GPUs that
+//     still fit, then the lowest node index. A larger job takes whole free
+//     nodes of one interconnect domain (or, with GPUsPerNode, that many GPUs
+//     on each of ceil(GPUs/GPUsPerNode) nodes): the domain with the least
+//     sufficient free capacity, then the lowest index; nodes in index
+//     order. GPU indices: the lowest free ones. GPUType must match when set;
+//     production classes only use on-premise nodes. Nodes that are not up
+//     take nothing new; Domain "" is one flat domain.
+//  4. Reservations (EASY backfill, by time limits): the first
+//     ReservationDepth blocked jobs of each class get a reservation at the
+//     earliest time they fit, on specific nodes; so do blocked jobs waiting
+//     longer than StarvationWait (at most 8 per cycle, oldest first) so that
+//     wide jobs of low-priority teams are not starved. A later job starts now
+//     only if it does not take GPUs a reservation counts on at its time
+//     (jobs ending before then may use them). The projection frees running
+//     jobs at Start+TimeLimit (terminating ones at GraceEnd) and holds
+//     earlier reservations from now until their projected end
+//     (conservative).
+//  5. Preemption: a blocked tier-1 job may take preemptible work, tier 3-4
+//     work of teams above their guarantee, then any tier 3-4 work; a tier-2
+//     job the first two; a tier 3-4 job of a team under its guarantee that
+//     has waited GuaranteePatience the first two, in its own class or below.
+//     Never tier 1-2, never jobs younger than MinRuntime, never terminating
+//     jobs. A job that will fit within one GracePeriod anyway (GPUs coming
+//     free from earlier preemptions) only reserves. Victims on a node are
+//     taken in order: victim group, lowest class, least work lost (run time
+//     since the last checkpoint × GPUs), lowest priority, fewest GPUs, id;
+//     among nodes (or domains) the set with the best (worst group, work
+//     lost, GPUs freed, victims, index) wins. Work lost comes before
+//     priority: on a replayed trace, killing long-running jobs of a low
+//     priority team wasted a third of the cluster. The preemptor then
+//     reserves the GPUs coming free; in later cycles, Job.PreemptedBy lets
+//     it claim them before anyone else.
+//
+// Guarantees are compared in total GPUs (Team.Guarantee summed over types).
+//
+// # Baselines
+//
+// ModeFIFO, ModeEASY and ModeFIFOPartitioned ignore tiers, sites and
+// priorities and follow the simulator's reference rules: order by (Submit,
+// ID); one node best fit for jobs up to a node, else whole free nodes
+// lowest index first (one domain when domains are set). FIFO blocks at the
+// first job that does not fit; EASY reserves for that head job at the
+// earliest time enough GPUs (counted cluster-wide) reach their time limits
+// and backfills jobs that end by then or fit in the GPUs left over;
+// FIFO-partitioned gives each team (in name order) the lowest-index nodes
+// covering its guarantee and runs strict FIFO per team within it.
+//
+// # Cost
+//
+// A cycle is O(nodes + running + pending·log pending) plus, for each
+// reservation, a projection of O(nodes + running). Free capacity is
+// indexed by free-GPU count per (GPU type, site) pool, so a placement is
+// O(pools × GPUs per node + nodes held by reservations). Work is bounded
+// per cycle: at most 8 blocked jobs look for victims, and beyond the
+// reservations only the first 16 blocked jobs get a reason with an
+// estimated start; the rest get a generic reason. Policy.NoPendingInfo
+// skips Pending and Shares altogether (the simulator does).
 package scheduler
 
 import "time"
