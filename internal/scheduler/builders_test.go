@@ -40,12 +40,12 @@ func preemptible() jobOpt              { return func(j *Job) { j.Preemptible = t
 
 // on makes a running job: started `ago` before t0, holding GPUs gpus of
 // node n (and further slots). A job that would already have reached its
-// time limit gets 10 h more.
+// time limit gets 100 h more.
 func on(ago time.Duration, slots ...Slot) jobOpt {
 	return func(j *Job) {
 		j.Start = t0.Add(-ago)
 		if j.TimeLimit <= ago {
-			j.TimeLimit = ago + 10*time.Hour
+			j.TimeLimit = ago + 100*time.Hour
 		}
 		j.Placement = slots
 		if j.RunAs == 0 {

@@ -109,7 +109,9 @@ func (st *state) nodeVictims(n, target, maxGroup int, class Tier, buf []victimCa
 	for i, v := range vs {
 		avail += v.gpus
 		freed += st.run[v.ri].gpus
-		lost += st.run[v.ri].lost
+		if v.group != vgPreemptible {
+			lost += st.run[v.ri].lost // preemptible work is not protected
+		}
 		worst = max(worst, v.group)
 		if avail >= target {
 			return vs[:i+1], worst, freed, lost, true
@@ -145,7 +147,7 @@ func (st *state) lostWork(r *runJob) float64 {
 
 // preempt looks for victims that let pj start after one grace period and
 // issues the preemptions. Nodes held by reservations are left alone.
-func (st *state) preempt(pj *pjob, maxGroup int) bool {
+func (st *state) preempt(pj *pjob, maxGroup int, maxLost float64) bool {
 	st.buildNodeRun()
 	g := pj.j.GPUs
 	elig := func(n int) bool {
@@ -174,7 +176,7 @@ func (st *state) preempt(pj *pjob, maxGroup int) bool {
 				buf = vs
 			}
 		}
-		if !found {
+		if !found || best.lost > maxLost {
 			return false
 		}
 		for _, v := range bestVs {
@@ -242,7 +244,7 @@ func (st *state) preempt(pj *pjob, maxGroup int) bool {
 				}
 			}
 		}
-		if !found {
+		if !found || best.lost > maxLost {
 			return false
 		}
 		chosen = bestSet

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"cmp"
+	"math"
 	"slices"
 	"time"
 )
@@ -16,6 +17,8 @@ const (
 	detailedReasons = 16
 	// maxStarvationResv bounds the extra reservations of Policy.StarvationWait.
 	maxStarvationResv = 8
+	// guaranteeLostRatio: see runAllot.
+	guaranteeLostRatio = 0.1
 )
 
 // Schedule computes one scheduling cycle. It is a pure function of its
@@ -198,7 +201,19 @@ func (st *state) runAllot() {
 				}
 				continue
 			}
-			if st.preempt(pj, mg) {
+			// A team reclaiming its guarantee preempts only when the work
+			// lost is worth it: at most the GPU time the job would
+			// otherwise wait (by time limits), times GuaranteeLostRatio.
+			maxLost := math.Inf(1)
+			if !pj.class.Production() {
+				maxLost = 0
+				if r := st.sweep(pj, never); r.ok {
+					maxLost = float64(r.at-grace) / 1e9 * float64(pj.j.GPUs) * guaranteeLostRatio
+				} else {
+					maxLost = math.Inf(1)
+				}
+			}
+			if st.preempt(pj, mg, maxLost) {
 				if r := st.sweep(pj, never); r.ok {
 					st.reserve(pj, r)
 				}

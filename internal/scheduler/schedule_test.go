@@ -124,7 +124,7 @@ func TestGuaranteePreemption(t *testing.T) {
 	t.Parallel()
 	s := fullCluster(
 		job(100, 4, team("b"), tier(Tier4), on(time.Hour, slot(0, 0, 1, 2, 3))),
-		job(101, 4, team("b"), tier(Tier4), on(20*time.Minute, slot(0, 4, 5, 6, 7))),
+		job(101, 4, team("b"), tier(Tier4), limit(100*time.Hour), on(20*time.Minute, slot(0, 4, 5, 6, 7))),
 	)
 	s.Pending = []Job{job(1, 4, team("a"), tier(Tier4), limit(10*time.Hour), submitted(time.Hour))}
 	p := Schedule(s, t0, allot())

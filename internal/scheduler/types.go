@@ -50,7 +50,10 @@
 //     among nodes (or domains) the set with the best (worst group, work
 //     lost, GPUs freed, victims, index) wins. Work lost comes before
 //     priority: on a replayed trace, killing long-running jobs of a low
-//     priority team wasted a third of the cluster. The preemptor then
+//     priority team wasted a third of the cluster. A team reclaiming its
+//     guarantee (not tier 1-2) preempts only if the work lost (preemptible
+//     victims' work does not count) is at most a tenth of the GPU time the
+//     job would otherwise wait by time limits. The preemptor then
 //     reserves the GPUs coming free; in later cycles, Job.PreemptedBy lets
 //     it claim them before anyone else.
 //
