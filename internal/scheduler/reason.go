@@ -41,7 +41,7 @@ func (st *state) finish() {
 		if pj.started {
 			continue
 		}
-		info := PendingInfo{JobID: pj.j.ID, Priority: pj.prio}
+		info := PendingInfo{JobID: pj.j.ID, Priority: st.prioOf(pj)}
 		switch {
 		case pj.never:
 			info.Reason = st.neverReason(pj)

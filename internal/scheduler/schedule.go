@@ -48,13 +48,15 @@ func Schedule(s Snapshot, now time.Time, p Policy) Plan {
 		st.runAllot()
 	}
 	st.finish()
-	return st.plan
+	plan := st.plan
+	st.release()
+	return plan
 }
 
 func (st *state) preparePendingAll() {
 	s := st.s
-	st.pend = make([]pjob, len(s.Pending))
-	st.order = make([]*pjob, len(s.Pending))
+	st.pend = resize(st.pend, len(s.Pending))
+	st.order = resize(st.order, len(s.Pending))
 	lastTeam, ti, t := "", -1, (*Team)(nil)
 	for i := range s.Pending {
 		j := &s.Pending[i]
@@ -72,7 +74,9 @@ func (st *state) preparePendingAll() {
 		if j.Submit.IsZero() {
 			pj.submit = 0
 		}
-		pj.prio = st.priority(pj)
+		if st.p.Mode == ModeAllot {
+			pj.prio = st.priority(pj) // baselines compute it only for output
+		}
 		owner := -1
 		if st.p.Mode == ModeFIFOPartitioned {
 			owner = ti

@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/bits"
 	"slices"
+	"sync"
 	"time"
 )
 
@@ -215,10 +216,56 @@ func effClass(j *Job, t *Team) Tier {
 	return c
 }
 
+// statePool recycles the working state's buffers between cycles: a cycle
+// on a small queue is dominated by allocating them otherwise. Nothing in a
+// returned Plan points into a pooled buffer.
+var statePool = sync.Pool{New: func() any { return new(state) }}
+
+// resize returns xs with length n, zeroed, reusing its array when it can.
+func resize[T any](xs []T, n int) []T {
+	if cap(xs) < n {
+		return make([]T, n)
+	}
+	xs = xs[:n]
+	clear(xs)
+	return xs
+}
+
+// reset prepares a pooled state for a new cycle, keeping its buffers.
+func (st *state) reset(s *Snapshot, now time.Time, p Policy) {
+	old := *st
+	*st = state{s: s, now: now, p: p}
+	st.nodes, st.run, st.pend, st.order = old.nodes, old.run, old.pend, old.order
+	st.teamIdx, st.eligCache = old.teamIdx, old.eligCache
+	if st.teamIdx == nil {
+		st.teamIdx = map[string]int{}
+	}
+	if st.eligCache == nil {
+		st.eligCache = map[eligKey]*eligInfo{}
+	}
+	clear(st.eligCache)
+	st.sf, st.mark, st.lastEv = old.sf, old.mark, old.lastEv
+	st.runEvents, st.runRel, st.runRelOff = old.runEvents[:0], old.runRel[:0], old.runRelOff[:0]
+	st.extraBuf, st.touched = old.extraBuf[:0], old.touched[:0]
+}
+
+// release returns st to the pool, dropping references to the snapshot.
+func (st *state) release() {
+	clear(st.run)
+	clear(st.pend)
+	clear(st.order)
+	clear(st.nodes)
+	st.s, st.plan, st.pools, st.grps, st.teams = nil, Plan{}, nil, nil, nil
+	st.starts, st.resvs, st.victims, st.isVictim, st.nodeRun = nil, nil, nil, nil, nil
+	st.head, st.lastElig = nil, nil
+	statePool.Put(st)
+}
+
 // newState builds the working state. owners maps node -> owning team index
 // (ModeFIFOPartitioned) or is nil.
 func newState(s *Snapshot, now time.Time, p Policy) *state {
-	st := &state{s: s, now: now, p: p, eligCache: map[eligKey]*eligInfo{}}
+	st := statePool.Get().(*state)
+	st.reset(s, now, p)
 	st.buildTeams()
 	owners := []int(nil)
 	if p.Mode == ModeFIFOPartitioned {
@@ -239,7 +286,7 @@ func (st *state) buildTeams() {
 	slices.SortFunc(ts, func(a, b *Team) int {
 		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.Weight, b.Weight), cmp.Compare(a.Usage, b.Usage))
 	})
-	st.teamIdx = make(map[string]int, len(ts))
+	clear(st.teamIdx)
 	for _, t := range ts {
 		if _, dup := st.teamIdx[t.Name]; dup {
 			continue
@@ -305,7 +352,7 @@ func (st *state) partition() []int {
 }
 
 func (st *state) buildNodes(owners []int) {
-	st.nodes = make([]nodeState, len(st.s.Nodes))
+	st.nodes = resize(st.nodes, len(st.s.Nodes))
 	poolIdx := map[eligKey]int{}
 	var lastKey eligKey
 	lastPool := -1
@@ -355,7 +402,50 @@ func (st *state) buildNodes(owners []int) {
 	}
 	grpIdx := map[gk]int{}
 	var lastGK gk
-	lastG := -1
+	lastG, placed := -1, 0
+	for i := range st.nodes {
+		ns := &st.nodes[i]
+		if ns.pool < 0 {
+			continue
+		}
+		placed++
+		k := gk{ns.pool, st.s.Nodes[i].Domain}
+		if lastG < 0 || k.pool != lastGK.pool || k.domain != lastGK.domain {
+			gi, ok := grpIdx[k]
+			if !ok {
+				gi = len(st.grps)
+				grpIdx[k] = gi
+				st.grps = append(st.grps, group{pool: int(ns.pool), domain: k.domain})
+				pl := &st.pools[ns.pool]
+				pl.groups = append(pl.groups, gi)
+			}
+			lastGK, lastG = k, gi
+		}
+		ns.group = int32(lastG)
+		pl := &st.pools[ns.pool]
+		pl.maxCap = max(pl.maxCap, ns.cap)
+		st.grps[lastG].capSum += ns.cap
+		st.grps[lastG].wf++ // node count for now
+	}
+	// Size every node list exactly, from two shared backing arrays.
+	poolCount := make([]int, len(st.pools))
+	for i := range st.nodes {
+		if p := st.nodes[i].pool; p >= 0 {
+			poolCount[p]++
+		}
+	}
+	back := make([]int, 2*placed)
+	off := 0
+	for pi := range st.pools {
+		st.pools[pi].nodes = back[off : off : off+poolCount[pi]]
+		off += poolCount[pi]
+	}
+	for gi := range st.grps {
+		g := &st.grps[gi]
+		g.nodes = back[off : off : off+g.wf]
+		off += g.wf
+		g.wf = 0
+	}
 	for i := range st.nodes {
 		ns := &st.nodes[i]
 		if ns.pool < 0 {
@@ -364,27 +454,8 @@ func (st *state) buildNodes(owners []int) {
 		pl := &st.pools[ns.pool]
 		ns.pos = int32(len(pl.nodes))
 		pl.nodes = append(pl.nodes, i)
-		pl.maxCap = max(pl.maxCap, ns.cap)
-		k := gk{ns.pool, st.s.Nodes[i].Domain}
-		if lastG >= 0 && k == lastGK {
-			ns.group = int32(lastG)
-			g := &st.grps[lastG]
-			g.nodes = append(g.nodes, i)
-			g.capSum += ns.cap
-			continue
-		}
-		gi, ok := grpIdx[k]
-		if !ok {
-			gi = len(st.grps)
-			grpIdx[k] = gi
-			st.grps = append(st.grps, group{pool: int(ns.pool), domain: k.domain})
-			pl.groups = append(pl.groups, gi)
-		}
-		lastGK, lastG = k, gi
-		ns.group = int32(gi)
-		g := &st.grps[gi]
+		g := &st.grps[ns.group]
 		g.nodes = append(g.nodes, i)
-		g.capSum += ns.cap
 	}
 }
 
@@ -392,7 +463,7 @@ func (st *state) buildNodes(owners []int) {
 // later uses of st.run order by total keys ending in the job id.
 func (st *state) buildRunning() {
 	needTeam := st.p.Mode == ModeAllot || st.p.Mode == ModeFIFOPartitioned
-	st.run = make([]runJob, len(st.s.Running))
+	st.run = resize(st.run, len(st.s.Running))
 	lastTeam, lastIdx := "", -1
 	for i := range st.s.Running {
 		j := &st.s.Running[i]
@@ -440,6 +511,14 @@ func (st *state) buildRunning() {
 			st.teams[r.team].alloc += r.gpus
 		}
 	}
+}
+
+// prioOf is pj's priority breakdown for output.
+func (st *state) prioOf(pj *pjob) Priority {
+	if st.p.Mode != ModeAllot {
+		return st.priority(pj)
+	}
+	return pj.prio
 }
 
 // runPrio is the priority of a running job for victim ordering: its
@@ -730,7 +809,7 @@ func (st *state) commit(pj *pjob, cl []Claim, backfill bool) {
 		Placement: slots,
 		RunAs:     pj.class,
 		Backfill:  backfill,
-		Priority:  pj.prio,
+		Priority:  st.prioOf(pj),
 	})
 }
 

@@ -61,7 +61,7 @@ func (st *state) sortRunEvents() {
 	}
 	slices.SortFunc(st.runEvents, cmpEvent)
 	// Flatten the releases so that sweeps read contiguous memory.
-	st.runRelOff = make([]int32, len(st.runEvents)+1)
+	st.runRelOff = resize(st.runRelOff, len(st.runEvents)+1)
 	for i, ev := range st.runEvents {
 		for _, sl := range st.run[ev.idx].j.Placement {
 			if sl.Node >= 0 && sl.Node < len(st.nodes) && len(sl.GPUs) > 0 {
@@ -82,9 +82,11 @@ type nodeRel struct{ node, gpus int32 }
 func (st *state) sweep(pj *pjob, horizon int64) sweepResult {
 	st.sortRunEvents()
 	if len(st.sf) != len(st.nodes) {
-		st.sf = make([]int, len(st.nodes))
-		st.mark = make([]int, len(st.nodes))
-		st.lastEv = make([]event, len(st.nodes))
+		st.sf = resize(st.sf, len(st.nodes))
+		st.mark = resize(st.mark, len(st.nodes))
+		st.lastEv = resize(st.lastEv, len(st.nodes))
+	}
+	if len(st.eligMask) != len(st.pools) || len(st.gsum) != len(st.grps) {
 		st.eligMask = make([]bool, len(st.pools))
 		st.gsum = make([]int, len(st.grps))
 	}
