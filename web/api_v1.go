@@ -42,6 +42,10 @@ type JobJSON struct {
 	Priority          float64                 `json:"priority"`
 	PriorityBreakdown allot.PriorityBreakdown `json:"priority_breakdown"`
 	QuotaWarning      string                  `json:"quota_warning"`
+	RunAs             string                  `json:"run_as"`
+	Segment           int                     `json:"segment"`
+	Preemptions       int                     `json:"preemptions"`
+	EndReason         string                  `json:"end_reason"`
 }
 
 func timePtr(t time.Time) *time.Time {
@@ -57,7 +61,8 @@ func toJSON(j *allot.Job) JobJSON {
 		TimeLimitS: int64(j.TimeLimit / time.Second), Command: j.Command, Env: j.Env, WorkDir: j.WorkDir,
 		Checkpointable: j.Checkpointable, Preemptible: j.Preemptible, Demoted: j.Demoted, State: string(j.State),
 		SubmittedAt: j.SubmittedAt.UTC(), StartedAt: timePtr(j.StartedAt), EndedAt: timePtr(j.EndedAt), ExitCode: j.ExitCode,
-		PendingReason: j.PendingReason, Priority: j.Priority, PriorityBreakdown: j.Breakdown, QuotaWarning: j.QuotaWarning}
+		PendingReason: j.PendingReason, Priority: j.Priority, PriorityBreakdown: j.Breakdown, QuotaWarning: j.QuotaWarning,
+		RunAs: string(j.RunAs), Segment: j.Segment, Preemptions: j.Preemptions, EndReason: j.EndReason}
 	if j.GPUType != "" {
 		out.GPUType = &j.GPUType
 	}
@@ -325,6 +330,27 @@ func (s *Server) apiGetJob(c echo.Context) error {
 		return err
 	}
 	return writeJSON(c, http.StatusOK, toJSON(&j))
+}
+
+// JobLogJSON is the body of GET /api/v1/jobs/{id}/log.
+type JobLogJSON struct {
+	JobID int64    `json:"job_id"`
+	Lines []string `json:"lines"`
+}
+
+func (s *Server) apiJobLog(c echo.Context) error {
+	_, j, err := s.visibleJob(c)
+	if err != nil {
+		return err
+	}
+	lines, err := s.st.JobLog(c.Request().Context(), j.ID)
+	if err != nil {
+		return err
+	}
+	if lines == nil {
+		lines = []string{}
+	}
+	return writeJSON(c, http.StatusOK, JobLogJSON{JobID: j.ID, Lines: lines})
 }
 
 func (s *Server) apiCancelJob(c echo.Context) error {

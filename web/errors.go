@@ -26,6 +26,7 @@ var statusOf = map[string]int{
 	allot.EUnauthorized: http.StatusUnauthorized,
 	allot.EForbidden:    http.StatusForbidden,
 	allot.EInternal:     http.StatusInternalServerError,
+	allot.EUnavailable:  http.StatusServiceUnavailable,
 }
 
 // badRequest is malformed input that is not about one field (bad JSON).

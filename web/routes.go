@@ -33,5 +33,17 @@ func (s *Server) routes() {
 	api.GET("/jobs", s.apiListJobs)
 	api.GET("/jobs/:id", s.apiGetJob)
 	api.POST("/jobs/:id/cancel", s.apiCancelJob)
+	api.GET("/jobs/:id/log", s.apiJobLog)
 	api.Any("/*", s.apiNotFound)
+
+	// Node agents (node tokens).
+	ag := e.Group("/api/agent/v1")
+	ag.POST("/register", s.agentRegister)
+	ag.POST("/heartbeat", s.agentHeartbeat)
+	ag.GET("/orders", s.agentOrders)
+	ag.POST("/leases/take", s.agentTakeLease)
+	ag.POST("/jobs/started", s.agentStarted)
+	ag.POST("/jobs/exited", s.agentExited)
+	ag.POST("/jobs/log", s.agentLog)
+	ag.Any("/*", s.apiNotFound)
 }

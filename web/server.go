@@ -30,18 +30,24 @@ type Config struct {
 	SecureCookies bool
 	// SessionTTL is how long a portal session lasts (default 12 h).
 	SessionTTL time.Duration
-	// OnJobEvent, if set, is called after a job is submitted or cancelled
-	// (the worker uses it to trigger a scheduling cycle).
+	// OnJobEvent, if set, is called after anything that may let a job start
+	// or makes one wait: a submit, a cancel, a job's exit, a node joining.
+	// main wires it to a scheduling-cycle request.
 	OnJobEvent func(ctx context.Context)
+	// Notifier wakes agents' long polls (nil: polls wait out their timeout).
+	Notifier *Notifier
+	// HeartbeatInterval is what agents are told to use (default 10 s).
+	HeartbeatInterval time.Duration
 }
 
 // Server serves the portal and the API.
 type Server struct {
-	cfg  Config
-	e    *echo.Echo
-	http *metric.HTTP
-	log  *slog.Logger
-	st   *store.Store
+	cfg      Config
+	notifier *Notifier
+	e        *echo.Echo
+	http     *metric.HTTP
+	log      *slog.Logger
+	st       *store.Store
 }
 
 const (
@@ -61,9 +67,15 @@ func New(cfg Config) *Server {
 	if cfg.SessionTTL == 0 {
 		cfg.SessionTTL = 12 * time.Hour
 	}
+	if cfg.HeartbeatInterval == 0 {
+		cfg.HeartbeatInterval = 10 * time.Second
+	}
+	if cfg.Notifier == nil {
+		cfg.Notifier = NewNotifier(cfg.Logger)
+	}
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
-	s := &Server{cfg: cfg, e: e, http: metric.NewHTTP(cfg.Registry), log: cfg.Logger, st: cfg.Store}
+	s := &Server{cfg: cfg, notifier: cfg.Notifier, e: e, http: metric.NewHTTP(cfg.Registry), log: cfg.Logger, st: cfg.Store}
 	e.HTTPErrorHandler = s.handleError
 	e.Use(s.observe, middleware.Recover(), middleware.BodyLimit("1M"), middleware.SecureWithConfig(middleware.SecureConfig{
 		XSSProtection: "0", ContentTypeNosniff: "nosniff", XFrameOptions: "DENY", ReferrerPolicy: "same-origin",
@@ -88,6 +100,10 @@ func New(cfg Config) *Server {
 func (s *Server) Handler() http.Handler { return s.e }
 
 func isAPI(c echo.Context) bool { return strings.HasPrefix(c.Request().URL.Path, "/api/") }
+
+// Notifier returns the server's long-poll notifier (main starts its
+// listener).
+func (s *Server) Notifier() *Notifier { return s.notifier }
 
 // observe records request metrics and logs server errors.
 func (s *Server) observe(next echo.HandlerFunc) echo.HandlerFunc {
@@ -115,6 +131,9 @@ func (s *Server) observe(next echo.HandlerFunc) echo.HandlerFunc {
 func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		ctx := c.Request().Context()
+		if isAgentAPI(c) {
+			return next(c) // node tokens, checked by the agent handlers
+		}
 		if h := c.Request().Header.Get("Authorization"); h != "" {
 			tok, ok := strings.CutPrefix(h, "Bearer ")
 			if !ok {

@@ -15,6 +15,7 @@ import (
 	"github.com/allotlabs/allot/web"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/riverqueue/river"
 )
 
@@ -26,6 +27,12 @@ type Config struct {
 	Migrate     bool   // apply migrations at start
 	DevMode     bool
 	Logger      *slog.Logger
+	// CycleInterval is the periodic scheduling cycle (default 10 s).
+	CycleInterval time.Duration
+	// HeartbeatInterval is the agents' heartbeat period (default 10 s).
+	HeartbeatInterval time.Duration
+	// CheckpointRoot is where checkpointable jobs get ALLOT_CHECKPOINT_DIR.
+	CheckpointRoot string
 }
 
 // Main is one running Allot process: HTTP server and/or River worker over
@@ -35,10 +42,21 @@ type Main struct {
 	Pool  *pgxpool.Pool
 	Store *store.Store
 
-	ln     net.Listener
-	http   *http.Server
-	river  *river.Client[pgx.Tx]
-	served chan error
+	ln       net.Listener
+	http     *http.Server
+	river    *river.Client[pgx.Tx] // worker pool, or insert-only in a server
+	working  bool
+	served   chan error
+	stopBg   context.CancelFunc
+	bgDone   chan struct{}
+	Registry *prometheus.Registry
+}
+
+// Trigger asks for a scheduling cycle.
+func (m *Main) Trigger(ctx context.Context) {
+	if err := jobs.Trigger(ctx, m.Store, m.river); err != nil {
+		m.Logger.Warn("requesting a scheduling cycle", "err", err)
+	}
 }
 
 // Run connects, migrates if asked, and starts what the config names. It
@@ -57,18 +75,29 @@ func (m *Main) Run(ctx context.Context) error {
 			return err
 		}
 	}
+	m.Registry = metric.NewRegistry()
 	if m.Worker {
-		m.river, err = jobs.NewClient(jobs.Config{Pool: pool, Store: m.Store, Logger: m.Logger})
+		m.river, err = jobs.NewClient(jobs.Config{Pool: pool, Store: m.Store, Logger: m.Logger, Registry: m.Registry,
+			CycleInterval: m.CycleInterval, HeartbeatInterval: m.HeartbeatInterval, CheckpointRoot: m.CheckpointRoot})
 		if err != nil {
 			return err
 		}
 		if err := m.river.Start(ctx); err != nil {
 			return fmt.Errorf("starting River: %w", err)
 		}
+		m.working = true
+	} else if m.river, err = jobs.NewInserter(pool); err != nil {
+		return err
 	}
 	if m.Addr != "" {
-		reg := metric.NewRegistry()
-		srv := web.New(web.Config{Store: m.Store, Logger: m.Logger, Registry: reg, DevMode: m.DevMode})
+		srv := web.New(web.Config{Store: m.Store, Logger: m.Logger, Registry: m.Registry, DevMode: m.DevMode,
+			OnJobEvent: m.Trigger, HeartbeatInterval: m.HeartbeatInterval})
+		bg, stop := context.WithCancel(context.Background())
+		m.stopBg, m.bgDone = stop, make(chan struct{})
+		go func() {
+			defer close(m.bgDone)
+			srv.Notifier().Listen(bg, pool)
+		}()
 		m.ln, err = net.Listen("tcp", m.Addr)
 		if err != nil {
 			return fmt.Errorf("listening on %s: %w", m.Addr, err)
@@ -114,7 +143,11 @@ func (m *Main) Close() error {
 	if m.http != nil {
 		errs = append(errs, m.http.Shutdown(ctx))
 	}
-	if m.river != nil {
+	if m.stopBg != nil {
+		m.stopBg()
+		<-m.bgDone
+	}
+	if m.working {
 		errs = append(errs, m.river.Stop(ctx))
 	}
 	if m.Pool != nil {

@@ -19,6 +19,7 @@ const (
 	EUnauthorized = "unauthorized" // who are you?
 	EForbidden    = "forbidden"    // known, but not allowed
 	EInternal     = "internal"     // our fault; details are logged, not shown
+	EUnavailable  = "unavailable"  // transient (a lock conflict): retry
 )
 
 // Error is a domain error with a code and a message that is safe to show to

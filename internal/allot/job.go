@@ -105,6 +105,15 @@ type Job struct {
 	// Demoted is true when the job runs as preemptible because of budget.
 	Demoted   bool
 	UpdatedAt time.Time
+	// RunAs is the class the current or last run started in ("" before the
+	// first start).
+	RunAs TierID
+	// Segment counts starts: 1 for the first run, +1 after each requeue.
+	Segment int
+	// EndReason says why a job failed or was requeued ("time_limit",
+	// "node_lost", "exit code 3", ...).
+	EndReason   string
+	Preemptions int
 }
 
 // Transition moves j to state to at time at, or returns a conflict error.

@@ -30,7 +30,9 @@ type Node struct {
 	Domain        string // interconnect domain (NVLink/IB); "" = none
 	Rack          string
 	State         string
+	StateReason   string
 	LastHeartbeat time.Time // zero if never
+	Hostname      string    // as the agent reported it ("" until registered)
 }
 
 // MaxGPUsPerNode bounds a node's GPU count.

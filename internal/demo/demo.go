@@ -76,12 +76,13 @@ func Tiers() []allot.Tier {
 }
 
 // Nodes returns gpu01–gpu16, 8 GPUs each: gpu01–gpu08 A100-80GB in domain
-// ib-a; gpu09–gpu12 A100-80GB and gpu13–gpu16 T4 in domain ib-b.
+// ib-a; gpu09–gpu12 A100-80GB and gpu13–gpu16 T4 in domain ib-b. They are
+// down until their agents register (`allot dev` starts them in-process).
 func Nodes() []allot.Node {
 	var out []allot.Node
 	for i := 1; i <= 16; i++ {
 		n := allot.Node{Name: fmt.Sprintf("gpu%02d", i), GPUType: "A100-80GB", GPUCount: 8, Site: allot.SiteOnPrem,
-			Domain: "ib-a", Rack: fmt.Sprintf("r%d", (i-1)/4+1), State: allot.NodeUp}
+			Domain: "ib-a", Rack: fmt.Sprintf("r%d", (i-1)/4+1), State: allot.NodeDown}
 		if i > 8 {
 			n.Domain = "ib-b"
 		}
@@ -204,6 +205,16 @@ func seedHistory(ctx context.Context, st *store.Store, t team, members []*allot.
 	return nil
 }
 
+// trainLoop is a stand-in training script that runs anywhere: it prints a
+// step and a loss every 5 seconds for about secs seconds, and checkpoints
+// when ALLOT_CHECKPOINT_DIR is set.
+func trainLoop(name string, secs int) []string {
+	return []string{"sh", "-c", fmt.Sprintf(`echo "%s: starting on GPUs $CUDA_VISIBLE_DEVICES (node rank ${NODE_RANK:-0})"
+trap 'echo "%s: SIGTERM, checkpointing"; exit 0' TERM
+i=0; while [ $i -lt %d ]; do i=$((i+5)); echo "%s step $i loss 0.$((9999 - i % 9000))"
+[ -n "$ALLOT_CHECKPOINT_DIR" ] && echo $i > "$ALLOT_CHECKPOINT_DIR/step"; sleep 5 & wait; done`, name, name, secs, name)}
+}
+
 // seedQueue submits a few pending jobs through the normal submission path.
 func seedQueue(ctx context.Context, st *store.Store, users map[string]*allot.User) error {
 	for _, q := range []struct {
@@ -211,13 +222,13 @@ func seedQueue(ctx context.Context, st *store.Store, users map[string]*allot.Use
 		spec  allot.JobSpec
 	}{
 		{"noah@example.com", allot.JobSpec{Name: "llama-sft", Team: "nlp", Tier: allot.Tier3, GPUs: 16, GPUType: "A100-80GB", TimeLimit: 12 * time.Hour,
-			Command: []string{"torchrun", "sft.py", "--config", "sft.yaml"}, Checkpointable: true}},
+			Command: trainLoop("sft", 7200), Checkpointable: true}},
 		{"felix@example.com", allot.JobSpec{Name: "fraud-gbdt-gpu", Team: "fraud", Tier: allot.Tier3, GPUs: 2, TimeLimit: 2 * time.Hour,
-			Command: []string{"python", "train_gbdt.py"}}},
+			Command: trainLoop("gbdt", 1800)}},
 		{"rosa@example.com", allot.JobSpec{Name: "ranker-nightly", Team: "recs", Tier: allot.Tier2, GPUs: 8, GPUType: "A100-80GB", TimeLimit: 6 * time.Hour,
-			Command: []string{"python", "-m", "ranker.train", "--nightly"}, Checkpointable: true}},
+			Command: trainLoop("ranker", 3600), Checkpointable: true}},
 		{"ravi@example.com", allot.JobSpec{Name: "embedding-sweep", Team: "recs", Tier: allot.Tier4, GPUs: 1, GPUType: "T4", TimeLimit: 3 * time.Hour,
-			Command: []string{"python", "sweep.py", "--trial", "7"}, Preemptible: true}},
+			Command: trainLoop("sweep-trial-7", 900), Preemptible: true}},
 	} {
 		if _, err := st.SubmitJob(ctx, users[q.email], q.spec); err != nil {
 			return fmt.Errorf("seeding queue: %w", err)

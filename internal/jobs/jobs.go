@@ -1,7 +1,9 @@
-// Package jobs runs Allot's background work on River: periodic and
-// event-triggered jobs (scheduling cycles, billing rollups and alerts come
-// with later issues; today: session cleanup). Any number of worker
-// processes may share the queue.
+// Package jobs runs Allot's background work on River: scheduling cycles
+// (periodic and triggered by submits, finishes, cancels and node changes,
+// coalesced), marking silent nodes down, fair-share usage decay and
+// session cleanup. Any number of worker processes may share the queue; the
+// cycle lock makes one cycle run at a time. Billing rollups and alerts come
+// with later issues.
 package jobs
 
 import (
@@ -13,8 +15,10 @@ import (
 	"github.com/allotlabs/allot/internal/store"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivertype"
 )
 
 // CleanupSessionsArgs removes expired portal sessions.
@@ -52,7 +56,84 @@ type Config struct {
 	Pool       *pgxpool.Pool
 	Store      *store.Store
 	Logger     *slog.Logger
-	MaxWorkers int // per process, default 10
+	Registry   prometheus.Registerer // cycle metrics go here (nil: not exported)
+	MaxWorkers int                   // per process, default 10
+	// CycleInterval is the period of the scheduling cycle (default 10 s);
+	// submits, finishes, cancels and node changes also trigger one.
+	CycleInterval time.Duration
+	// HeartbeatInterval is the agents' heartbeat period (default 10 s); a
+	// node silent for 3 intervals is marked down.
+	HeartbeatInterval time.Duration
+	// CheckpointRoot is the directory under which checkpointable jobs get
+	// ALLOT_CHECKPOINT_DIR (default /var/lib/allot/checkpoints).
+	CheckpointRoot string
+}
+
+// LostNodesArgs marks nodes that stopped sending heartbeats down.
+type LostNodesArgs struct{}
+
+// Kind names the job in River's table.
+func (LostNodesArgs) Kind() string { return "lost_nodes" }
+
+// LostNodesWorker works LostNodesArgs.
+type LostNodesWorker struct {
+	river.WorkerDefaults[LostNodesArgs]
+	Store  *store.Store
+	Logger *slog.Logger
+	After  time.Duration
+}
+
+// Work marks silent nodes down, requeues or fails their jobs, and asks for
+// a scheduling cycle when anything changed.
+func (w *LostNodesWorker) Work(ctx context.Context, _ *river.Job[LostNodesArgs]) error {
+	lost, err := w.Store.MarkLostNodes(ctx, w.Store.Now().Add(-w.After))
+	if err != nil {
+		return err
+	}
+	if len(lost) > 0 {
+		w.Logger.Warn("nodes stopped sending heartbeats; marked down", "nodes", lost)
+		return Trigger(ctx, w.Store, river.ClientFromContext[pgx.Tx](ctx))
+	}
+	return nil
+}
+
+// DecayUsageArgs updates the teams' decayed fair-share usage.
+type DecayUsageArgs struct{}
+
+// Kind names the job in River's table.
+func (DecayUsageArgs) Kind() string { return "decay_usage" }
+
+// DecayUsageWorker works DecayUsageArgs.
+type DecayUsageWorker struct {
+	river.WorkerDefaults[DecayUsageArgs]
+	Store *store.Store
+}
+
+// Work applies the current policy's half-life.
+func (w *DecayUsageWorker) Work(ctx context.Context, _ *river.Job[DecayUsageArgs]) error {
+	p, err := w.Store.CurrentPolicy(ctx)
+	if err != nil {
+		return err
+	}
+	return w.Store.DecayUsage(ctx, p.HalfLife)
+}
+
+// Inserter is the part of a River client that inserts jobs.
+type Inserter interface {
+	Insert(ctx context.Context, args river.JobArgs, opts *river.InsertOpts) (*rivertype.JobInsertResult, error)
+}
+
+// Trigger asks for a scheduling cycle soon. Requests while a cycle runs are
+// not lost: the running cycle sees the newer request number and runs again.
+func Trigger(ctx context.Context, st *store.Store, client Inserter) error {
+	if _, err := st.RequestSchedule(ctx); err != nil {
+		return err
+	}
+	if client == nil {
+		return nil
+	}
+	_, err := client.Insert(ctx, ScheduleArgs{}, nil)
+	return err
 }
 
 // NewClient builds a River client with every Allot worker and periodic job
@@ -64,8 +145,21 @@ func NewClient(cfg Config) (*river.Client[pgx.Tx], error) {
 	if cfg.MaxWorkers == 0 {
 		cfg.MaxWorkers = 10
 	}
+	if cfg.CycleInterval == 0 {
+		cfg.CycleInterval = 10 * time.Second
+	}
+	if cfg.HeartbeatInterval == 0 {
+		cfg.HeartbeatInterval = 10 * time.Second
+	}
+	if cfg.CheckpointRoot == "" {
+		cfg.CheckpointRoot = "/var/lib/allot/checkpoints"
+	}
+	sched := &Scheduler{Store: cfg.Store, Logger: cfg.Logger, CheckpointRoot: cfg.CheckpointRoot, Metrics: NewCycleMetrics(cfg.Registry)}
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &CleanupSessionsWorker{Store: cfg.Store, Logger: cfg.Logger})
+	river.AddWorker(workers, &ScheduleWorker{Scheduler: sched})
+	river.AddWorker(workers, &LostNodesWorker{Store: cfg.Store, Logger: cfg.Logger, After: 3 * cfg.HeartbeatInterval})
+	river.AddWorker(workers, &DecayUsageWorker{Store: cfg.Store})
 	client, err := river.NewClient(riverpgxv5.New(cfg.Pool), &river.Config{
 		Logger:  cfg.Logger,
 		Queues:  map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: cfg.MaxWorkers}},
@@ -74,10 +168,31 @@ func NewClient(cfg Config) (*river.Client[pgx.Tx], error) {
 			river.NewPeriodicJob(river.PeriodicInterval(time.Hour),
 				func() (river.JobArgs, *river.InsertOpts) { return CleanupSessionsArgs{}, nil },
 				&river.PeriodicJobOpts{RunOnStart: true}),
+			river.NewPeriodicJob(river.PeriodicInterval(cfg.CycleInterval),
+				func() (river.JobArgs, *river.InsertOpts) { return ScheduleArgs{}, nil },
+				&river.PeriodicJobOpts{RunOnStart: true}),
+			river.NewPeriodicJob(river.PeriodicInterval(cfg.HeartbeatInterval/2),
+				func() (river.JobArgs, *river.InsertOpts) {
+					return LostNodesArgs{}, &river.InsertOpts{UniqueOpts: river.UniqueOpts{ByPeriod: cfg.HeartbeatInterval / 2}}
+				}, nil),
+			river.NewPeriodicJob(river.PeriodicInterval(time.Minute),
+				func() (river.JobArgs, *river.InsertOpts) {
+					return DecayUsageArgs{}, &river.InsertOpts{UniqueOpts: river.UniqueOpts{ByPeriod: time.Minute}}
+				}, &river.PeriodicJobOpts{RunOnStart: true}),
 		},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating River client: %w", err)
 	}
 	return client, nil
+}
+
+// NewInserter returns an insert-only River client, for processes (servers)
+// that request work without running it.
+func NewInserter(pool *pgxpool.Pool) (*river.Client[pgx.Tx], error) {
+	c, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
+	if err != nil {
+		return nil, fmt.Errorf("creating River client: %w", err)
+	}
+	return c, nil
 }

@@ -169,22 +169,23 @@ const jobSelect = `
 	SELECT j.id, j.name, j.team, j.user_id, u.email, j.tier, j.gpus, coalesce(j.gpu_type, ''), coalesce(j.gpus_per_node, 0),
 		j.time_limit_s, j.command, j.env, j.workdir, j.checkpointable, j.preemptible, j.demoted, j.state,
 		j.submitted_at, j.started_at, j.ended_at, j.exit_code, j.priority, j.priority_breakdown, j.pending_reason,
-		j.quota_warning, j.updated_at
+		j.quota_warning, j.updated_at, j.run_as, j.segment, j.end_reason, j.preemptions
 	FROM jobs j JOIN users u ON u.id = j.user_id`
 
 func scanJob(r pgx.Row) (allot.Job, error) {
 	var j allot.Job
-	var tier, state string
+	var tier, state, runAs string
 	var limit int64
 	var env, breakdown []byte
 	var started, ended *time.Time
 	err := r.Scan(&j.ID, &j.Name, &j.Team, &j.UserID, &j.User, &tier, &j.GPUs, &j.GPUType, &j.GPUsPerNode,
 		&limit, &j.Command, &env, &j.WorkDir, &j.Checkpointable, &j.Preemptible, &j.Demoted, &state,
 		&j.SubmittedAt, &started, &ended, &j.ExitCode, &j.Priority, &breakdown, &j.PendingReason,
-		&j.QuotaWarning, &j.UpdatedAt)
+		&j.QuotaWarning, &j.UpdatedAt, &runAs, &j.Segment, &j.EndReason, &j.Preemptions)
 	if err != nil {
 		return j, err
 	}
+	j.RunAs = allot.TierID(runAs)
 	j.Tier, j.State = allot.TierID(tier), allot.JobState(state)
 	j.TimeLimit = time.Duration(limit) * time.Second
 	if started != nil {
@@ -215,7 +216,7 @@ type JobFilter struct {
 	State    allot.JobState
 	UserID   int64
 	BeforeID int64 // for paging: only jobs with id < BeforeID
-	Limit    int   // default 100, at most 1000
+	Limit    int   // default 100, at most 1000; negative: no limit (internal use)
 }
 
 // ListJobs returns jobs matching f, newest first.
@@ -241,11 +242,13 @@ func (s *Store) ListJobs(ctx context.Context, f JobFilter) ([]allot.Job, error) 
 	if f.BeforeID > 0 {
 		add("j.id < $%d", f.BeforeID)
 	}
-	if f.Limit <= 0 {
+	switch {
+	case f.Limit == 0:
 		f.Limit = 100
-	}
-	if f.Limit > 1000 {
+	case f.Limit > 1000:
 		f.Limit = 1000
+	case f.Limit < 0:
+		f.Limit = 1 << 30
 	}
 	q := jobSelect
 	if len(where) > 0 {
@@ -283,15 +286,35 @@ func (s *Store) CancelJob(ctx context.Context, u *allot.User, id int64) (allot.J
 			return allot.Errorf(allot.EForbidden, "only the submitter, a lead of team %s or an admin can cancel job %d", j.Team, id)
 		}
 		now := s.Now()
+		wasRunning := j.State == allot.JobRunning
 		if err := j.Transition(allot.JobCancelled, now); err != nil {
 			return err
 		}
-		if _, err := tx.db.Exec(ctx, `UPDATE jobs SET state = $2, ended_at = $3, pending_reason = '', updated_at = $3 WHERE id = $1`,
-			id, string(j.State), now); err != nil {
+		if _, err := tx.db.Exec(ctx, `UPDATE jobs SET state = $2, ended_at = $3, pending_reason = '', end_reason = 'cancelled by ' || $4, updated_at = $3 WHERE id = $1`,
+			id, string(j.State), now, u.Email); err != nil {
 			return mapErr("cancelling job", err)
 		}
-		if _, err := tx.db.Exec(ctx, `UPDATE allocations SET released_at = greatest($2, started_at) WHERE job_id = $1 AND released_at IS NULL`, id, now); err != nil {
-			return mapErr("releasing allocations", err)
+		release := true
+		if wasRunning {
+			// The agents stop the processes (SIGTERM, grace, SIGKILL); the
+			// GPUs are released when each reports the exit.
+			p, err := tx.CurrentPolicy(ctx)
+			if err != nil {
+				return err
+			}
+			if err := tx.requestStop(ctx, id, j.Segment, "cancelled", p.GracePeriod); err != nil {
+				return err
+			}
+			var leases int
+			if err := tx.db.QueryRow(ctx, `SELECT count(*) FROM leases WHERE job_id = $1 AND segment = $2`, id, j.Segment).Scan(&leases); err != nil {
+				return mapErr("cancelling job", err)
+			}
+			release = leases == 0
+		}
+		if release {
+			if _, err := tx.db.Exec(ctx, `UPDATE allocations SET released_at = greatest($2, started_at) WHERE job_id = $1 AND released_at IS NULL`, id, now); err != nil {
+				return mapErr("releasing allocations", err)
+			}
 		}
 		job, err = tx.GetJob(ctx, id)
 		return err

@@ -240,14 +240,14 @@ func (s *Store) CreateNode(ctx context.Context, n *allot.Node) error {
 
 // ListNodes returns all nodes by name.
 func (s *Store) ListNodes(ctx context.Context) ([]allot.Node, error) {
-	rows, err := s.db.Query(ctx, `SELECT name, gpu_type, gpu_count, site, domain, rack, state, last_heartbeat FROM nodes ORDER BY name`)
+	rows, err := s.db.Query(ctx, `SELECT name, gpu_type, gpu_count, site, domain, rack, state, state_reason, last_heartbeat, hostname FROM nodes ORDER BY name`)
 	if err != nil {
 		return nil, mapErr("listing nodes", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (allot.Node, error) {
 		var n allot.Node
 		var hb *time.Time
-		err := r.Scan(&n.Name, &n.GPUType, &n.GPUCount, &n.Site, &n.Domain, &n.Rack, &n.State, &hb)
+		err := r.Scan(&n.Name, &n.GPUType, &n.GPUCount, &n.Site, &n.Domain, &n.Rack, &n.State, &n.StateReason, &hb, &n.Hostname)
 		if hb != nil {
 			n.LastHeartbeat = *hb
 		}

@@ -98,7 +98,7 @@ func mapErr(action string, err error) error {
 		case "23503", "23514", "23502", "22P02", "22003": // FK, check, not null, bad text repr, out of range
 			return fmt.Errorf("%s: %w", action, &allot.Error{Code: allot.EInvalid, Message: "the database refused the value: " + pe.ConstraintName + " " + pe.Message})
 		case "40001", "40P01":
-			return fmt.Errorf("%s: %w", action, &allot.Error{Code: allot.EConflict, Message: "concurrent update, retry"})
+			return fmt.Errorf("%s: %w", action, &allot.Error{Code: allot.EUnavailable, Message: "concurrent update: retry"})
 		}
 	}
 	return fmt.Errorf("%s: %w", action, err)

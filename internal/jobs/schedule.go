@@ -1,0 +1,302 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/scheduler"
+	"github.com/allotlabs/allot/internal/store"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/rivertype"
+)
+
+// ScheduleArgs asks for a scheduling cycle. Inserts coalesce: while one is
+// queued or running, more are skipped (River unique jobs), and the running
+// cycle re-runs itself when requests arrived meanwhile.
+type ScheduleArgs struct{}
+
+// Kind names the job in River's table.
+func (ScheduleArgs) Kind() string { return "schedule_cycle" }
+
+// InsertOpts makes cycles unique while queued or running.
+func (ScheduleArgs) InsertOpts() river.InsertOpts {
+	return river.InsertOpts{MaxAttempts: 3, UniqueOpts: river.UniqueOpts{ByArgs: true, ByState: []rivertype.JobState{
+		rivertype.JobStateAvailable, rivertype.JobStatePending, rivertype.JobStateRunning, rivertype.JobStateScheduled,
+	}}}
+}
+
+// CycleMetrics are the scheduling loop's Prometheus metrics.
+type CycleMetrics struct {
+	Duration   prometheus.Histogram
+	Started    prometheus.Counter
+	Preempted  prometheus.Counter
+	Stale      prometheus.Counter
+	PendingGPU prometheus.Gauge
+	Pending    prometheus.Gauge
+}
+
+// NewCycleMetrics registers the cycle metrics on reg.
+func NewCycleMetrics(reg prometheus.Registerer) *CycleMetrics {
+	m := &CycleMetrics{
+		Duration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "allot_schedule_cycle_seconds", Help: "Duration of scheduling cycles (load, decide, apply).",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}}),
+		Started:    prometheus.NewCounter(prometheus.CounterOpts{Name: "allot_schedule_jobs_started_total", Help: "Jobs started by scheduling cycles."}),
+		Preempted:  prometheus.NewCounter(prometheus.CounterOpts{Name: "allot_schedule_jobs_preempted_total", Help: "Preemptions issued by scheduling cycles."}),
+		Stale:      prometheus.NewCounter(prometheus.CounterOpts{Name: "allot_schedule_stale_plans_total", Help: "Plans dropped because the state changed under them."}),
+		PendingGPU: prometheus.NewGauge(prometheus.GaugeOpts{Name: "allot_pending_gpu_hours", Help: "Pending work: sum of GPUs × time limit of pending jobs, in GPU-hours."}),
+		Pending:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "allot_pending_jobs", Help: "Pending jobs after the last cycle."}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.Duration, m.Started, m.Preempted, m.Stale, m.PendingGPU, m.Pending)
+	}
+	return m
+}
+
+// Scheduler runs scheduling cycles: load a snapshot, call the pure core,
+// apply the plan in one transaction.
+type Scheduler struct {
+	Store  *store.Store
+	Logger *slog.Logger
+	// CheckpointRoot is where checkpointable jobs get ALLOT_CHECKPOINT_DIR
+	// (a shared filesystem on a real cluster).
+	CheckpointRoot string
+	Metrics        *CycleMetrics
+}
+
+// CycleResult says what one cycle did.
+type CycleResult struct {
+	Ran     bool // false when another cycle held the lock
+	Pending int
+	store.ApplyResult
+}
+
+// Cycle runs one scheduling cycle.
+func (s *Scheduler) Cycle(ctx context.Context) (CycleResult, error) {
+	var res CycleResult
+	start := time.Now()
+	err := s.Store.InTx(ctx, func(tx *store.Store) error {
+		ok, err := tx.TryCycleLock(ctx)
+		if err != nil || !ok {
+			return err
+		}
+		res.Ran = true
+		st, err := tx.LoadSchedState(ctx)
+		if err != nil {
+			return err
+		}
+		snap, nodeNames := Snapshot(st)
+		plan := scheduler.Schedule(snap, st.Now, corePolicy(st.Policy))
+		starts, preempts, pending := s.orders(st, plan, nodeNames)
+		res.Pending = len(st.Pending) - len(starts)
+		if res.ApplyResult, err = tx.ApplyPlan(ctx, starts, preempts, pending); err != nil {
+			return err
+		}
+		if s.Metrics != nil {
+			var gpuSec float64
+			for _, j := range st.Pending {
+				gpuSec += float64(j.GPUs) * j.TimeLimit.Seconds()
+			}
+			s.Metrics.PendingGPU.Set(gpuSec / 3600)
+			s.Metrics.Pending.Set(float64(res.Pending))
+		}
+		return tx.RecordCycle(ctx, st.Now, time.Since(start), len(st.Pending), res.ApplyResult, "applied")
+	})
+	if s.Metrics != nil && res.Ran {
+		s.Metrics.Duration.Observe(time.Since(start).Seconds())
+		if err == nil {
+			s.Metrics.Started.Add(float64(res.Started))
+			s.Metrics.Preempted.Add(float64(res.Preempted))
+		} else if allot.ErrorCode(err) == allot.EConflict {
+			s.Metrics.Stale.Inc()
+		}
+	}
+	return res, err
+}
+
+func tierOf(t allot.TierID) scheduler.Tier {
+	if t == allot.TierPreemptible {
+		return scheduler.TierPreemptible
+	}
+	n, _ := strconv.Atoi(string(t))
+	return scheduler.Tier(n)
+}
+
+func tierID(t scheduler.Tier) allot.TierID {
+	if t == scheduler.TierPreemptible {
+		return allot.TierPreemptible
+	}
+	return allot.TierID(strconv.Itoa(int(t)))
+}
+
+func corePolicy(p allot.Policy) scheduler.Policy {
+	cp := scheduler.DefaultPolicy()
+	cp.WeightFairShare, cp.WeightSize, cp.WeightAge = float64(p.WeightFairShare), float64(p.WeightSize), float64(p.WeightAge)
+	cp.MaxAge, cp.HalfLife, cp.GracePeriod, cp.MinRuntime = p.MaxAge, p.HalfLife, p.GracePeriod, p.MinRuntime
+	return cp
+}
+
+func coreJob(j *allot.Job) scheduler.Job {
+	return scheduler.Job{ID: j.ID, Name: j.Name, Team: j.Team, User: j.User, Tier: tierOf(j.Tier), GPUs: j.GPUs, GPUType: j.GPUType,
+		GPUsPerNode: j.GPUsPerNode, TimeLimit: j.TimeLimit, Submit: j.SubmittedAt, Preemptible: j.Preemptible, Checkpointable: j.Checkpointable}
+}
+
+// Snapshot converts what the store loaded into the core's input, and
+// returns the node names by index.
+func Snapshot(st store.SchedState) (scheduler.Snapshot, []string) {
+	var snap scheduler.Snapshot
+	idx := map[string]int{}
+	names := make([]string, len(st.Nodes))
+	for i, n := range st.Nodes {
+		idx[n.Name], names[i] = i, n.Name
+		snap.Nodes = append(snap.Nodes, scheduler.Node{Name: n.Name, GPUType: n.GPUType, GPUs: n.GPUCount, Site: n.Site, Domain: n.Domain,
+			State: scheduler.NodeState(n.State)})
+	}
+	for _, h := range st.Held {
+		if i, ok := idx[h.Node]; ok {
+			snap.Nodes[i].Unavailable = append(snap.Nodes[i].Unavailable, h.GPUs...)
+		}
+	}
+	for i := range st.Running {
+		r := &st.Running[i]
+		j := coreJob(&r.Job)
+		j.Start = r.AllocStart
+		j.RunAs = tierOf(r.RunAs)
+		if r.RunAs == "" {
+			j.RunAs = j.Tier
+		}
+		for _, p := range r.Parts {
+			if n, ok := idx[p.Node]; ok {
+				j.Placement = append(j.Placement, scheduler.Slot{Node: n, GPUs: p.GPUs})
+			}
+		}
+		if !r.StopRequested.IsZero() {
+			j.Terminating, j.GraceEnd, j.PreemptedBy = true, r.StopRequested.Add(r.Grace), r.PreemptedBy
+		}
+		snap.Running = append(snap.Running, j)
+	}
+	for i := range st.Pending {
+		snap.Pending = append(snap.Pending, coreJob(&st.Pending[i]))
+	}
+	for _, t := range st.Teams {
+		g := map[string]int{}
+		for typ, n := range t.Guarantees {
+			g[typ] = n
+		}
+		budget := t.MonthlyBudgetGPUHours * 3600
+		over := budget > 0 && st.MonthUsed[t.Slug]*100 >= budget*int64(st.Policy.BudgetDemotePct)
+		snap.Teams = append(snap.Teams, scheduler.Team{Name: t.Slug, Weight: float64(t.FairShareWeight), Guarantee: g, Usage: st.Usage[t.Slug], OverBudget: over})
+	}
+	return snap, names
+}
+
+func breakdown(p scheduler.Priority) allot.PriorityBreakdown {
+	return allot.PriorityBreakdown{Class: int(p.Class), FairShare: p.FairShare, Size: p.Size, Age: p.Age}
+}
+
+// orders turns the plan into store writes, with each lease's environment.
+func (s *Scheduler) orders(st store.SchedState, plan scheduler.Plan, names []string) ([]store.StartOrder, []store.PreemptOrder, []store.PendingUpdate) {
+	jobs := map[int64]*allot.Job{}
+	for i := range st.Pending {
+		jobs[st.Pending[i].ID] = &st.Pending[i]
+	}
+	host := map[string]string{}
+	for _, n := range st.Nodes {
+		host[n.Name] = n.Hostname
+		if n.Hostname == "" {
+			host[n.Name] = n.Name
+		}
+	}
+	var starts []store.StartOrder
+	for _, p := range plan.Starts {
+		j := jobs[p.JobID]
+		if j == nil {
+			continue
+		}
+		o := store.StartOrder{JobID: j.ID, RunAs: tierID(p.RunAs), Priority: p.Priority.Total, Breakdown: breakdown(p.Priority)}
+		if j.Checkpointable {
+			o.CheckpointDir = strings.TrimRight(s.CheckpointRoot, "/") + fmt.Sprintf("/job-%d", j.ID)
+		}
+		master := host[names[p.Placement[0].Node]]
+		for rank, slot := range p.Placement {
+			env := map[string]string{}
+			for k, v := range j.Env {
+				env[k] = v
+			}
+			gpus := make([]string, len(slot.GPUs))
+			for i, g := range slot.GPUs {
+				gpus[i] = strconv.Itoa(g)
+			}
+			env["CUDA_VISIBLE_DEVICES"] = strings.Join(gpus, ",")
+			env["ALLOT_JOB_ID"] = strconv.FormatInt(j.ID, 10)
+			env["ALLOT_JOB_NAME"] = j.Name
+			env["ALLOT_TEAM"] = j.Team
+			env["ALLOT_TIER"] = string(o.RunAs)
+			env["ALLOT_SEGMENT"] = strconv.Itoa(j.Segment + 1)
+			if o.CheckpointDir != "" {
+				env["ALLOT_CHECKPOINT_DIR"] = o.CheckpointDir
+			}
+			env["MASTER_ADDR"] = master
+			env["MASTER_PORT"] = strconv.Itoa(29500 + int(j.ID%1000))
+			env["WORLD_SIZE"] = strconv.Itoa(j.GPUs)
+			env["NODE_RANK"] = strconv.Itoa(rank)
+			env["RANK"] = strconv.Itoa(rank)
+			env["ALLOT_NNODES"] = strconv.Itoa(len(p.Placement))
+			env["LOCAL_WORLD_SIZE"] = strconv.Itoa(len(slot.GPUs))
+			o.Parts = append(o.Parts, store.LeasePart{Node: names[slot.Node], Rank: rank, GPUs: slot.GPUs, Env: env})
+		}
+		starts = append(starts, o)
+	}
+	var preempts []store.PreemptOrder
+	for _, p := range plan.Preemptions {
+		preempts = append(preempts, store.PreemptOrder{JobID: p.JobID, By: p.By, Reason: p.Reason, Grace: st.Policy.GracePeriod})
+	}
+	pending := make([]store.PendingUpdate, 0, len(plan.Pending))
+	for _, p := range plan.Pending {
+		pending = append(pending, store.PendingUpdate{JobID: p.JobID, Priority: p.Priority.Total, Breakdown: breakdown(p.Priority), Reason: p.Reason})
+	}
+	return starts, preempts, pending
+}
+
+// ScheduleWorker works ScheduleArgs: cycles until no request arrived
+// during the last one.
+type ScheduleWorker struct {
+	river.WorkerDefaults[ScheduleArgs]
+	Scheduler *Scheduler
+}
+
+// Work runs cycles.
+func (w *ScheduleWorker) Work(ctx context.Context, _ *river.Job[ScheduleArgs]) error {
+	st := w.Scheduler.Store
+	for range 50 {
+		seen, err := st.LastScheduleRequest(ctx)
+		if err != nil {
+			return err
+		}
+		res, err := w.Scheduler.Cycle(ctx)
+		if code := allot.ErrorCode(err); code == allot.EConflict || code == allot.EUnavailable {
+			w.Scheduler.Logger.Info("scheduling plan was stale; retrying", "err", err)
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if !res.Ran {
+			return nil // another worker's cycle is running and will see our requests
+		}
+		now, err := st.LastScheduleRequest(ctx)
+		if err != nil {
+			return err
+		}
+		if now == seen {
+			return nil
+		}
+	}
+	return errors.New("scheduling requests kept arriving for 50 cycles in a row")
+}

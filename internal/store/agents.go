@@ -1,0 +1,608 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/allotlabs/allot/internal/allot"
+	"github.com/jackc/pgx/v5"
+)
+
+// NodeTokenPrefix starts every node token.
+const NodeTokenPrefix = "allot_node_"
+
+// OrdersChannel is the PostgreSQL NOTIFY channel that wakes the agents'
+// long polls; the payload is the node name.
+const OrdersChannel = "allot_orders"
+
+// CreateNodeToken makes a token for an agent on node and returns its
+// plaintext (shown once). The node must exist.
+func (s *Store) CreateNodeToken(ctx context.Context, node, createdBy string) (string, error) {
+	var exists bool
+	if err := s.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM nodes WHERE name = $1)`, node).Scan(&exists); err != nil {
+		return "", mapErr("checking node", err)
+	}
+	if !exists {
+		return "", (allot.FieldErrors{"node": fmt.Sprintf("unknown node %q: add it first (allot node add)", node)}).Err()
+	}
+	secret := NodeTokenPrefix + randomSecret()
+	_, err := s.db.Exec(ctx, `INSERT INTO node_tokens (node, prefix, token_hash, created_by) VALUES ($1, $2, $3, $4)`,
+		node, secret[:len(NodeTokenPrefix)+6], hashSecret(secret), createdBy)
+	return secret, mapErr("creating node token", err)
+}
+
+// RevokeNodeTokens revokes node's tokens made by createdBy.
+func (s *Store) RevokeNodeTokens(ctx context.Context, node, createdBy string) error {
+	_, err := s.db.Exec(ctx, `UPDATE node_tokens SET revoked_at = now() WHERE node = $1 AND created_by = $2 AND revoked_at IS NULL`, node, createdBy)
+	return mapErr("revoking node tokens", err)
+}
+
+// NodeByToken returns the node a valid node token belongs to.
+func (s *Store) NodeByToken(ctx context.Context, secret string) (string, error) {
+	var node string
+	err := s.db.QueryRow(ctx, `SELECT node FROM node_tokens WHERE token_hash = $1 AND revoked_at IS NULL`, hashSecret(secret)).Scan(&node)
+	if err == pgx.ErrNoRows {
+		return "", allot.Errorf(allot.EUnauthorized, "invalid or revoked node token")
+	}
+	return node, mapErr("checking node token", err)
+}
+
+// NodeGPU is one GPU of a node's inventory.
+type NodeGPU struct {
+	Index       int
+	UUID        string
+	Model       string
+	MemoryMiB   int64
+	NVLinkPeers []int
+}
+
+// NodeInventory is what an agent reports at registration.
+type NodeInventory struct {
+	Hostname, AgentVersion, Backend, Driver, Domain string
+	GPUs                                            []NodeGPU
+	Running                                         []LeaseRef // jobs the agent still runs
+}
+
+// LeaseRef names one node's part of one run segment of a job.
+type LeaseRef struct {
+	JobID   int64
+	Segment int
+}
+
+func notify(ctx context.Context, db DBTX, nodes ...string) error {
+	for _, n := range nodes {
+		if _, err := db.Exec(ctx, `SELECT pg_notify($1, $2)`, OrdersChannel, n); err != nil {
+			return mapErr("notifying node", err)
+		}
+	}
+	return nil
+}
+
+// RegisterNode records an agent's inventory, brings a down node up, makes
+// every open order be sent again, and returns the jobs the agent reported
+// running that the server no longer runs there (the agent stops them).
+func (s *Store) RegisterNode(ctx context.Context, node string, inv NodeInventory) ([]int64, error) {
+	f := allot.FieldErrors{}
+	if len(inv.GPUs) == 0 || len(inv.GPUs) > allot.MaxGPUsPerNode {
+		f.Add("gpus", "must list 1 to %d GPUs", allot.MaxGPUsPerNode)
+	}
+	seen := map[int]bool{}
+	for _, g := range inv.GPUs {
+		if g.Index < 0 || g.Index >= len(inv.GPUs) || seen[g.Index] {
+			f.Add("gpus", "GPU indices must be 0..%d, each once", len(inv.GPUs)-1)
+		}
+		seen[g.Index] = true
+	}
+	if err := f.Err(); err != nil {
+		return nil, err
+	}
+	var unknown []int64
+	err := s.InTx(ctx, func(tx *Store) error {
+		now := tx.Now()
+		_, err := tx.db.Exec(ctx, `
+			UPDATE nodes SET hostname = $2, agent_version = $3, gpu_backend = $4, driver_version = $5, registered_at = $6,
+				last_heartbeat = $6, gpu_count = $7, domain = CASE WHEN $8 = '' THEN domain ELSE $8 END,
+				state = CASE WHEN state = 'down' THEN 'up' ELSE state END,
+				state_reason = CASE WHEN state = 'down' THEN '' ELSE state_reason END
+			WHERE name = $1`, node, inv.Hostname, inv.AgentVersion, inv.Backend, inv.Driver, now, len(inv.GPUs), inv.Domain)
+		if err != nil {
+			return mapErr("registering node", err)
+		}
+		if _, err := tx.db.Exec(ctx, `DELETE FROM node_gpus WHERE node = $1`, node); err != nil {
+			return mapErr("registering node", err)
+		}
+		for _, g := range inv.GPUs {
+			peers := g.NVLinkPeers
+			if peers == nil {
+				peers = []int{}
+			}
+			if _, err := tx.db.Exec(ctx, `INSERT INTO node_gpus (node, gpu_index, uuid, model, memory_mib, nvlink_peers) VALUES ($1, $2, $3, $4, $5, $6)`,
+				node, g.Index, g.UUID, g.Model, g.MemoryMiB, peers); err != nil {
+				return mapErr("registering node GPUs", err)
+			}
+		}
+		if _, err := tx.db.Exec(ctx, `UPDATE leases SET offer_sent_at = NULL, start_sent_at = NULL, stop_sent_at = NULL WHERE node = $1 AND state <> 'exited'`, node); err != nil {
+			return mapErr("registering node", err)
+		}
+		for _, r := range inv.Running {
+			var state string
+			err := tx.db.QueryRow(ctx, `SELECT state FROM leases WHERE job_id = $1 AND segment = $2 AND node = $3`, r.JobID, r.Segment, node).Scan(&state)
+			switch {
+			case err == pgx.ErrNoRows || state == "exited" || state == "offered":
+				unknown = append(unknown, r.JobID)
+			case err != nil:
+				return mapErr("registering node", err)
+			case state == "taken":
+				if _, err := tx.db.Exec(ctx, `UPDATE leases SET state = 'running', started_at = $4 WHERE job_id = $1 AND segment = $2 AND node = $3`,
+					r.JobID, r.Segment, node, now); err != nil {
+					return mapErr("registering node", err)
+				}
+			}
+		}
+		return notify(ctx, tx.db, node)
+	})
+	return unknown, err
+}
+
+// GPUSample is one GPU's reading in a heartbeat.
+type GPUSample struct {
+	Index                      int
+	UtilPct, TempC, PowerW     float64
+	MemUsedMiB, MemTotalMiB    int64
+	ECCSingle, ECCDouble, XIDs int64
+	ThrottleReasons            uint64
+}
+
+// Heartbeat records that node is alive and stores its GPU samples,
+// attributed to the jobs holding the GPUs. It returns the node's state. A
+// node marked down must register again (ENotFound).
+func (s *Store) Heartbeat(ctx context.Context, node string, samples []GPUSample) (string, error) {
+	now := s.Now()
+	var state string
+	err := s.db.QueryRow(ctx, `UPDATE nodes SET last_heartbeat = $2 WHERE name = $1 AND state <> 'down' AND registered_at IS NOT NULL RETURNING state`, node, now).Scan(&state)
+	if err == pgx.ErrNoRows {
+		return "", allot.Errorf(allot.ENotFound, "node %s is not registered (or was marked down): register again", node)
+	}
+	if err != nil {
+		return "", mapErr("recording heartbeat", err)
+	}
+	if len(samples) == 0 {
+		return state, nil
+	}
+	n := len(samples)
+	idx, util, temp, power := make([]int32, n), make([]float32, n), make([]float32, n), make([]float32, n)
+	used, total, sbe, dbe, thr, xid := make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
+	for i, g := range samples {
+		idx[i], util[i], temp[i], power[i] = int32(g.Index), float32(g.UtilPct), float32(g.TempC), float32(g.PowerW)
+		used[i], total[i], sbe[i], dbe[i], thr[i], xid[i] = g.MemUsedMiB, g.MemTotalMiB, g.ECCSingle, g.ECCDouble, int64(g.ThrottleReasons), g.XIDs
+	}
+	_, err = s.db.Exec(ctx, `
+		INSERT INTO gpu_samples (node, gpu_index, at, job_id, util_pct, mem_used_mib, mem_total_mib, temp_c, power_w, ecc_sbe_vol, ecc_dbe_vol, throttle_reasons, xid_errors)
+		SELECT $1, s.i, $2, a.job_id, s.u, s.mu, s.mt, s.t, s.p, s.sbe, s.dbe, s.thr, s.xid
+		FROM unnest($3::int[], $4::real[], $5::bigint[], $6::bigint[], $7::real[], $8::real[], $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[])
+			AS s(i, u, mu, mt, t, p, sbe, dbe, thr, xid)
+		LEFT JOIN allocations a ON a.node = $1 AND a.gpu_index = s.i AND a.released_at IS NULL`,
+		node, now, idx, util, used, total, temp, power, sbe, dbe, thr, xid)
+	return state, mapErr("recording GPU samples", err)
+}
+
+// Lease is an order for an agent: run this part of a job.
+type Lease struct {
+	JobID         int64
+	Segment       int
+	Team          string
+	Command       []string
+	Env           map[string]string
+	WorkDir       string
+	GPUs          []int
+	TimeLimit     time.Duration
+	CheckpointDir string
+}
+
+// StopOrder tells an agent to stop a job.
+type StopOrder struct {
+	JobID   int64
+	Segment int
+	Grace   time.Duration
+	Reason  string
+}
+
+// Orders are what an agent must do.
+type Orders struct {
+	Offer []Lease
+	Start []LeaseRef
+	Stop  []StopOrder
+}
+
+// Empty reports whether there is nothing to do.
+func (o *Orders) Empty() bool { return len(o.Offer) == 0 && len(o.Start) == 0 && len(o.Stop) == 0 }
+
+// TakeOrders returns node's unsent orders and marks them sent.
+func (s *Store) TakeOrders(ctx context.Context, node string) (Orders, error) {
+	var o Orders
+	err := s.InTx(ctx, func(tx *Store) error {
+		now := tx.Now()
+		rows, err := tx.db.Query(ctx, `
+			UPDATE leases l SET offer_sent_at = $2
+			FROM jobs j WHERE j.id = l.job_id AND l.node = $1 AND l.state = 'offered' AND l.offer_sent_at IS NULL
+			RETURNING l.job_id, l.segment, j.team, j.command, l.env, j.workdir, l.gpu_indices, j.time_limit_s, j.checkpoint_dir`, node, now)
+		if err != nil {
+			return mapErr("loading offers", err)
+		}
+		o.Offer, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Lease, error) {
+			var l Lease
+			var env []byte
+			var gpus []int32
+			var limit int64
+			err := r.Scan(&l.JobID, &l.Segment, &l.Team, &l.Command, &env, &l.WorkDir, &gpus, &limit, &l.CheckpointDir)
+			if err != nil {
+				return l, err
+			}
+			for _, g := range gpus {
+				l.GPUs = append(l.GPUs, int(g))
+			}
+			l.TimeLimit = time.Duration(limit) * time.Second
+			return l, json.Unmarshal(env, &l.Env)
+		})
+		if err != nil {
+			return mapErr("loading offers", err)
+		}
+		rows, err = tx.db.Query(ctx, `
+			UPDATE leases l SET start_sent_at = $2
+			WHERE l.node = $1 AND l.state = 'taken' AND l.start_sent_at IS NULL AND l.stop_requested_at IS NULL
+				AND NOT EXISTS (SELECT 1 FROM leases o WHERE o.job_id = l.job_id AND o.segment = l.segment AND o.state = 'offered')
+			RETURNING l.job_id, l.segment`, node, now)
+		if err != nil {
+			return mapErr("loading starts", err)
+		}
+		o.Start, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (LeaseRef, error) {
+			var l LeaseRef
+			return l, r.Scan(&l.JobID, &l.Segment)
+		})
+		if err != nil {
+			return mapErr("loading starts", err)
+		}
+		rows, err = tx.db.Query(ctx, `
+			UPDATE leases SET stop_sent_at = $2
+			WHERE node = $1 AND state IN ('taken', 'running') AND stop_requested_at IS NOT NULL AND stop_sent_at IS NULL
+			RETURNING job_id, segment, coalesce(stop_grace_s, 0), stop_reason`, node, now)
+		if err != nil {
+			return mapErr("loading stops", err)
+		}
+		o.Stop, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (StopOrder, error) {
+			var st StopOrder
+			var grace int64
+			err := r.Scan(&st.JobID, &st.Segment, &grace, &st.Reason)
+			st.Grace = time.Duration(grace) * time.Second
+			return st, err
+		})
+		return mapErr("loading stops", err)
+	})
+	return o, err
+}
+
+// lockLease loads one lease's state for update.
+func (s *Store) lockLease(ctx context.Context, node string, r LeaseRef) (string, error) {
+	var state string
+	err := s.db.QueryRow(ctx, `SELECT state FROM leases WHERE job_id = $1 AND segment = $2 AND node = $3 FOR UPDATE`, r.JobID, r.Segment, node).Scan(&state)
+	if err == pgx.ErrNoRows {
+		return "", allot.Errorf(allot.ENotFound, "node %s holds no lease for job %d segment %d", node, r.JobID, r.Segment)
+	}
+	return state, mapErr("loading lease", err)
+}
+
+// TakeLease records that node's agent is ready to run its part. When every
+// lease of the gang is taken, all its nodes are told to start.
+func (s *Store) TakeLease(ctx context.Context, node string, r LeaseRef) error {
+	return s.InTx(ctx, func(tx *Store) error {
+		if _, err := tx.db.Exec(ctx, `SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE`, r.JobID); err != nil {
+			return mapErr("locking job", err)
+		}
+		state, err := tx.lockLease(ctx, node, r)
+		if err != nil {
+			return err
+		}
+		switch state {
+		case "taken", "running":
+			return nil // already taken: idempotent
+		case "exited":
+			return allot.Errorf(allot.EConflict, "the lease for job %d segment %d has ended", r.JobID, r.Segment)
+		}
+		if _, err := tx.db.Exec(ctx, `UPDATE leases SET state = 'taken', taken_at = $4 WHERE job_id = $1 AND segment = $2 AND node = $3`,
+			r.JobID, r.Segment, node, tx.Now()); err != nil {
+			return mapErr("taking lease", err)
+		}
+		var nodes []string
+		err = tx.db.QueryRow(ctx, `
+			SELECT CASE WHEN bool_and(state <> 'offered') THEN array_agg(node ORDER BY rank) ELSE '{}' END
+			FROM leases WHERE job_id = $1 AND segment = $2`, r.JobID, r.Segment).Scan(&nodes)
+		if err != nil {
+			return mapErr("taking lease", err)
+		}
+		return notify(ctx, tx.db, nodes...)
+	})
+}
+
+// LeaseStarted records that the job's process runs on node.
+func (s *Store) LeaseStarted(ctx context.Context, node string, r LeaseRef, pid int) error {
+	return s.InTx(ctx, func(tx *Store) error {
+		state, err := tx.lockLease(ctx, node, r)
+		if err != nil {
+			return err
+		}
+		switch state {
+		case "running":
+			return nil
+		case "offered":
+			return allot.Errorf(allot.EConflict, "job %d segment %d: start before the lease was taken", r.JobID, r.Segment)
+		case "exited":
+			return allot.Errorf(allot.EConflict, "the lease for job %d segment %d has ended", r.JobID, r.Segment)
+		}
+		_, err = tx.db.Exec(ctx, `UPDATE leases SET state = 'running', started_at = $4, pid = $5 WHERE job_id = $1 AND segment = $2 AND node = $3`,
+			r.JobID, r.Segment, node, tx.Now(), pid)
+		return mapErr("recording start", err)
+	})
+}
+
+// LeaseExit is how one node's part of a job ended.
+type LeaseExit struct {
+	ExitCode int
+	Signal   string
+	Reason   string
+	Message  string
+	At       time.Time
+}
+
+// LeaseExited records the end of node's part of a job, releases its GPUs,
+// and when the whole gang has ended, finishes the job: completed, failed,
+// or back to pending after a preemption. It is idempotent. It reports
+// whether the job's state changed (so a scheduling cycle is worth running).
+func (s *Store) LeaseExited(ctx context.Context, node string, r LeaseRef, ex LeaseExit) (bool, error) {
+	changed := false
+	err := s.InTx(ctx, func(tx *Store) error {
+		// Lock the job first: the exits of a gang's members, cancels and
+		// cycles then take locks in one order and never deadlock.
+		if _, err := tx.db.Exec(ctx, `SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE`, r.JobID); err != nil {
+			return mapErr("locking job", err)
+		}
+		state, err := tx.lockLease(ctx, node, r)
+		if err != nil || state == "exited" {
+			return err
+		}
+		now := tx.Now()
+		at := ex.At
+		var offered time.Time
+		if err := tx.db.QueryRow(ctx, `SELECT offered_at FROM leases WHERE job_id = $1 AND segment = $2 AND node = $3`, r.JobID, r.Segment, node).Scan(&offered); err != nil {
+			return mapErr("loading lease", err)
+		}
+		if at.IsZero() || at.After(now) {
+			at = now
+		}
+		if at.Before(offered) {
+			at = offered
+		}
+		_, err = tx.db.Exec(ctx, `
+			UPDATE leases SET state = 'exited', exited_at = $4, exit_code = $5, exit_signal = $6, exit_reason = $7
+			WHERE job_id = $1 AND segment = $2 AND node = $3`, r.JobID, r.Segment, node, at, ex.ExitCode, ex.Signal, ex.Reason)
+		if err != nil {
+			return mapErr("recording exit", err)
+		}
+		if err := tx.releaseAllocations(ctx, r.JobID, node, at); err != nil {
+			return err
+		}
+		if ex.Reason == "start_failed" && ex.Message != "" {
+			if err := tx.appendLog(ctx, r.JobID, []string{"allot: " + ex.Message}); err != nil {
+				return err
+			}
+		}
+		changed, err = tx.finishSegment(ctx, r, ex)
+		return err
+	})
+	return changed, err
+}
+
+func (s *Store) releaseAllocations(ctx context.Context, jobID int64, node string, at time.Time) error {
+	_, err := s.db.Exec(ctx, `UPDATE allocations SET released_at = greatest($3, started_at) WHERE job_id = $1 AND node = $2 AND released_at IS NULL`,
+		jobID, node, at)
+	return mapErr("releasing allocations", err)
+}
+
+// finishSegment settles a job after one of its leases exited.
+func (s *Store) finishSegment(ctx context.Context, r LeaseRef, ex LeaseExit) (bool, error) {
+	var open []string
+	var preempted bool
+	var firstBad int
+	var badReason string
+	err := s.db.QueryRow(ctx, `
+		SELECT coalesce(array_agg(node) FILTER (WHERE state <> 'exited'), '{}'),
+			coalesce(bool_or(stop_reason = 'preempted'), false),
+			coalesce((array_agg(exit_code ORDER BY exited_at) FILTER (WHERE state = 'exited' AND exit_code <> 0))[1], 0),
+			coalesce((array_agg(coalesce(nullif(exit_reason, ''), nullif(stop_reason, ''), '')) FILTER (WHERE state = 'exited' AND (exit_code <> 0 OR exit_reason <> '')))[1], '')
+		FROM leases WHERE job_id = $1 AND segment = $2`, r.JobID, r.Segment).Scan(&open, &preempted, &firstBad, &badReason)
+	if err != nil {
+		return false, mapErr("settling job", err)
+	}
+	var state string
+	var seg int
+	if err := s.db.QueryRow(ctx, `SELECT state, segment FROM jobs WHERE id = $1 FOR UPDATE`, r.JobID).Scan(&state, &seg); err != nil {
+		return false, mapErr("settling job", err)
+	}
+	if state != string(allot.JobRunning) || seg != r.Segment {
+		return false, nil // cancelled, lost or already requeued: only the GPUs mattered
+	}
+	now := s.Now()
+	if len(open) > 0 {
+		// A gang member ended on its own: stop the others.
+		if !preempted && (ex.ExitCode != 0 || ex.Reason != "") {
+			if err := s.requestStop(ctx, r.JobID, r.Segment, "gang_member_failed", 30*time.Second); err != nil {
+				return false, err
+			}
+		}
+		return false, nil
+	}
+	switch {
+	case preempted:
+		_, err = s.db.Exec(ctx, `UPDATE jobs SET state = 'pending', preemptions = preemptions + 1, updated_at = $2,
+			pending_reason = 'requeued after preemption; waiting for the next scheduling cycle' WHERE id = $1`, r.JobID, now)
+	case firstBad == 0 && badReason == "":
+		_, err = s.db.Exec(ctx, `UPDATE jobs SET state = 'completed', exit_code = 0, ended_at = $2, updated_at = $2 WHERE id = $1`, r.JobID, now)
+	default:
+		if badReason == "" {
+			badReason = fmt.Sprintf("exit code %d", firstBad)
+		}
+		_, err = s.db.Exec(ctx, `UPDATE jobs SET state = 'failed', exit_code = $2, end_reason = $3, ended_at = $4, updated_at = $4 WHERE id = $1`,
+			r.JobID, firstBad, badReason, now)
+	}
+	return true, mapErr("settling job", err)
+}
+
+// requestStop asks every unfinished lease of a job segment to stop. Leases
+// not started yet end at once.
+func (s *Store) requestStop(ctx context.Context, jobID int64, segment int, reason string, grace time.Duration) error {
+	now := s.Now()
+	var nodes []string
+	err := s.db.QueryRow(ctx, `
+		WITH u AS (
+			UPDATE leases SET stop_requested_at = $3, stop_reason = $4, stop_grace_s = $5
+			WHERE job_id = $1 AND segment = $2 AND state IN ('taken', 'running') AND stop_requested_at IS NULL
+			RETURNING node)
+		SELECT coalesce(array_agg(node), '{}') FROM u`, jobID, segment, now, reason, int64(grace/time.Second)).Scan(&nodes)
+	if err != nil {
+		return mapErr("requesting stop", err)
+	}
+	var unstarted []string
+	err = s.db.QueryRow(ctx, `
+		WITH u AS (
+			UPDATE leases SET state = 'exited', exited_at = $3, exit_code = -1, stop_reason = $4, exit_reason = $4
+			WHERE job_id = $1 AND segment = $2 AND state = 'offered'
+			RETURNING node)
+		SELECT coalesce(array_agg(node), '{}') FROM u`, jobID, segment, now, reason).Scan(&unstarted)
+	if err != nil {
+		return mapErr("requesting stop", err)
+	}
+	for _, n := range unstarted {
+		if err := s.releaseAllocations(ctx, jobID, n, now); err != nil {
+			return err
+		}
+	}
+	return notify(ctx, s.db, append(nodes, unstarted...)...)
+}
+
+// AppendLog adds lines to the tail of a job's log (the last 200 are kept).
+// Only a node holding a lease of the job may write it.
+func (s *Store) AppendLog(ctx context.Context, node string, r LeaseRef, lines []string) error {
+	if _, err := s.lockLeaseNoUpdate(ctx, node, r); err != nil {
+		return err
+	}
+	return s.appendLog(ctx, r.JobID, lines)
+}
+
+func (s *Store) lockLeaseNoUpdate(ctx context.Context, node string, r LeaseRef) (string, error) {
+	var state string
+	err := s.db.QueryRow(ctx, `SELECT state FROM leases WHERE job_id = $1 AND segment = $2 AND node = $3`, r.JobID, r.Segment, node).Scan(&state)
+	if err == pgx.ErrNoRows {
+		return "", allot.Errorf(allot.ENotFound, "node %s holds no lease for job %d segment %d", node, r.JobID, r.Segment)
+	}
+	return state, mapErr("loading lease", err)
+}
+
+// LogTailLines is how many lines of a job's output the server keeps.
+const LogTailLines = 200
+
+func (s *Store) appendLog(ctx context.Context, jobID int64, lines []string) error {
+	if len(lines) == 0 {
+		return nil
+	}
+	if len(lines) > LogTailLines {
+		lines = lines[len(lines)-LogTailLines:]
+	}
+	_, err := s.db.Exec(ctx, `
+		UPDATE jobs SET log_tail = (log_tail || $2::text[])[greatest(1, cardinality(log_tail) + cardinality($2::text[]) - $3 + 1):]
+		WHERE id = $1`, jobID, lines, LogTailLines)
+	return mapErr("appending log", err)
+}
+
+// JobLog returns the kept tail of a job's output.
+func (s *Store) JobLog(ctx context.Context, jobID int64) ([]string, error) {
+	var lines []string
+	err := s.db.QueryRow(ctx, `SELECT log_tail FROM jobs WHERE id = $1`, jobID).Scan(&lines)
+	return lines, mapErr(fmt.Sprintf("loading log of job %d", jobID), err)
+}
+
+// MarkLostNodes marks down every node that has sent no heartbeat since
+// before cutoff. Its unfinished leases end at the last heartbeat (usage is
+// billed up to then); checkpointable jobs go back to the queue, others fail
+// with reason node_lost. It returns the nodes it marked down.
+func (s *Store) MarkLostNodes(ctx context.Context, cutoff time.Time) ([]string, error) {
+	var lost []string
+	err := s.InTx(ctx, func(tx *Store) error {
+		rows, err := tx.db.Query(ctx, `
+			UPDATE nodes SET state = 'down', state_reason = 'no heartbeat since ' || to_char(last_heartbeat AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS UTC')
+			WHERE state IN ('up', 'draining', 'drained') AND registered_at IS NOT NULL AND last_heartbeat < $1
+			RETURNING name, last_heartbeat`, cutoff)
+		if err != nil {
+			return mapErr("marking lost nodes", err)
+		}
+		type nodeHB struct {
+			name string
+			hb   time.Time
+		}
+		nodes, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (nodeHB, error) {
+			var n nodeHB
+			return n, r.Scan(&n.name, &n.hb)
+		})
+		if err != nil {
+			return mapErr("marking lost nodes", err)
+		}
+		now := tx.Now()
+		for _, n := range nodes {
+			lost = append(lost, n.name)
+			rows, err := tx.db.Query(ctx, `
+				UPDATE leases SET state = 'exited', exited_at = greatest($2, offered_at), exit_code = -1, exit_reason = 'node_lost'
+				WHERE node = $1 AND state <> 'exited' RETURNING job_id, segment`, n.name, n.hb)
+			if err != nil {
+				return mapErr("ending leases of lost node", err)
+			}
+			refs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (LeaseRef, error) {
+				var l LeaseRef
+				return l, r.Scan(&l.JobID, &l.Segment)
+			})
+			if err != nil {
+				return mapErr("ending leases of lost node", err)
+			}
+			for _, r := range refs {
+				if err := tx.releaseAllocations(ctx, r.JobID, n.name, n.hb); err != nil {
+					return err
+				}
+				var checkpointable bool
+				var state string
+				if err := tx.db.QueryRow(ctx, `SELECT state, checkpointable FROM jobs WHERE id = $1 AND segment = $2 FOR UPDATE`, r.JobID, r.Segment).Scan(&state, &checkpointable); err != nil {
+					if err == pgx.ErrNoRows {
+						continue
+					}
+					return mapErr("settling job of lost node", err)
+				}
+				if state != string(allot.JobRunning) {
+					continue
+				}
+				// running → lost → pending|failed, in one transaction.
+				if checkpointable {
+					_, err = tx.db.Exec(ctx, `UPDATE jobs SET state = 'pending', updated_at = $2,
+						pending_reason = 'requeued: node ' || $3 || ' stopped answering' WHERE id = $1`, r.JobID, now, n.name)
+				} else {
+					_, err = tx.db.Exec(ctx, `UPDATE jobs SET state = 'failed', end_reason = 'node_lost', ended_at = $2, updated_at = $2 WHERE id = $1`, r.JobID, now)
+				}
+				if err != nil {
+					return mapErr("settling job of lost node", err)
+				}
+				if err := tx.requestStop(ctx, r.JobID, r.Segment, "node_lost", 30*time.Second); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	return lost, err
+}

@@ -1,0 +1,320 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/allotlabs/allot/internal/allot"
+	"github.com/jackc/pgx/v5"
+)
+
+// cycleLock is the advisory lock that makes scheduling cycles run one at a
+// time across every worker process.
+const cycleLock = 7_401_223_010
+
+// TryCycleLock takes the scheduling-cycle lock for the current transaction.
+// It returns false when another cycle holds it.
+func (s *Store) TryCycleLock(ctx context.Context) (bool, error) {
+	var ok bool
+	err := s.db.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1)`, cycleLock).Scan(&ok)
+	return ok, mapErr("taking the cycle lock", err)
+}
+
+// RequestSchedule records a request for a scheduling cycle and returns its
+// number.
+func (s *Store) RequestSchedule(ctx context.Context) (int64, error) {
+	var n int64
+	err := s.db.QueryRow(ctx, `SELECT nextval('schedule_requests')`).Scan(&n)
+	return n, mapErr("requesting a scheduling cycle", err)
+}
+
+// LastScheduleRequest returns the number of the newest request.
+func (s *Store) LastScheduleRequest(ctx context.Context) (int64, error) {
+	var n int64
+	var called bool
+	err := s.db.QueryRow(ctx, `SELECT last_value, is_called FROM schedule_requests`).Scan(&n, &called)
+	if !called {
+		n = 0
+	}
+	return n, mapErr("reading schedule requests", err)
+}
+
+// NodeGPUs is a set of GPUs on one node.
+type NodeGPUs struct {
+	Node string
+	GPUs []int
+}
+
+// RunningJob is a running job with where it runs and whether it is being
+// stopped.
+type RunningJob struct {
+	allot.Job
+	RunAs         allot.TierID
+	Parts         []NodeGPUs
+	AllocStart    time.Time // when this segment's GPUs were allocated
+	StopRequested time.Time // zero unless a stop (preemption, cancel) is under way
+	Grace         time.Duration
+	PreemptedBy   int64
+}
+
+// SchedState is everything a scheduling cycle reads, loaded in one
+// transaction.
+type SchedState struct {
+	Now       time.Time
+	Policy    allot.Policy
+	Nodes     []allot.Node
+	Teams     []allot.Team
+	Usage     map[string]float64 // decayed GPU-seconds by team
+	MonthUsed map[string]int64   // GPU-seconds this month by team
+	Running   []RunningJob
+	Pending   []allot.Job
+	// Held are GPUs in active allocations of jobs that no longer run
+	// (their processes are still stopping); nobody may take them.
+	Held []NodeGPUs
+}
+
+// LoadSchedState reads the cluster, queue, usage and policy.
+func (s *Store) LoadSchedState(ctx context.Context) (SchedState, error) {
+	st := SchedState{Now: s.Now(), Usage: map[string]float64{}, MonthUsed: map[string]int64{}}
+	var err error
+	if st.Policy, err = s.CurrentPolicy(ctx); err != nil {
+		return st, err
+	}
+	if st.Nodes, err = s.ListNodes(ctx); err != nil {
+		return st, err
+	}
+	if st.Teams, err = s.ListTeams(ctx); err != nil {
+		return st, err
+	}
+	rows, err := s.db.Query(ctx, `SELECT team, gpu_seconds FROM team_usage`)
+	if err != nil {
+		return st, mapErr("loading usage", err)
+	}
+	var team string
+	var used float64
+	if _, err := pgx.ForEachRow(rows, []any{&team, &used}, func() error { st.Usage[team] = used; return nil }); err != nil {
+		return st, mapErr("loading usage", err)
+	}
+	for _, t := range st.Teams {
+		if st.MonthUsed[t.Slug], err = s.TeamMonthUsage(ctx, t.Slug); err != nil {
+			return st, err
+		}
+	}
+	if st.Pending, err = s.ListJobs(ctx, JobFilter{State: allot.JobPending, Limit: -1}); err != nil {
+		return st, err
+	}
+	running, err := s.ListJobs(ctx, JobFilter{State: allot.JobRunning, Limit: -1})
+	if err != nil {
+		return st, err
+	}
+	byID := map[int64]int{}
+	for _, j := range running {
+		byID[j.ID] = len(st.Running)
+		st.Running = append(st.Running, RunningJob{Job: j})
+	}
+	rows, err = s.db.Query(ctx, `
+		SELECT a.job_id, a.node, array_agg(a.gpu_index ORDER BY a.gpu_index), min(a.started_at), j.state = 'running' AND a.segment = j.segment
+		FROM allocations a JOIN jobs j ON j.id = a.job_id
+		WHERE a.released_at IS NULL GROUP BY a.job_id, a.node, j.state, a.segment, j.segment ORDER BY a.job_id, a.node`)
+	if err != nil {
+		return st, mapErr("loading allocations", err)
+	}
+	var jobID int64
+	var node string
+	var gpus []int32
+	var started time.Time
+	var live bool
+	_, err = pgx.ForEachRow(rows, []any{&jobID, &node, &gpus, &started, &live}, func() error {
+		p := NodeGPUs{Node: node}
+		for _, g := range gpus {
+			p.GPUs = append(p.GPUs, int(g))
+		}
+		i, ok := byID[jobID]
+		if !live || !ok {
+			st.Held = append(st.Held, p)
+			return nil
+		}
+		st.Running[i].Parts = append(st.Running[i].Parts, p)
+		st.Running[i].AllocStart = started
+		return nil
+	})
+	if err != nil {
+		return st, mapErr("loading allocations", err)
+	}
+	rows, err = s.db.Query(ctx, `
+		SELECT l.job_id, min(l.stop_requested_at), coalesce(max(l.stop_grace_s), 0), coalesce(max(l.preempted_by), 0)
+		FROM leases l JOIN jobs j ON j.id = l.job_id AND j.segment = l.segment AND j.state = 'running'
+		WHERE l.stop_requested_at IS NOT NULL GROUP BY l.job_id`)
+	if err != nil {
+		return st, mapErr("loading stops", err)
+	}
+	var stopAt time.Time
+	var grace, by int64
+	_, err = pgx.ForEachRow(rows, []any{&jobID, &stopAt, &grace, &by}, func() error {
+		if i, ok := byID[jobID]; ok {
+			st.Running[i].StopRequested, st.Running[i].Grace, st.Running[i].PreemptedBy = stopAt, time.Duration(grace)*time.Second, by
+		}
+		return nil
+	})
+	if err != nil {
+		return st, mapErr("loading stops", err)
+	}
+	for i := range st.Running {
+		st.Running[i].RunAs = st.Running[i].Job.RunAs
+	}
+	return st, nil
+}
+
+// LeasePart is one node's share of a job start.
+type LeasePart struct {
+	Node string
+	Rank int
+	GPUs []int
+	Env  map[string]string
+}
+
+// StartOrder starts a pending job on exactly these GPUs.
+type StartOrder struct {
+	JobID         int64
+	Parts         []LeasePart
+	RunAs         allot.TierID
+	Priority      float64
+	Breakdown     allot.PriorityBreakdown
+	CheckpointDir string
+}
+
+// PreemptOrder stops a running job so it goes back to the queue.
+type PreemptOrder struct {
+	JobID  int64
+	By     int64
+	Reason string
+	Grace  time.Duration
+}
+
+// PendingUpdate stores why a job still waits.
+type PendingUpdate struct {
+	JobID     int64
+	Priority  float64
+	Breakdown allot.PriorityBreakdown
+	Reason    string
+}
+
+// ApplyResult counts what a plan did.
+type ApplyResult struct {
+	Started, Preempted, Skipped int
+}
+
+// ApplyPlan writes a cycle's decisions. It must run in the transaction that
+// holds the cycle lock. A start whose job is no longer pending is skipped;
+// a GPU that is already taken, or a node that is not up, aborts the whole
+// plan with EConflict (it was built on stale state; the next cycle retries).
+func (s *Store) ApplyPlan(ctx context.Context, starts []StartOrder, preempts []PreemptOrder, pending []PendingUpdate) (ApplyResult, error) {
+	var res ApplyResult
+	now := s.Now()
+	for _, st := range starts {
+		bd, _ := json.Marshal(st.Breakdown)
+		var seg int
+		err := s.db.QueryRow(ctx, `
+			UPDATE jobs SET state = 'running', segment = segment + 1, started_at = coalesce(started_at, $2), pending_reason = '',
+				priority = $3, priority_breakdown = $4, run_as = $5, checkpoint_dir = $6, updated_at = $2
+			WHERE id = $1 AND state = 'pending' RETURNING segment`, st.JobID, now, st.Priority, bd, string(st.RunAs), st.CheckpointDir).Scan(&seg)
+		if err == pgx.ErrNoRows {
+			res.Skipped++
+			continue
+		}
+		if err != nil {
+			return res, mapErr("starting job", err)
+		}
+		var nodes []string
+		for _, p := range st.Parts {
+			tag, err := s.db.Exec(ctx, `
+				INSERT INTO allocations (job_id, segment, node, gpu_index, started_at)
+				SELECT $1, $2, $3, g, $5 FROM unnest($4::int[]) g
+				WHERE EXISTS (SELECT 1 FROM nodes WHERE name = $3 AND state = 'up')`, st.JobID, seg, p.Node, p.GPUs, now)
+			if err != nil {
+				return res, mapErr(fmt.Sprintf("allocating GPUs %v on %s to job %d", p.GPUs, p.Node, st.JobID), err)
+			}
+			if tag.RowsAffected() != int64(len(p.GPUs)) {
+				return res, allot.Errorf(allot.EConflict, "node %s is no longer up", p.Node)
+			}
+			env, _ := json.Marshal(p.Env)
+			if _, err := s.db.Exec(ctx, `INSERT INTO leases (job_id, segment, node, rank, gpu_indices, env, offered_at) VALUES ($1, $2, $3, $4, $5, $6, $7)`,
+				st.JobID, seg, p.Node, p.Rank, p.GPUs, env, now); err != nil {
+				return res, mapErr("offering lease", err)
+			}
+			nodes = append(nodes, p.Node)
+		}
+		if err := notify(ctx, s.db, nodes...); err != nil {
+			return res, err
+		}
+		res.Started++
+	}
+	for _, p := range preempts {
+		var seg int
+		err := s.db.QueryRow(ctx, `SELECT segment FROM jobs WHERE id = $1 AND state = 'running' FOR UPDATE`, p.JobID).Scan(&seg)
+		if err == pgx.ErrNoRows {
+			continue
+		}
+		if err != nil {
+			return res, mapErr("preempting job", err)
+		}
+		if _, err := s.db.Exec(ctx, `UPDATE leases SET preempted_by = $3 WHERE job_id = $1 AND segment = $2`, p.JobID, seg, p.By); err != nil {
+			return res, mapErr("preempting job", err)
+		}
+		if err := s.requestStop(ctx, p.JobID, seg, "preempted", p.Grace); err != nil {
+			return res, err
+		}
+		if _, err := s.db.Exec(ctx, `UPDATE jobs SET pending_reason = $2 WHERE id = $1`, p.JobID, "being preempted: "+p.Reason); err != nil {
+			return res, mapErr("preempting job", err)
+		}
+		res.Preempted++
+	}
+	if len(pending) > 0 {
+		ids, prio, reasons := make([]int64, len(pending)), make([]float64, len(pending)), make([]string, len(pending))
+		bds := make([]string, len(pending))
+		for i, p := range pending {
+			b, _ := json.Marshal(p.Breakdown)
+			ids[i], prio[i], reasons[i], bds[i] = p.JobID, p.Priority, p.Reason, string(b)
+		}
+		_, err := s.db.Exec(ctx, `
+			UPDATE jobs j SET priority = u.p, priority_breakdown = u.b::jsonb, pending_reason = u.r
+			FROM unnest($1::bigint[], $2::float8[], $3::text[], $4::text[]) AS u(id, p, r, b)
+			WHERE j.id = u.id AND j.state = 'pending' AND (j.priority, j.pending_reason, j.priority_breakdown) IS DISTINCT FROM (u.p, u.r, u.b::jsonb)`,
+			ids, prio, reasons, bds)
+		if err != nil {
+			return res, mapErr("recording pending reasons", err)
+		}
+	}
+	return res, nil
+}
+
+// RecordCycle stores one cycle's figures.
+func (s *Store) RecordCycle(ctx context.Context, started time.Time, d time.Duration, pending int, res ApplyResult, outcome string) error {
+	_, err := s.db.Exec(ctx, `INSERT INTO scheduling_cycles (started_at, duration_us, pending, started, preempted, outcome) VALUES ($1, $2, $3, $4, $5, $6)`,
+		started, d.Microseconds(), pending, res.Started, res.Preempted, outcome)
+	return mapErr("recording cycle", err)
+}
+
+// DecayUsage applies the half-life to every team's fair-share usage and
+// adds the GPU-seconds allocated since the last decay. It is idempotent in
+// time: running it twice at the same instant adds nothing.
+func (s *Store) DecayUsage(ctx context.Context, halfLife time.Duration) error {
+	now := s.Now()
+	_, err := s.db.Exec(ctx, `
+		INSERT INTO team_usage (team, gpu_seconds, updated_at)
+		SELECT slug, 0, $1 FROM teams ON CONFLICT (team) DO NOTHING`, now)
+	if err != nil {
+		return mapErr("decaying usage", err)
+	}
+	_, err = s.db.Exec(ctx, `
+		UPDATE team_usage u SET
+			gpu_seconds = u.gpu_seconds * power(0.5, greatest(0, extract(epoch FROM $1 - u.updated_at)) / $2)
+				+ coalesce((SELECT sum(extract(epoch FROM least(coalesce(a.released_at, $1), $1) - greatest(a.started_at, u.updated_at)))
+					FROM allocations a JOIN jobs j ON j.id = a.job_id
+					WHERE j.team = u.team AND a.started_at < $1 AND coalesce(a.released_at, $1) > u.updated_at), 0),
+			updated_at = $1
+		WHERE u.updated_at < $1`, now, halfLife.Seconds())
+	return mapErr("decaying usage", err)
+}

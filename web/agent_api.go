@@ -1,0 +1,263 @@
+package web
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/allotlabs/allot/internal/agentproto"
+	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/store"
+	"github.com/labstack/echo/v4"
+)
+
+// The agent API: node agents register, send heartbeats, long-poll for
+// orders and report what their jobs do. Authenticated by node token.
+
+const ctxNode = "node"
+
+func isAgentAPI(c echo.Context) bool { return strings.HasPrefix(c.Request().URL.Path, "/api/agent/") }
+
+// agentNode authenticates the node token of the request.
+func (s *Server) agentNode(c echo.Context) (string, error) {
+	if n, ok := c.Get(ctxNode).(string); ok {
+		return n, nil
+	}
+	tok, ok := strings.CutPrefix(c.Request().Header.Get("Authorization"), "Bearer ")
+	if !ok || !strings.HasPrefix(strings.TrimSpace(tok), store.NodeTokenPrefix) {
+		return "", allot.Errorf(allot.EUnauthorized, "agents authenticate with a node token: Authorization: Bearer %s…", store.NodeTokenPrefix)
+	}
+	node, err := s.st.NodeByToken(c.Request().Context(), strings.TrimSpace(tok))
+	if err != nil {
+		return "", err
+	}
+	c.Set(ctxNode, node)
+	return node, nil
+}
+
+// decodeStrict reads one JSON value into v, refusing unknown fields.
+func decodeStrict(body io.Reader, v any) error {
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return (allot.FieldErrors{te.Field: "must be a " + jsonKind(te.Type.Kind().String())}).Err()
+		}
+		if errors.Is(err, io.EOF) {
+			return &badRequest{"request body is empty"}
+		}
+		return &badRequest{"malformed JSON: " + err.Error()}
+	}
+	return nil
+}
+
+func (s *Server) trigger(c echo.Context) { s.jobEvent(c.Request().Context()) }
+
+func (s *Server) agentRegister(c echo.Context) error {
+	node, err := s.agentNode(c)
+	if err != nil {
+		return err
+	}
+	var inv agentproto.Inventory
+	if err := decodeStrict(c.Request().Body, &inv); err != nil {
+		return err
+	}
+	if inv.Protocol != 0 && inv.Protocol != agentproto.Version {
+		return (allot.FieldErrors{"protocol": "this server speaks agent protocol " + strconv.Itoa(agentproto.Version)}).Err()
+	}
+	si := store.NodeInventory{Hostname: inv.Hostname, AgentVersion: inv.AgentVersion, Backend: inv.GPUBackend, Driver: inv.DriverVersion, Domain: inv.Domain}
+	for _, g := range inv.GPUs {
+		si.GPUs = append(si.GPUs, store.NodeGPU{Index: g.Index, UUID: g.UUID, Model: g.Model, MemoryMiB: g.MemoryMiB, NVLinkPeers: g.NVLinkPeers})
+	}
+	for _, r := range inv.Running {
+		si.Running = append(si.Running, store.LeaseRef{JobID: r.JobID, Segment: r.Segment})
+	}
+	unknown, err := s.st.RegisterNode(c.Request().Context(), node, si)
+	if err != nil {
+		return err
+	}
+	s.trigger(c)
+	return writeJSON(c, http.StatusOK, agentproto.Registration{Node: node, HeartbeatInterval: s.cfg.HeartbeatInterval, Unknown: unknown})
+}
+
+func (s *Server) agentHeartbeat(c echo.Context) error {
+	node, err := s.agentNode(c)
+	if err != nil {
+		return err
+	}
+	var hb agentproto.Heartbeat
+	if err := decodeStrict(c.Request().Body, &hb); err != nil {
+		return err
+	}
+	samples := make([]store.GPUSample, 0, len(hb.GPUs))
+	f := allot.FieldErrors{}
+	for _, g := range hb.GPUs {
+		if g.Index < 0 || g.Index >= allot.MaxGPUsPerNode || g.UtilPct < 0 || g.UtilPct > 100 || g.MemUsedMiB < 0 || g.MemTotalMiB < 0 {
+			f.Add("gpus", "GPU %d: index must be 0..63, util 0..100, memory not negative", g.Index)
+			continue
+		}
+		samples = append(samples, store.GPUSample{Index: g.Index, UtilPct: g.UtilPct, TempC: g.TempC, PowerW: g.PowerW, MemUsedMiB: g.MemUsedMiB,
+			MemTotalMiB: g.MemTotalMiB, ECCSingle: g.ECCSingleVol, ECCDouble: g.ECCDoubleVol, XIDs: g.XIDErrors, ThrottleReasons: g.ThrottleReasons})
+	}
+	if err := f.Err(); err != nil {
+		return err
+	}
+	state, err := s.st.Heartbeat(c.Request().Context(), node, samples)
+	if err != nil {
+		return err
+	}
+	return writeJSON(c, http.StatusOK, agentproto.HeartbeatReply{NodeState: state})
+}
+
+// agentOrders long-polls: it answers at once when there are orders, else
+// when a notification for the node arrives or ?wait= (default 25 s, at most
+// 60 s) passes.
+func (s *Server) agentOrders(c echo.Context) error {
+	node, err := s.agentNode(c)
+	if err != nil {
+		return err
+	}
+	wait := 25 * time.Second
+	if v := c.QueryParam("wait"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 || d > 60*time.Second {
+			return (allot.FieldErrors{"wait": "must be a duration between 0s and 60s"}).Err()
+		}
+		wait = d
+	}
+	ctx := c.Request().Context()
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for {
+		woken, done := s.notifier.Subscribe(node)
+		o, err := s.st.TakeOrders(ctx, node)
+		if err != nil {
+			done()
+			return err
+		}
+		if !o.Empty() {
+			done()
+			return writeJSON(c, http.StatusOK, protoOrders(o))
+		}
+		select {
+		case <-woken:
+			done()
+		case <-timer.C:
+			done()
+			return writeJSON(c, http.StatusOK, agentproto.Orders{})
+		case <-ctx.Done():
+			done()
+			return nil
+		}
+	}
+}
+
+func protoOrders(o store.Orders) agentproto.Orders {
+	var out agentproto.Orders
+	for _, l := range o.Offer {
+		out.Offer = append(out.Offer, agentproto.Lease{JobID: l.JobID, Segment: l.Segment, Team: l.Team, Command: l.Command, Env: l.Env,
+			WorkDir: l.WorkDir, GPUs: l.GPUs, TimeLimit: l.TimeLimit, CheckpointDir: l.CheckpointDir})
+	}
+	for _, r := range o.Start {
+		out.Start = append(out.Start, agentproto.LeaseRef{JobID: r.JobID, Segment: r.Segment})
+	}
+	for _, st := range o.Stop {
+		out.Stop = append(out.Stop, agentproto.Stop{JobID: st.JobID, Segment: st.Segment, Grace: st.Grace, Reason: st.Reason})
+	}
+	return out
+}
+
+func leaseRef(jobID int64, segment int) (store.LeaseRef, error) {
+	f := allot.FieldErrors{}
+	if jobID < 1 {
+		f.Add("job_id", "must be a job id")
+	}
+	if segment < 1 {
+		f.Add("segment", "must be at least 1")
+	}
+	return store.LeaseRef{JobID: jobID, Segment: segment}, f.Err()
+}
+
+func (s *Server) agentTakeLease(c echo.Context) error {
+	node, err := s.agentNode(c)
+	if err != nil {
+		return err
+	}
+	var r agentproto.LeaseRef
+	if err := decodeStrict(c.Request().Body, &r); err != nil {
+		return err
+	}
+	ref, err := leaseRef(r.JobID, r.Segment)
+	if err != nil {
+		return err
+	}
+	if err := s.st.TakeLease(c.Request().Context(), node, ref); err != nil {
+		return err
+	}
+	return c.NoContent(http.StatusNoContent)
+}
+
+func (s *Server) agentStarted(c echo.Context) error {
+	node, err := s.agentNode(c)
+	if err != nil {
+		return err
+	}
+	var ev agentproto.JobStarted
+	if err := decodeStrict(c.Request().Body, &ev); err != nil {
+		return err
+	}
+	ref, err := leaseRef(ev.JobID, ev.Segment)
+	if err != nil {
+		return err
+	}
+	if err := s.st.LeaseStarted(c.Request().Context(), node, ref, ev.PID); err != nil {
+		return err
+	}
+	return c.NoContent(http.StatusNoContent)
+}
+
+func (s *Server) agentExited(c echo.Context) error {
+	node, err := s.agentNode(c)
+	if err != nil {
+		return err
+	}
+	var ev agentproto.JobExited
+	if err := decodeStrict(c.Request().Body, &ev); err != nil {
+		return err
+	}
+	ref, err := leaseRef(ev.JobID, ev.Segment)
+	if err != nil {
+		return err
+	}
+	if _, err := s.st.LeaseExited(c.Request().Context(), node, ref, store.LeaseExit{ExitCode: ev.ExitCode, Signal: ev.Signal,
+		Reason: ev.Reason, Message: ev.Message, At: ev.Time}); err != nil {
+		return err
+	}
+	// GPUs came free either way: worth a cycle.
+	s.trigger(c)
+	return c.NoContent(http.StatusNoContent)
+}
+
+func (s *Server) agentLog(c echo.Context) error {
+	node, err := s.agentNode(c)
+	if err != nil {
+		return err
+	}
+	var l agentproto.JobLog
+	if err := decodeStrict(c.Request().Body, &l); err != nil {
+		return err
+	}
+	ref, err := leaseRef(l.JobID, l.Segment)
+	if err != nil {
+		return err
+	}
+	if err := s.st.AppendLog(c.Request().Context(), node, ref, l.Lines); err != nil {
+		return err
+	}
+	return c.NoContent(http.StatusNoContent)
+}
