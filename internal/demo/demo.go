@@ -211,7 +211,7 @@ func seedHistory(ctx context.Context, st *store.Store, t team, members []*allot.
 func trainLoop(name string, secs int) []string {
 	return []string{"sh", "-c", fmt.Sprintf(`echo "%s: starting on GPUs $CUDA_VISIBLE_DEVICES (node rank ${NODE_RANK:-0})"
 trap 'echo "%s: SIGTERM, checkpointing"; exit 0' TERM
-i=0; while [ $i -lt %d ]; do i=$((i+5)); echo "%s step $i loss 0.$((9999 - i % 9000))"
+i=0; while [ $i -lt %d ]; do i=$((i+5)); echo "%s step $i loss 0.$((9999 - i %% 9000))"
 [ -n "$ALLOT_CHECKPOINT_DIR" ] && echo $i > "$ALLOT_CHECKPOINT_DIR/step"; sleep 5 & wait; done`, name, name, secs, name)}
 }
 
