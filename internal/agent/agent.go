@@ -1,0 +1,576 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/allotlabs/allot/internal/agentproto"
+)
+
+// Version is reported in the inventory.
+const Version = "0.1.0"
+
+// Stop and exit reasons the agent itself uses in JobExited.Reason (besides
+// the Reason of a server Stop order, which it passes through).
+const (
+	ReasonTimeLimit     = "time_limit"     // Lease.TimeLimit elapsed
+	ReasonStartFailed   = "start_failed"   // the process could not be started (ExitCode 127)
+	ReasonOrphaned      = "orphaned"       // listed in Registration.Unknown
+	ReasonAgentShutdown = "agent_shutdown" // the agent was asked to exit
+)
+
+// Config configures an Agent. Zero values take the documented defaults.
+type Config struct {
+	Server   string // base URL of the Allot server
+	Token    string // node token (allot_node_…)
+	Hostname string // default os.Hostname()
+	Domain   string // interconnect domain label reported in the inventory
+	Backend  GPUBackend
+
+	HeartbeatInterval time.Duration // default 10s; the server's Registration value wins when set
+	OrdersWait        time.Duration // long-poll wait, default 25s
+	Logger            *slog.Logger  // default slog.Default()
+	// BaseEnv is every job's environment before the lease's Env is applied
+	// (KEY=VALUE). Default: PATH, HOME, LANG, USER and TMPDIR from the
+	// agent's own environment.
+	BaseEnv []string
+
+	StopGrace      time.Duration // grace of a Stop order without one, default 120s
+	TimeLimitGrace time.Duration // grace after the time limit, default 30s
+	ShutdownGrace  time.Duration // grace for running jobs when the agent stops, default 10s
+	RetryMax       time.Duration // cap of the reconnect/retry backoff, default 30s
+	LogFlush       time.Duration // batch interval for log lines after the first, default 500ms
+	LogTail        int           // lines of each job's output kept locally, default 200
+	// HTTPClient overrides the client's transport (tests); Timeout must be 0.
+	HTTPClient *http.Client
+}
+
+func (c *Config) defaults() {
+	if c.Hostname == "" {
+		c.Hostname, _ = os.Hostname()
+	}
+	if c.HeartbeatInterval <= 0 {
+		c.HeartbeatInterval = 10 * time.Second
+	}
+	if c.OrdersWait <= 0 {
+		c.OrdersWait = 25 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.BaseEnv == nil {
+		c.BaseEnv = DefaultBaseEnv()
+	}
+	if c.StopGrace <= 0 {
+		c.StopGrace = 120 * time.Second
+	}
+	if c.TimeLimitGrace <= 0 {
+		c.TimeLimitGrace = 30 * time.Second
+	}
+	if c.ShutdownGrace <= 0 {
+		c.ShutdownGrace = 10 * time.Second
+	}
+	if c.RetryMax <= 0 {
+		c.RetryMax = 30 * time.Second
+	}
+	if c.LogFlush <= 0 {
+		c.LogFlush = 500 * time.Millisecond
+	}
+	if c.LogTail <= 0 {
+		c.LogTail = 200
+	}
+}
+
+// DefaultBaseEnv returns PATH, HOME, LANG, USER and TMPDIR from the
+// agent's environment (those that are set).
+func DefaultBaseEnv() []string {
+	var env []string
+	for _, k := range []string{"PATH", "HOME", "LANG", "USER", "TMPDIR"} {
+		if v, ok := os.LookupEnv(k); ok {
+			env = append(env, k+"="+v)
+		}
+	}
+	return env
+}
+
+// Agent is one node's agent. Create it with New and run it with Run.
+type Agent struct {
+	cfg    Config
+	log    *slog.Logger
+	client *agentproto.Client
+	inv    GPUInventory
+	gpuSet map[int]bool
+
+	sess     session
+	hbEvery  atomic.Int64 // heartbeat interval in ns
+	out      *outbox
+	jobsDone sync.WaitGroup
+
+	mu   sync.Mutex
+	jobs map[agentproto.LeaseRef]*job
+}
+
+// New returns an agent for cfg. Nothing happens until Run.
+func New(cfg Config) *Agent {
+	cfg.defaults()
+	a := &Agent{
+		cfg:    cfg,
+		log:    cfg.Logger.With("component", "agent", "host", cfg.Hostname),
+		client: agentproto.NewClient(cfg.Server, cfg.Token),
+		jobs:   make(map[agentproto.LeaseRef]*job),
+		gpuSet: make(map[int]bool),
+	}
+	if cfg.HTTPClient != nil {
+		a.client.HTTP = cfg.HTTPClient
+	}
+	a.hbEvery.Store(int64(cfg.HeartbeatInterval))
+	a.sess.init()
+	a.out = newOutbox(a)
+	return a
+}
+
+// Run registers the node, then heartbeats, polls for orders and runs jobs
+// until ctx is cancelled. On cancellation it stops its running jobs
+// (SIGTERM, ShutdownGrace, SIGKILL; reason "agent_shutdown"), tries for a
+// few seconds to deliver the remaining reports, and returns nil. It returns
+// an error when the configuration is unusable or the server refuses the
+// first registration (e.g. an unknown token).
+func (a *Agent) Run(ctx context.Context) error {
+	if a.cfg.Server == "" {
+		return errors.New("agent: no server URL")
+	}
+	if a.cfg.Token == "" {
+		return errors.New("agent: no node token")
+	}
+	if a.cfg.Backend == nil {
+		return errors.New("agent: no GPU backend")
+	}
+	inv, err := a.cfg.Backend.Inventory()
+	if err != nil {
+		return fmt.Errorf("agent: reading GPU inventory: %w", err)
+	}
+	a.inv = inv
+	for _, g := range inv.GPUs {
+		a.gpuSet[g.Index] = true
+	}
+
+	if err := a.register(ctx, true); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+
+	var wg sync.WaitGroup
+	wg.Go(func() { a.registrar(ctx) })
+	wg.Go(func() { a.heartbeatLoop(ctx) })
+	wg.Go(func() { a.ordersLoop(ctx) })
+	outCtx, stopOut := context.WithCancel(context.WithoutCancel(ctx))
+	outDone := make(chan struct{})
+	go func() { a.out.run(outCtx); close(outDone) }()
+
+	<-ctx.Done()
+	wg.Wait()
+	a.shutdownJobs()
+	// Give queued reports (the exits just produced) a short chance to go out.
+	if !a.out.waitEmpty(5 * time.Second) {
+		a.log.Warn("exiting with undelivered reports", "count", a.out.len())
+	}
+	stopOut()
+	<-outDone
+	return nil
+}
+
+// session tracks whether the node is registered with the server.
+type session struct {
+	mu    sync.Mutex
+	ready chan struct{} // closed while registered
+	up    bool
+	kick  chan struct{}
+}
+
+func (s *session) init() {
+	s.ready = make(chan struct{})
+	s.kick = make(chan struct{}, 1)
+}
+
+func (s *session) wait(ctx context.Context) error {
+	s.mu.Lock()
+	ch := s.ready
+	s.mu.Unlock()
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s *session) setUp() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.up {
+		s.up = true
+		close(s.ready)
+	}
+}
+
+// lost marks the session as needing a new registration.
+func (s *session) lost() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.up {
+		s.up = false
+		s.ready = make(chan struct{})
+		select {
+		case s.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// connectionLost reacts to a failed call: no answer, 401, or 404 (node not
+// known) means the server restarted, lost the node or the network broke, so
+// the agent registers again (re-reporting its running jobs).
+func (a *Agent) connectionLost(what string, err error) bool {
+	st := agentproto.ErrorStatus(err)
+	if st == 0 || st == http.StatusUnauthorized || st == http.StatusNotFound {
+		a.sess.mu.Lock()
+		wasUp := a.sess.up
+		a.sess.mu.Unlock()
+		if wasUp {
+			a.log.Warn("lost the server; registering again", "during", what, "err", err)
+		}
+		a.sess.lost()
+		return true
+	}
+	return false
+}
+
+func (a *Agent) registrar(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.sess.kick:
+		}
+		if err := a.register(ctx, false); err != nil {
+			return // ctx done
+		}
+	}
+}
+
+// register registers until it succeeds or ctx ends. With first set, a 4xx
+// answer (bad token, bad inventory) is returned as an error; afterwards the
+// agent keeps trying.
+func (a *Agent) register(ctx context.Context, first bool) error {
+	bo := newBackoff(500*time.Millisecond, a.cfg.RetryMax)
+	for {
+		inv := agentproto.Inventory{
+			Hostname:      a.cfg.Hostname,
+			AgentVersion:  Version,
+			Protocol:      agentproto.Version,
+			GPUBackend:    a.inv.Backend,
+			DriverVersion: a.inv.DriverVersion,
+			GPUs:          a.inv.GPUs,
+			Domain:        a.cfg.Domain,
+			Running:       a.runningJobs(),
+		}
+		reg, err := a.client.Register(ctx, inv)
+		if err == nil {
+			if reg.HeartbeatInterval > 0 {
+				a.hbEvery.Store(int64(reg.HeartbeatInterval))
+			}
+			a.log.Info("registered", "server", a.cfg.Server, "node", reg.Node, "gpus", len(inv.GPUs), "running", len(inv.Running), "unknown", reg.Unknown)
+			for _, id := range reg.Unknown {
+				a.stopJob(id, 0, a.cfg.StopGrace, ReasonOrphaned)
+			}
+			a.sess.setUp()
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		st := agentproto.ErrorStatus(err)
+		if first && st >= 400 && st < 500 && st != http.StatusTooManyRequests && st != http.StatusRequestTimeout {
+			return fmt.Errorf("agent: the server refused to register this node: %w", err)
+		}
+		d := bo.next()
+		if st == 0 {
+			a.log.Warn("server unreachable; retrying", "server", a.cfg.Server, "in", d.Round(time.Millisecond), "err", err)
+		} else {
+			a.log.Error("registration refused; retrying", "server", a.cfg.Server, "in", d.Round(time.Millisecond), "err", err)
+		}
+		if !sleepCtx(ctx, d) {
+			return ctx.Err()
+		}
+	}
+}
+
+func (a *Agent) heartbeatLoop(ctx context.Context) {
+	for {
+		if a.sess.wait(ctx) != nil {
+			return
+		}
+		hb := a.heartbeat()
+		rep, err := a.client.Heartbeat(ctx, hb)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			if !a.connectionLost("heartbeat", err) {
+				a.log.Warn("heartbeat refused", "err", err)
+			}
+		case rep.NodeState != "" && rep.NodeState != "up":
+			a.log.Debug("heartbeat", "node_state", rep.NodeState)
+		}
+		if !sleepCtx(ctx, time.Duration(a.hbEvery.Load())) {
+			return
+		}
+	}
+}
+
+// heartbeat reads the GPUs and the running jobs' processes.
+func (a *Agent) heartbeat() agentproto.Heartbeat {
+	busy, _ := a.busyGPUs()
+	gpus, err := a.cfg.Backend.Metrics(busy)
+	if err != nil {
+		a.log.Warn("reading GPU metrics", "err", err)
+	}
+	hb := agentproto.Heartbeat{Time: time.Now().UTC(), GPUs: gpus, Jobs: []agentproto.JobStats{}}
+	a.mu.Lock()
+	var running []*job
+	for _, j := range a.jobs {
+		if j.pid > 0 {
+			running = append(running, j)
+		}
+	}
+	a.mu.Unlock()
+	slices.SortFunc(running, func(x, y *job) int { return cmpRef(x.ref, y.ref) })
+	for _, j := range running {
+		cpu, rss := groupStats(j.pid)
+		hb.Jobs = append(hb.Jobs, agentproto.JobStats{JobID: j.ref.JobID, Segment: j.ref.Segment, PID: j.pid, CPUSeconds: cpu, RSSBytes: rss})
+	}
+	if hb.GPUs == nil {
+		hb.GPUs = []agentproto.GPUMetrics{}
+	}
+	return hb
+}
+
+func (a *Agent) ordersLoop(ctx context.Context) {
+	bo := newBackoff(100*time.Millisecond, a.cfg.RetryMax)
+	for {
+		if a.sess.wait(ctx) != nil {
+			return
+		}
+		o, err := a.client.Orders(ctx, a.cfg.OrdersWait)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			if !a.connectionLost("orders", err) {
+				a.log.Warn("polling orders", "err", err)
+			}
+			if !sleepCtx(ctx, bo.next()) {
+				return
+			}
+			continue
+		}
+		bo.reset()
+		a.handle(ctx, o)
+	}
+}
+
+// handle carries out one batch of orders: stops first (they free GPUs),
+// then offers, then starts.
+func (a *Agent) handle(ctx context.Context, o agentproto.Orders) {
+	for _, s := range o.Stop {
+		grace := s.Grace
+		if grace <= 0 {
+			grace = a.cfg.StopGrace
+		}
+		reason := s.Reason
+		if reason == "" {
+			reason = "stopped"
+		}
+		a.stopJob(s.JobID, s.Segment, grace, reason)
+	}
+	for _, l := range o.Offer {
+		a.offer(ctx, l)
+	}
+	for _, ref := range o.Start {
+		a.start(ref)
+	}
+}
+
+// offer takes a lease when its GPUs exist and no other job holds them.
+func (a *Agent) offer(ctx context.Context, l agentproto.Lease) {
+	ref := agentproto.LeaseRef{JobID: l.JobID, Segment: l.Segment}
+	log := a.log.With("job", l.JobID, "segment", l.Segment, "gpus", l.GPUs)
+	a.mu.Lock()
+	if j, ok := a.jobs[ref]; ok {
+		a.mu.Unlock()
+		if j.state == stateTaken {
+			// Re-offered: our take may not have arrived. Taking is idempotent.
+			a.take(ctx, ref, log)
+		}
+		return
+	}
+	if reason := a.cannotHoldLocked(l); reason != "" {
+		a.mu.Unlock()
+		log.Warn("not taking lease", "why", reason)
+		return
+	}
+	a.jobs[ref] = &job{ref: ref, lease: l, state: stateTaken}
+	a.mu.Unlock()
+	a.take(ctx, ref, log)
+}
+
+func (a *Agent) take(ctx context.Context, ref agentproto.LeaseRef, log *slog.Logger) {
+	err := a.client.TakeLease(ctx, ref)
+	if err == nil {
+		log.Info("took lease")
+		return
+	}
+	if a.connectionLost("take lease", err) {
+		// Keep the GPUs held: the server may have recorded the take. It will
+		// offer again (we re-take) or stop the lease.
+		return
+	}
+	log.Warn("server refused the take; releasing the lease", "err", err)
+	a.mu.Lock()
+	if j := a.jobs[ref]; j != nil && j.state == stateTaken {
+		delete(a.jobs, ref)
+	}
+	a.mu.Unlock()
+}
+
+// cannotHoldLocked says why lease l cannot run here, "" when it can.
+func (a *Agent) cannotHoldLocked(l agentproto.Lease) string {
+	if len(l.Command) == 0 {
+		return "empty command"
+	}
+	seen := map[int]bool{}
+	for _, g := range l.GPUs {
+		if !a.gpuSet[g] {
+			return fmt.Sprintf("GPU %d does not exist on this node", g)
+		}
+		if seen[g] {
+			return fmt.Sprintf("GPU %d listed twice", g)
+		}
+		seen[g] = true
+	}
+	for _, j := range a.jobs {
+		for _, g := range j.lease.GPUs {
+			if seen[g] {
+				return fmt.Sprintf("GPU %d is held by job %d segment %d", g, j.ref.JobID, j.ref.Segment)
+			}
+		}
+	}
+	return ""
+}
+
+// busyGPUs returns the GPUs of running jobs and, for each, its job.
+func (a *Agent) busyGPUs() (map[int]bool, map[int]*job) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	busy := map[int]bool{}
+	owner := map[int]*job{}
+	for _, j := range a.jobs {
+		if j.state != stateRunning {
+			continue
+		}
+		for _, g := range j.lease.GPUs {
+			busy[g] = true
+			owner[g] = j
+		}
+	}
+	return busy, owner
+}
+
+func (a *Agent) runningJobs() []agentproto.RunningJob {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []agentproto.RunningJob
+	for _, j := range a.jobs {
+		if j.state == stateRunning {
+			out = append(out, agentproto.RunningJob{JobID: j.ref.JobID, Segment: j.ref.Segment, PID: j.pid, Started: j.started})
+		}
+	}
+	slices.SortFunc(out, func(x, y agentproto.RunningJob) int {
+		return cmpRef(agentproto.LeaseRef{JobID: x.JobID, Segment: x.Segment}, agentproto.LeaseRef{JobID: y.JobID, Segment: y.Segment})
+	})
+	return out
+}
+
+// Tail returns the last lines of a job's output that the agent still holds
+// (while the job runs).
+func (a *Agent) Tail(jobID int64, segment int) []string {
+	a.mu.Lock()
+	j := a.jobs[agentproto.LeaseRef{JobID: jobID, Segment: segment}]
+	a.mu.Unlock()
+	if j == nil || j.logs == nil {
+		return nil
+	}
+	return j.logs.tailLines()
+}
+
+func cmpRef(x, y agentproto.LeaseRef) int {
+	if x.JobID != y.JobID {
+		if x.JobID < y.JobID {
+			return -1
+		}
+		return 1
+	}
+	return x.Segment - y.Segment
+}
+
+// backoff is capped exponential backoff with jitter.
+type backoff struct {
+	min, max, cur time.Duration
+}
+
+func newBackoff(lo, hi time.Duration) *backoff {
+	if hi < lo {
+		hi = lo
+	}
+	return &backoff{min: lo, max: hi}
+}
+
+func (b *backoff) next() time.Duration {
+	if b.cur == 0 {
+		b.cur = b.min
+	} else {
+		b.cur = min(b.cur*2, b.max)
+	}
+	// ±20 % jitter so a fleet of agents does not reconnect in lockstep.
+	j := time.Duration(float64(b.cur) * (0.8 + 0.4*rand.Float64()))
+	return min(j, b.max)
+}
+
+func (b *backoff) reset() { b.cur = 0 }
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func trimLine(b []byte) string {
+	return strings.TrimRight(string(b), "\r\n")
+}

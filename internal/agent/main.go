@@ -1,0 +1,131 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Main runs `allot agent` with args (without the subcommand name) and
+// returns the process exit code: 0 after a clean stop (SIGINT/SIGTERM), 1
+// on a runtime error (no driver, token refused), 2 on bad flags.
+//
+// On SIGINT/SIGTERM the agent stops its running jobs (SIGTERM, 10 s grace,
+// SIGKILL; reason "agent_shutdown"), reports their exits and exits. To keep
+// jobs across an agent upgrade, drain the node first.
+func Main(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("allot agent", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	server := fs.String("server", os.Getenv("ALLOT_URL"), "Allot server base URL (env ALLOT_URL)")
+	token := fs.String("token", os.Getenv("ALLOT_NODE_TOKEN"), "node token from `allot node-token create` (env ALLOT_NODE_TOKEN)")
+	gpu := fs.String("gpu", "nvml", "GPU backend: nvml (NVIDIA driver) or fake (no GPUs needed)")
+	fakeGPUs := fs.Int("fake-gpus", 8, "number of GPUs of the fake backend")
+	fakeModel := fs.String("fake-model", "A100-80GB", "GPU model name of the fake backend")
+	fakeMem := fs.Int64("fake-memory-mib", 81920, "GPU memory (MiB) of the fake backend")
+	domain := fs.String("domain", "", "interconnect (NVLink/InfiniBand) domain label of this node")
+	hostname := fs.String("hostname", "", "node name reported to the server (default: the host name)")
+	heartbeat := fs.Duration("heartbeat", 10*time.Second, "heartbeat interval (the server may override it)")
+	metricsAddr := fs.String("metrics-addr", ":9400", `listen address of /metrics (dcgm-exporter format); "" disables`)
+	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: allot agent --server URL --token TOKEN [flags]")
+		fmt.Fprintln(stderr, "Runs the node agent: registers this node's GPUs and runs the jobs Allot places here.")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	bad := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "allot agent: "+format+"\n", a...)
+		return 2
+	}
+	if fs.NArg() > 0 {
+		return bad("unexpected argument %q", fs.Arg(0))
+	}
+	if *server == "" {
+		return bad("--server is required (or set ALLOT_URL), e.g. --server https://allot.example.com")
+	}
+	if !strings.HasPrefix(*server, "http://") && !strings.HasPrefix(*server, "https://") {
+		return bad("--server %q must be an http:// or https:// URL", *server)
+	}
+	if *token == "" {
+		return bad("--token is required (or set ALLOT_NODE_TOKEN); an admin creates one with `allot node-token create <node>`")
+	}
+	if *heartbeat <= 0 {
+		return bad("--heartbeat must be positive, got %s", *heartbeat)
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return bad("--log-level %q: use debug, info, warn or error", *logLevel)
+	}
+	if *hostname == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return bad("cannot read the host name (%v); set --hostname", err)
+		}
+		*hostname = h
+	}
+	var backend GPUBackend
+	switch *gpu {
+	case "fake":
+		if *fakeGPUs <= 0 || *fakeGPUs > 64 {
+			return bad("--fake-gpus must be between 1 and 64, got %d", *fakeGPUs)
+		}
+		if *fakeMem <= 0 {
+			return bad("--fake-memory-mib must be positive, got %d", *fakeMem)
+		}
+		backend = NewFake(FakeOptions{GPUs: *fakeGPUs, Model: *fakeModel, MemoryMiB: *fakeMem, Hostname: *hostname})
+	case "nvml":
+		b, err := NewNVML()
+		if err != nil {
+			fmt.Fprintf(stderr, "allot agent: %v\n", err)
+			return 1
+		}
+		backend = b
+	default:
+		return bad("--gpu %q: use nvml or fake", *gpu)
+	}
+	defer backend.Close()
+
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	a := New(Config{
+		Server: *server, Token: *token, Hostname: *hostname, Domain: *domain,
+		Backend: backend, HeartbeatInterval: *heartbeat, Logger: logger,
+	})
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	if *metricsAddr != "" {
+		ln, err := net.Listen("tcp", *metricsAddr)
+		if err != nil {
+			fmt.Fprintf(stderr, "allot agent: --metrics-addr %s: %v\n", *metricsAddr, err)
+			return 1
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", a.MetricsHandler())
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		defer srv.Close()
+		logger.Info("serving metrics", "addr", ln.Addr().String())
+	}
+	fmt.Fprintf(stdout, "allot agent %s: node %s, %s GPUs, server %s\n", Version, *hostname, *gpu, *server)
+	if err := a.Run(ctx); err != nil {
+		fmt.Fprintf(stderr, "allot agent: %v\n", err)
+		return 1
+	}
+	return 0
+}

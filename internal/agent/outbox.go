@@ -1,0 +1,202 @@
+package agent
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/allotlabs/allot/internal/agentproto"
+)
+
+// outbox delivers reports (started, log, exited) in order, retrying each
+// until the server acknowledges it, so a server restart loses nothing. The
+// server must accept a repeated report (the same job and segment) without
+// effect: a report may arrive twice when an answer is lost.
+type outbox struct {
+	a *Agent
+
+	mu     sync.Mutex
+	items  []*report
+	notify chan struct{}
+	empty  chan struct{} // closed and replaced when the queue drains
+}
+
+type report struct {
+	started *agentproto.JobStarted
+	exited  *agentproto.JobExited
+	log     *agentproto.JobLog
+	sending bool
+	tries   int
+}
+
+// maxQueuedLogLines caps a job's unsent log lines; older ones are dropped
+// (the server keeps only the tail anyway).
+const maxQueuedLogLines = 1000
+
+func newOutbox(a *Agent) *outbox {
+	return &outbox{a: a, notify: make(chan struct{}, 1), empty: make(chan struct{})}
+}
+
+func (o *outbox) push(r *report) {
+	o.mu.Lock()
+	o.items = append(o.items, r)
+	o.mu.Unlock()
+	o.wake()
+}
+
+func (o *outbox) wake() {
+	select {
+	case o.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (o *outbox) started(s agentproto.JobStarted) { o.push(&report{started: &s}) }
+func (o *outbox) exited(e agentproto.JobExited)   { o.push(&report{exited: &e}) }
+
+// log queues lines, merged into the job's last unsent log report.
+func (o *outbox) log(ref agentproto.LeaseRef, lines []string) {
+	o.mu.Lock()
+	for i := len(o.items) - 1; i >= 0; i-- {
+		r := o.items[i]
+		if r.exited != nil && r.exited.JobID == ref.JobID && r.exited.Segment == ref.Segment {
+			break
+		}
+		if r.log != nil && !r.sending && r.log.JobID == ref.JobID && r.log.Segment == ref.Segment {
+			r.log.Lines = append(r.log.Lines, lines...)
+			if n := len(r.log.Lines); n > maxQueuedLogLines {
+				r.log.Lines = append([]string(nil), r.log.Lines[n-maxQueuedLogLines:]...)
+			}
+			o.mu.Unlock()
+			o.wake()
+			return
+		}
+	}
+	o.items = append(o.items, &report{log: &agentproto.JobLog{JobID: ref.JobID, Segment: ref.Segment, Lines: append([]string(nil), lines...)}})
+	o.mu.Unlock()
+	o.wake()
+}
+
+func (o *outbox) len() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.items)
+}
+
+// waitEmpty waits until everything is delivered, at most d.
+func (o *outbox) waitEmpty(d time.Duration) bool {
+	o.mu.Lock()
+	if len(o.items) == 0 {
+		o.mu.Unlock()
+		return true
+	}
+	ch := o.empty
+	o.mu.Unlock()
+	select {
+	case <-ch:
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
+func (o *outbox) run(ctx context.Context) {
+	bo := newBackoff(100*time.Millisecond, o.a.cfg.RetryMax)
+	for {
+		o.mu.Lock()
+		var r *report
+		if len(o.items) > 0 {
+			r = o.items[0]
+			r.sending = true
+		}
+		o.mu.Unlock()
+		if r == nil {
+			select {
+			case <-ctx.Done():
+				return
+			case <-o.notify:
+				continue
+			}
+		}
+		err := o.send(ctx, r)
+		if ctx.Err() != nil {
+			return
+		}
+		done := err == nil
+		if err != nil {
+			r.tries++
+			st := agentproto.ErrorStatus(err)
+			lost := o.a.connectionLost("report", err)
+			switch {
+			case st == http.StatusNotFound && r.tries >= 5:
+				done = true // the server keeps not knowing the job
+			case !lost && st >= 400 && st < 500 && st != http.StatusTooManyRequests && st != http.StatusRequestTimeout:
+				done = true // refused for good
+			}
+			if done {
+				o.a.log.Warn("server refused a report; dropping it", "report", r.kind(), "job", r.jobID(), "err", err)
+			} else {
+				d := bo.next()
+				o.a.log.Debug("report not delivered; retrying", "report", r.kind(), "job", r.jobID(), "in", d, "err", err)
+				if lost {
+					// Wait for the new registration first (or the backoff,
+					// whichever is later).
+					_ = o.a.sess.wait(ctx)
+				}
+				if !sleepCtx(ctx, d) {
+					return
+				}
+			}
+		}
+		if done {
+			bo.reset()
+			o.mu.Lock()
+			o.items = o.items[1:]
+			if len(o.items) == 0 {
+				close(o.empty)
+				o.empty = make(chan struct{})
+			}
+			o.mu.Unlock()
+		} else {
+			o.mu.Lock()
+			r.sending = false
+			o.mu.Unlock()
+		}
+	}
+}
+
+func (o *outbox) send(ctx context.Context, r *report) error {
+	c := o.a.client
+	switch {
+	case r.started != nil:
+		return c.Started(ctx, *r.started)
+	case r.exited != nil:
+		return c.Exited(ctx, *r.exited)
+	default:
+		o.mu.Lock()
+		l := agentproto.JobLog{JobID: r.log.JobID, Segment: r.log.Segment, Lines: r.log.Lines}
+		o.mu.Unlock()
+		return c.Log(ctx, l)
+	}
+}
+
+func (r *report) kind() string {
+	switch {
+	case r.started != nil:
+		return "started"
+	case r.exited != nil:
+		return "exited"
+	}
+	return "log"
+}
+
+func (r *report) jobID() int64 {
+	switch {
+	case r.started != nil:
+		return r.started.JobID
+	case r.exited != nil:
+		return r.exited.JobID
+	}
+	return r.log.JobID
+}

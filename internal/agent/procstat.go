@@ -1,0 +1,85 @@
+package agent
+
+import (
+	"os"
+	"strconv"
+	"strings"
+)
+
+// clockTicks is USER_HZ, 100 on every Linux platform Go supports.
+const clockTicks = 100
+
+// groupStats sums CPU seconds (including reaped children) and resident
+// memory over the processes of process group pgid, from /proc. It returns
+// zeros where /proc is unavailable.
+func groupStats(pgid int) (cpuSeconds float64, rssBytes int64) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, 0
+	}
+	page := int64(os.Getpagesize())
+	var ticks int64
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// The command name may hold spaces and parentheses: fields start
+		// after the last ')'.
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:])
+		// f[0] is field 3 (state); pgrp is field 5, utime..cstime 14..17, rss 24.
+		if len(f) < 22 {
+			continue
+		}
+		if g, _ := strconv.Atoi(f[2]); g != pgid && pid != pgid {
+			continue
+		}
+		for _, k := range []int{11, 12, 13, 14} {
+			v, _ := strconv.ParseInt(f[k], 10, 64)
+			ticks += v
+		}
+		rss, _ := strconv.ParseInt(f[21], 10, 64)
+		rssBytes += rss * page
+	}
+	return float64(ticks) / clockTicks, rssBytes
+}
+
+// liveGroupMembers counts the processes of group pgid that are not zombies.
+func liveGroupMembers(pgid int) int {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:])
+		if len(f) < 3 || f[0] == "Z" || f[0] == "X" {
+			continue
+		}
+		if g, _ := strconv.Atoi(f[2]); g == pgid {
+			n++
+		}
+	}
+	return n
+}
