@@ -239,12 +239,13 @@ func (s *session) lost() {
 	}
 }
 
-// connectionLost reacts to a failed call: no answer, 401, or 404 (node not
-// known) means the server restarted, lost the node or the network broke, so
-// the agent registers again (re-reporting its running jobs).
+// connectionLost reacts to a failed call: no answer, 401, or a 404 on a
+// node-level call (heartbeat, orders) means the server restarted, lost the
+// node or the network broke, so the agent registers again (re-reporting its
+// running jobs). A 404 on a job report means the job is unknown, not the node.
 func (a *Agent) connectionLost(what string, err error) bool {
 	st := agentproto.ErrorStatus(err)
-	if st == 0 || st == http.StatusUnauthorized || st == http.StatusNotFound {
+	if st == 0 || st == http.StatusUnauthorized || (st == http.StatusNotFound && (what == "heartbeat" || what == "orders")) {
 		a.sess.mu.Lock()
 		wasUp := a.sess.up
 		a.sess.mu.Unlock()

@@ -129,8 +129,6 @@ func (o *outbox) run(ctx context.Context) {
 			st := agentproto.ErrorStatus(err)
 			lost := o.a.connectionLost("report", err)
 			switch {
-			case st == http.StatusNotFound && r.tries >= 5:
-				done = true // the server keeps not knowing the job
 			case !lost && st >= 400 && st < 500 && st != http.StatusTooManyRequests && st != http.StatusRequestTimeout:
 				done = true // refused for good
 			}
