@@ -294,12 +294,7 @@ type testAgent struct {
 func startAgent(t *testing.T, p *peer, edit ...func(*Config)) *testAgent {
 	t.Helper()
 	fake := NewFake(FakeOptions{GPUs: 4, Hostname: "node-a"})
-	var logger *slog.Logger
-	if os.Getenv("ALLOT_TEST_AGENT_LOG") != "" {
-		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	} else {
-		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
+	logger := discardLogger()
 	cfg := Config{
 		Server:            p.URL(),
 		Token:             testToken,
@@ -375,3 +370,11 @@ func shLease(id int64, gpus []int, script string) agentproto.Lease {
 }
 
 func ref(id int64) agentproto.LeaseRef { return agentproto.LeaseRef{JobID: id, Segment: 1} }
+
+// discardLogger drops the agent's logs unless ALLOT_TEST_AGENT_LOG is set.
+func discardLogger() *slog.Logger {
+	if os.Getenv("ALLOT_TEST_AGENT_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
