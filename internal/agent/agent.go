@@ -458,9 +458,6 @@ func (a *Agent) take(ctx context.Context, ref agentproto.LeaseRef, log *slog.Log
 
 // cannotHoldLocked says why lease l cannot run here, "" when it can.
 func (a *Agent) cannotHoldLocked(l agentproto.Lease) string {
-	if len(l.Command) == 0 {
-		return "empty command"
-	}
 	seen := map[int]bool{}
 	for _, g := range l.GPUs {
 		if !a.gpuSet[g] {

@@ -259,6 +259,15 @@ func TestExecFailureReports127(t *testing.T) {
 	if e.ExitCode != 127 || e.Reason != ReasonStartFailed || !strings.Contains(e.Message, "/nonexistent/train.py") {
 		t.Errorf("exit = %+v", e)
 	}
+	// An empty command fails the same way instead of panicking.
+	empty := shLease(13, []int{1}, "")
+	empty.Command = nil
+	p.push(agentproto.Orders{Offer: []agentproto.Lease{empty}})
+	p.waitFor("take of the empty lease", 5*time.Second, func() bool { return slices.Contains(p.takes, ref(13)) })
+	p.push(agentproto.Orders{Start: []agentproto.LeaseRef{ref(13)}})
+	if e := p.waitExit(ref(13), 5*time.Second); e.ExitCode != 127 || e.Reason != ReasonStartFailed || !strings.Contains(e.Message, "empty command") {
+		t.Errorf("exit = %+v", e)
+	}
 	p.mu.Lock()
 	started := len(p.started)
 	p.mu.Unlock()

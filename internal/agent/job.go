@@ -79,6 +79,10 @@ func (a *Agent) start(ref agentproto.LeaseRef) {
 		a.out.exited(agentproto.JobExited{JobID: ref.JobID, Segment: ref.Segment, ExitCode: 127, Reason: ReasonStartFailed,
 			Message: err.Error(), Time: time.Now().UTC()})
 	}
+	if len(l.Command) == 0 {
+		fail(errors.New("the lease has an empty command"))
+		return
+	}
 	if l.CheckpointDir != "" {
 		if err := os.MkdirAll(l.CheckpointDir, 0o750); err != nil {
 			fail(fmt.Errorf("creating checkpoint dir: %w", err))
