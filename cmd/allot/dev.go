@@ -32,6 +32,7 @@ func devMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	addr := fs.String("addr", ":8080", "listen address of the portal and API")
 	dataDir := fs.String("data-dir", ".allot/pgdata", "where a private PostgreSQL keeps its data when one must be started")
+	noAgents := fs.Bool("no-agents", false, "do not start the 16 in-process agents with fake GPUs")
 	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL to use as is (default: env DATABASE_URL; unset: find or start one)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -51,7 +52,8 @@ func devMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 	}
-	m := &Main{Config: Config{DatabaseURL: url, Addr: *addr, Worker: true, Migrate: true, DevMode: true, Logger: log}}
+	cpRoot, _ := filepath.Abs(filepath.Join(filepath.Dir(*dataDir), "checkpoints"))
+	m := &Main{Config: Config{DatabaseURL: url, Addr: *addr, Worker: true, Migrate: true, DevMode: true, Logger: log, CheckpointRoot: cpRoot}}
 	if err := m.Run(ctx); err != nil {
 		fmt.Fprintf(stderr, "allot dev: %v\n", err)
 		m.Close()
@@ -66,6 +68,14 @@ func devMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "allot dev: %v\n", err)
 		return 1
+	}
+	if !*noAgents {
+		stopAgents, err := startDevAgents(ctx, m, slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+		if err != nil {
+			fmt.Fprintf(stderr, "allot dev: %v\n", err)
+			return 1
+		}
+		defer stopAgents()
 	}
 	var tokens strings.Builder
 	fmt.Fprintf(stdout, "\nAllot is running at %s (database: %s, %s)\n", m.URL(), db.Source, redactURL(url))

@@ -14,6 +14,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/allotlabs/allot/internal/agent"
 	"github.com/allotlabs/allot/internal/scheduler/sim"
 	"github.com/allotlabs/allot/internal/store"
 )
@@ -28,8 +29,9 @@ Run the system:
   dev       everything in one process with demo data (finds or starts PostgreSQL)
   server    portal and JSON API (DATABASE_URL)
   worker    River worker pool: scheduling cycles and periodic jobs (DATABASE_URL)
-  agent     node agent (not available yet)
+  agent     node agent: runs the jobs the scheduler gives this node (--gpu nvml|fake)
   migrate   apply database migrations (DATABASE_URL)
+  node-token create NAME   make a node token for an agent (DATABASE_URL)
 
 Use it:
   submit    submit a job:  allot submit --team nlp --tier 3 --gpus 8 --time 4h -- python train.py
@@ -67,8 +69,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "test-env":
 		return cmdTestEnv(args[1:], stdout, stderr)
 	case "agent":
-		fmt.Fprintln(stderr, "allot agent: the node agent is not available in this version yet")
-		return 2
+		return agent.Main(args[1:], stdout, stderr)
+	case "node-token":
+		return cmdNodeToken(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

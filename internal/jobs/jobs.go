@@ -172,9 +172,7 @@ func NewClient(cfg Config) (*river.Client[pgx.Tx], error) {
 				func() (river.JobArgs, *river.InsertOpts) { return ScheduleArgs{}, nil },
 				&river.PeriodicJobOpts{RunOnStart: true}),
 			river.NewPeriodicJob(river.PeriodicInterval(cfg.HeartbeatInterval/2),
-				func() (river.JobArgs, *river.InsertOpts) {
-					return LostNodesArgs{}, &river.InsertOpts{UniqueOpts: river.UniqueOpts{ByPeriod: cfg.HeartbeatInterval / 2}}
-				}, nil),
+				func() (river.JobArgs, *river.InsertOpts) { return LostNodesArgs{}, nil }, nil),
 			river.NewPeriodicJob(river.PeriodicInterval(time.Minute),
 				func() (river.JobArgs, *river.InsertOpts) {
 					return DecayUsageArgs{}, &river.InsertOpts{UniqueOpts: river.UniqueOpts{ByPeriod: time.Minute}}
