@@ -519,8 +519,9 @@ func (s *Store) appendLog(ctx context.Context, jobID int64, lines []string) erro
 		lines = lines[len(lines)-LogTailLines:]
 	}
 	_, err := s.db.Exec(ctx, `
-		UPDATE jobs SET log_tail = (log_tail || $2::text[])[greatest(1, cardinality(log_tail) + cardinality($2::text[]) - $3 + 1):]
-		WHERE id = $1`, jobID, lines, LogTailLines)
+		UPDATE jobs SET log_tail = (log_tail || $2::text[])[greatest(1, cardinality(log_tail) + cardinality($2::text[]) - $3 + 1):],
+			first_output_at = coalesce(first_output_at, $4)
+		WHERE id = $1`, jobID, lines, LogTailLines, s.Now())
 	return mapErr("appending log", err)
 }
 
