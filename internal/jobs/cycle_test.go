@@ -1,0 +1,94 @@
+package jobs_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/demo"
+	"github.com/allotlabs/allot/internal/jobs"
+	"github.com/allotlabs/allot/internal/store"
+	"github.com/allotlabs/allot/internal/store/storetest"
+)
+
+// TestCyclesKilledMidwayLoseNothing runs scheduling cycles from two
+// "workers" at once while one of them is killed at random points of its
+// transaction (its context is cancelled, as when a process dies: the
+// database rolls back). No GPU may end up in two active allocations, every
+// job must still be pending or running, and every running job must hold
+// exactly its GPUs.
+func TestCyclesKilledMidwayLoseNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := storetest.Pool(t)
+	st := store.New(pool)
+	if err := demo.Seed(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE nodes SET state = 'up', registered_at = now(), last_heartbeat = now()`); err != nil {
+		t.Fatal(err)
+	}
+	admin, err := st.UserByEmail(ctx, demo.PersonaEmail[demo.Admin])
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	sizes := []int{1, 1, 2, 4, 8, 16}
+	for i := range 150 {
+		spec := allot.JobSpec{Name: fmt.Sprintf("j%d", i), Team: []string{"fraud", "recs", "nlp"}[i%3], Tier: allot.Tier3,
+			GPUs: sizes[rng.IntN(len(sizes))], TimeLimit: time.Hour, Command: []string{"true"}}
+		if _, err := st.SubmitJob(ctx, &admin, spec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var total int
+	pool.QueryRow(ctx, `SELECT count(*) FROM jobs`).Scan(&total) //nolint:errcheck
+
+	a := &jobs.Scheduler{Store: st, CheckpointRoot: "/tmp"}
+	b := &jobs.Scheduler{Store: st, CheckpointRoot: "/tmp"}
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { // the worker that keeps dying
+		defer wg.Done()
+		for i := range 60 {
+			cctx, cancel := context.WithTimeout(ctx, time.Duration(i%15)*time.Millisecond)
+			a.Cycle(cctx) //nolint:errcheck // killed cycles fail; that is the point
+			cancel()
+		}
+	}()
+	go func() { // a healthy worker, racing it
+		defer wg.Done()
+		for range 30 {
+			if _, err := b.Cycle(ctx); err != nil && allot.ErrorCode(err) != allot.EConflict {
+				t.Errorf("healthy cycle: %v", err)
+			}
+			// Jobs finish now and then, so there is always work to place.
+			pool.Exec(ctx, `WITH done AS (SELECT id FROM jobs WHERE state = 'running' ORDER BY random() LIMIT 3)
+				UPDATE allocations SET released_at = now() WHERE released_at IS NULL AND job_id IN (SELECT id FROM done)`) //nolint:errcheck
+			pool.Exec(ctx, `UPDATE jobs SET state = 'completed', ended_at = now() WHERE state = 'running'
+				AND NOT EXISTS (SELECT 1 FROM allocations a WHERE a.job_id = jobs.id AND a.released_at IS NULL)`) //nolint:errcheck
+		}
+	}()
+	wg.Wait()
+	if _, err := b.Cycle(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	var doubled, lost, wrong, orphanLeases, started int
+	pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT node, gpu_index FROM allocations WHERE released_at IS NULL GROUP BY 1, 2 HAVING count(*) > 1) d`).Scan(&doubled) //nolint:errcheck
+	pool.QueryRow(ctx, `SELECT $1 - count(*) FILTER (WHERE state IN ('pending', 'running', 'completed', 'failed')) FROM jobs`, total).Scan(&lost)                     //nolint:errcheck
+	pool.QueryRow(ctx, `SELECT count(*) FROM jobs j WHERE state = 'running' AND j.gpus <> (SELECT count(*) FROM allocations a
+		WHERE a.job_id = j.id AND a.released_at IS NULL AND a.segment = j.segment)`).Scan(&wrong) //nolint:errcheck
+	pool.QueryRow(ctx, `SELECT count(*) FROM leases l JOIN jobs j ON j.id = l.job_id WHERE l.segment > j.segment`).Scan(&orphanLeases) //nolint:errcheck
+	pool.QueryRow(ctx, `SELECT count(*) FROM jobs WHERE segment > 0`).Scan(&started)                                                   //nolint:errcheck
+	if doubled != 0 || lost != 0 || wrong != 0 || orphanLeases != 0 {
+		t.Errorf("doubly allocated GPUs %d, lost jobs %d, running jobs with the wrong GPU count %d, leases of rolled-back starts %d", doubled, lost, wrong, orphanLeases)
+	}
+	if started < 20 {
+		t.Errorf("only %d jobs ever started: the cycles did not do their work", started)
+	}
+}
