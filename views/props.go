@@ -68,6 +68,12 @@ type JobDetail struct {
 	Priority       string
 	Breakdown      string
 	CanCancel      bool
+	Live           bool // pending or running: the page refreshes itself
+	Segment        int
+	Preemptions    int
+	EndReason      string
+	RunAs          string
+	Log            []string
 }
 
 // JobForm is the submit form with its current values and errors.

@@ -65,6 +65,11 @@ func (s *Server) jobPage(c echo.Context) error {
 	if j.ExitCode != nil {
 		d.ExitCode = strconv.Itoa(*j.ExitCode)
 	}
+	d.Live = j.State == allot.JobPending || j.State == allot.JobRunning
+	d.Segment, d.Preemptions, d.EndReason, d.RunAs = j.Segment, j.Preemptions, j.EndReason, string(j.RunAs)
+	if d.Log, err = s.st.JobLog(c.Request().Context(), j.ID); err != nil {
+		return err
+	}
 	keys := make([]string, 0, len(j.Env))
 	for k := range j.Env {
 		keys = append(keys, k)

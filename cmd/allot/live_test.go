@@ -37,7 +37,7 @@ func bootLive(t *testing.T, nodes ...string) *live {
 	t.Helper()
 	t.Parallel()
 	ctx := context.Background()
-	m := &Main{Config: Config{DatabaseURL: storetest.URL(t), Addr: "127.0.0.1:0", Worker: true, CycleInterval: time.Second,
+	m := &Main{Config: Config{DatabaseURL: storetest.URL(t), Addr: "127.0.0.1:0", Worker: true, DevMode: true, CycleInterval: time.Second,
 		HeartbeatInterval: testHeartbeat, CheckpointRoot: t.TempDir()}}
 	if err := m.Run(ctx); err != nil {
 		t.Fatal(err)
@@ -217,6 +217,11 @@ func TestLiveSubmitRunComplete(t *testing.T) {
 	json.Unmarshal(b, &lg) //nolint:errcheck
 	if code != 200 || len(lg.Lines) != 2 || lg.Lines[0] != fmt.Sprintf("gpus=0,1 job=%d team=nlp", j.ID) || lg.Lines[1] != "done" {
 		t.Errorf("log = %d %q", code, lg.Lines)
+	}
+	// The job page shows the output.
+	br := l.login(demo.Engineer)
+	if _, page := br.get(fmt.Sprintf("/jobs/%d", j.ID)); !strings.Contains(page, `data-testid="log"`) || !strings.Contains(page, "gpus=0,1 job=") {
+		t.Errorf("job page lacks the output")
 	}
 	// A failing command fails the job with its exit code.
 	f := l.submit(demo.Engineer, `{"team":"nlp","tier":3,"gpus":1,"time_limit":"5m","command":`+jsonCmd("sh", "-c", "exit 3")+`}`)
