@@ -496,6 +496,17 @@ func (s *Store) AppendLog(ctx context.Context, node string, r LeaseRef, lines []
 	if _, err := s.lockLeaseNoUpdate(ctx, node, r); err != nil {
 		return err
 	}
+	var members int
+	if err := s.db.QueryRow(ctx, `SELECT count(*) FROM leases WHERE job_id = $1 AND segment = $2`, r.JobID, r.Segment).Scan(&members); err != nil {
+		return mapErr("loading lease", err)
+	}
+	if members > 1 { // label each line with its node, like srun --label
+		labelled := make([]string, len(lines))
+		for i, l := range lines {
+			labelled[i] = node + ": " + l
+		}
+		lines = labelled
+	}
 	return s.appendLog(ctx, r.JobID, lines)
 }
 
