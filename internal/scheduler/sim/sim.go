@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"container/heap"
 	"errors"
 	"fmt"
@@ -42,6 +43,9 @@ type Config struct {
 	CheckpointInterval time.Duration
 	Schedule           ScheduleFunc // nil means scheduler.Schedule
 	Timeline           bool         // record busy GPUs over time (for plots)
+	// MaxPreemptions fails the replay when one job has been preempted more
+	// than this many times (a preemption livelock); 0 means 100.
+	MaxPreemptions int
 	// EveryEvent disables the skipping of provably idle baseline cycles
 	// (for tests that check the skipping changes nothing).
 	EveryEvent bool
@@ -122,6 +126,7 @@ type simJob struct {
 	placement  []scheduler.Slot
 	team       int
 	killed     bool
+	preempted  int
 	stuck      bool // dropped at the end: never started on an empty cluster
 }
 
@@ -765,6 +770,10 @@ func (s *state) preempt(pr scheduler.Preemption) error {
 		return fmt.Errorf("preemption of job %d, which is not running (or already terminating)", pr.JobID)
 	}
 	s.preemptions++
+	j.preempted++
+	if limit := cmp.Or(s.cfg.MaxPreemptions, 100); j.preempted > limit {
+		return fmt.Errorf("job %d (%s) preempted more than %d times (the last time by job %d: %s): the policy livelocks", pr.JobID, j.tj.Name, limit, pr.By, pr.Reason)
+	}
 	j.phase = phaseTerminating
 	end := s.now + s.cfg.Policy.GracePeriod
 	r := &s.running[s.runIdx[idx]]

@@ -538,3 +538,44 @@ func TestSkippingChangesNothing(t *testing.T) {
 		}
 	}
 }
+
+// TestDeterministic: the same replay twice gives identical metrics, with
+// the real core and preemption in play. (All tier 3: with mixed tiers the
+// core's allot policy can livelock on this trace; see RESULTS.md.)
+func TestDeterministic(t *testing.T) {
+	t.Parallel()
+	trace := randomTrace(400, 3)
+	teams := []TeamSpec{{"a", 8}, {"b", 16}, {"c", 24}}
+	cfg := Config{Nodes: 6, GPUsPerNode: 8, DomainNodes: 2, Teams: teams, Policy: policy(scheduler.ModeAllot),
+		Cycle: 10 * time.Second, WalltimeFactor: 2, CheckpointFraction: 0.5, Schedule: scheduler.Schedule,
+		TierMix: []TierWeight{{scheduler.Tier3, 1}}}
+	a, b := run(t, cfg, trace), run(t, cfg, trace)
+	ignore := cmpopts.IgnoreFields(Result{}, "CycleMeanUS", "CycleP99US", "SimWallS")
+	if d := gocmp.Diff(a, b, ignore); d != "" {
+		t.Errorf("two replays differ (-first +second):\n%s", d)
+	}
+	if a.Preemptions == 0 {
+		t.Log("note: no preemption in this replay")
+	}
+}
+
+// TestLivelockIsAnError: a scheduler that preempts the same job on every
+// cycle fails the replay instead of running forever.
+func TestLivelockIsAnError(t *testing.T) {
+	t.Parallel()
+	thrash := func(s scheduler.Snapshot, now time.Time, p scheduler.Policy) scheduler.Plan {
+		p.Mode = scheduler.ModeFIFO
+		plan := refSchedule(s, now, p)
+		for _, r := range s.Running {
+			if !r.Terminating {
+				plan.Preemptions = append(plan.Preemptions, scheduler.Preemption{JobID: r.ID, Reason: "thrash"})
+			}
+		}
+		return plan
+	}
+	_, err := Run(Config{Nodes: 1, GPUsPerNode: 1, Policy: policy(scheduler.ModeAllot), Schedule: thrash, MaxPreemptions: 5,
+		Cycle: 10 * time.Second}, []TraceJob{tj("A", 0, 1000, 1, "x"), tj("B", 0, 1000, 1, "x")})
+	if err == nil || !strings.Contains(err.Error(), "livelock") {
+		t.Errorf("err = %v, want a livelock error", err)
+	}
+}
