@@ -91,7 +91,7 @@
 //     allocated to t (including grace periods and lost work);
 //     share_ratio = R_t / F_t; Jain = (Σ r)² / (n Σ r²) over teams with
 //     F_t > 0. by_tier's share_ratio uses the same construction with tiers
-//     in place of teams.
+//     in place of teams. by_team lists the teams with a job that ran.
 //   - cycles, cycle_mean_us, cycle_p99_us: Schedule calls and their wall
 //     time; sim_wall_s: the policy's whole replay.
 //
