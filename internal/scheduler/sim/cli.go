@@ -343,10 +343,10 @@ func progressBar(w io.Writer, modes []scheduler.Mode, counters []*atomic.Int64, 
 	draw := func() {
 		var b strings.Builder
 		var sum int64
-		done := make([]int64, len(counters))
+		got := make([]int64, len(counters))
 		for i, c := range counters {
-			done[i] = c.Load()
-			sum += done[i]
+			got[i] = c.Load()
+			sum += got[i]
 		}
 		frac := float64(sum) / float64(max(1, total*len(counters)))
 		const width = 30
@@ -356,7 +356,7 @@ func progressBar(w io.Writer, modes []scheduler.Mode, counters []*atomic.Int64, 
 		b.WriteString(strings.Repeat(".", width-fill))
 		fmt.Fprintf(&b, "] %3.0f%%", 100*frac)
 		for i, m := range modes {
-			fmt.Fprintf(&b, "  %s %3.0f%%", m, 100*float64(done[i])/float64(max(1, total)))
+			fmt.Fprintf(&b, "  %s %3.0f%%", m, 100*float64(got[i])/float64(max(1, total)))
 		}
 		io.WriteString(w, b.String())
 	}
