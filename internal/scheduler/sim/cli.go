@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"bufio"
+	"encoding/csv"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -31,6 +33,7 @@ flags:
 // options are the parsed flags of allot sim.
 type options struct {
 	trace, teams, policies, window, team, tierMix, jsonOut, plotOut string
+	waitsOut                                                        string
 	nodes, gpusPerNode, domainNodes                                 int
 	timeScale, walltime, ckptFraction                               float64
 	seed                                                            int64
@@ -84,6 +87,12 @@ func main(args []string, stdout, stderr io.Writer, sched ScheduleFunc) int {
 	}
 	if o.jsonOut != "" {
 		if err := writeJSON(o.jsonOut, stdout, setup.modes, results); err != nil {
+			fmt.Fprintf(stderr, "allot sim: %v\n", err)
+			return 1
+		}
+	}
+	if o.waitsOut != "" {
+		if err := writeWaits(o.waitsOut, setup.modes, results); err != nil {
 			fmt.Fprintf(stderr, "allot sim: %v\n", err)
 			return 1
 		}
@@ -149,6 +158,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Int64Var(&o.seed, "seed", 1, "seed of the tier and checkpointability hashes")
 	fs.StringVar(&o.jsonOut, "json", "", "write the metrics as JSON to this file ('-' = stdout, instead of the table)")
 	fs.StringVar(&o.plotOut, "plot", "", "write utilization over time and the wait CDF, one SVG with two panels (PNG if FILE ends in .png), to this file")
+	fs.StringVar(&o.waitsOut, "waits", "", "write one CSV row per job that ran and policy (policy,job_id,team,tier,gpus,submit_s,first_start_s,wait_s,preemptions) to this file, for per-tier or per-team percentiles")
 	fs.Var(secondsOrDuration{&o.cycle}, "cycle", "periodic cycle in virtual time (e.g. 10s); 0 = schedule only on submit/finish events")
 	fs.Var(secondsOrDuration{&o.ckptInterval}, "checkpoint-interval", "checkpointable jobs save their progress every this much run time")
 	fs.Float64Var(&o.ckptFraction, "checkpointable", 0.5, "fraction of jobs (seeded hash of the id) that checkpoint, 0..1")
@@ -295,6 +305,7 @@ func (st *setup) config(o *options, m scheduler.Mode) Config {
 		CheckpointInterval: o.ckptInterval,
 		Schedule:           st.sched,
 		Timeline:           o.plotOut != "",
+		JobWaits:           o.waitsOut != "",
 	}
 }
 
@@ -396,7 +407,7 @@ func writeTable(w io.Writer, st *setup, rs []*Result) {
 	}
 	markdown(w, rows)
 
-	fmt.Fprintln(w, "\nby tier: mean / p95 wait (s), share ratio")
+	fmt.Fprintln(w, "\nby tier: mean / p95 / p99 wait (s), share ratio")
 	rows = [][]string{{"policy"}}
 	tiers := keys(rs, func(r *Result) map[string]Group { return r.ByTier })
 	for _, t := range tiers {
@@ -406,7 +417,7 @@ func writeTable(w io.Writer, st *setup, rs []*Result) {
 		row := []string{string(st.modes[i])}
 		for _, t := range tiers {
 			g := r.ByTier[t]
-			row = append(row, fmt.Sprintf("%s / %s, %s", f0(g.WaitMeanS), f0(g.WaitP95S), f2(g.ShareRatio)))
+			row = append(row, fmt.Sprintf("%s / %s / %s, %s", f0(g.WaitMeanS), f0(g.WaitP95S), f0(g.WaitP99S), f2(g.ShareRatio)))
 		}
 		rows = append(rows, row)
 	}
@@ -516,6 +527,34 @@ func writeJSON(path string, stdout io.Writer, modes []scheduler.Mode, rs []*Resu
 	}
 	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
 		return fmt.Errorf("--json: %w", err)
+	}
+	return nil
+}
+
+// writeWaits writes the per-job waits of every policy as CSV to path:
+// policy,job_id,team,tier,gpus,submit_s,first_start_s,wait_s,preemptions,
+// one row per job that ran, policies in --policy order, jobs in trace
+// order. job_id is the trace's; times are virtual seconds after the window
+// start (after --time-scale); tier 5 is preemptible.
+func writeWaits(path string, modes []scheduler.Mode, rs []*Result) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("--waits: %w", err)
+	}
+	bw := bufio.NewWriter(f)
+	w := csv.NewWriter(bw)
+	_ = w.Write([]string{"policy", "job_id", "team", "tier", "gpus", "submit_s", "first_start_s", "wait_s", "preemptions"})
+	num := func(x float64) string { return strconv.FormatFloat(x, 'f', -1, 64) }
+	for i, m := range modes {
+		for _, jw := range rs[i].JobWaits {
+			_ = w.Write([]string{string(m), jw.Name, jw.Team, strconv.Itoa(int(jw.Tier)), strconv.Itoa(jw.GPUs),
+				num(jw.SubmitS), num(jw.FirstStartS), num(jw.WaitS), strconv.Itoa(jw.Preemptions)})
+		}
+	}
+	w.Flush()
+	err = errors.Join(w.Error(), bw.Flush(), f.Close())
+	if err != nil {
+		return fmt.Errorf("--waits: %w", err)
 	}
 	return nil
 }

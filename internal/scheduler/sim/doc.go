@@ -34,9 +34,11 @@
 //     now + min(remaining work, time limit) (killed at the time limit if
 //     that comes first);
 //   - a Preemption marks the victim Terminating with GraceEnd =
-//     now + Policy.GracePeriod; it holds its GPUs until then (a job that
-//     completes within the grace period just completes); at GraceEnd its GPUs
-//     are freed and it is requeued with its original submit time.
+//     now + Policy.GracePeriod and PreemptedBy = Preemption.By (as the live
+//     loop does, so that the core holds the GPUs coming free for the
+//     preemptor); it holds its GPUs until then (a job that completes within
+//     the grace period just completes); at GraceEnd its GPUs are freed and
+//     it is requeued with its original submit time.
 //
 // Plans are checked: a start of a job that is not pending, a GPU already in
 // use, a gang of the wrong size or a preemption of a job that is not running
@@ -94,6 +96,13 @@
 //     in place of teams. by_team lists the teams with a job that ran.
 //   - cycles, cycle_mean_us, cycle_p99_us: Schedule calls and their wall
 //     time; sim_wall_s: the policy's whole replay.
+//
+// The JSON has exactly these keys. For other cuts (a tier's p99, a team's
+// multi-node jobs) --waits FILE writes one CSV row per job that ran and
+// policy: policy, job_id (the trace's), team, tier (5 = preemptible), gpus,
+// submit_s, first_start_s (virtual seconds after the window start, after
+// --time-scale), wait_s and preemptions (times the job was preempted).
+// The stdout table's by-tier rows show p99 as well.
 //
 // The four policies of one invocation replay concurrently, one goroutine
 // each, at most GOMAXPROCS at a time.

@@ -61,6 +61,13 @@ func (s *state) result() *Result {
 		w := (j.firstStart - j.tj.Submit).Seconds()
 		c := (j.finish - j.tj.Submit).Seconds()
 		waits = append(waits, w)
+		if s.cfg.JobWaits {
+			r.JobWaits = append(r.JobWaits, JobWait{
+				ID: j.id, Name: j.tj.Name, Team: j.tj.Team, Tier: j.tier, GPUs: j.tj.GPUs,
+				SubmitS: j.tj.Submit.Seconds(), FirstStartS: j.firstStart.Seconds(), WaitS: w,
+				Preemptions: j.preempted,
+			})
+		}
 		teamWaits[j.team] = append(teamWaits[j.team], w)
 		tierWaits[j.tier-1] = append(tierWaits[j.tier-1], w)
 		jct += c
@@ -127,6 +134,7 @@ func group(waits []float64, received, fair float64) Group {
 		slices.Sort(sorted)
 		g.WaitMeanS = mean(sorted)
 		g.WaitP95S = Percentile(sorted, 95)
+		g.WaitP99S = Percentile(sorted, 99)
 	}
 	if fair > 0 {
 		g.ShareRatio = received / fair

@@ -43,6 +43,7 @@ type Config struct {
 	CheckpointInterval time.Duration
 	Schedule           ScheduleFunc // nil means scheduler.Schedule
 	Timeline           bool         // record busy GPUs over time (for plots)
+	JobWaits           bool         // fill Result.JobWaits (allot sim --waits)
 	// MaxPreemptions fails the replay when one job has been preempted more
 	// than this many times (a preemption livelock); 0 means 100.
 	MaxPreemptions int
@@ -59,6 +60,7 @@ type Group struct {
 	WaitP95S   float64 `json:"wait_p95_s"`
 	GPUS       float64 `json:"gpu_s"`
 	ShareRatio float64 `json:"share_ratio"`
+	WaitP99S   float64 `json:"-"` // table only: the JSON keys are fixed by the issue
 }
 
 // Result is one policy's replay metrics; the JSON keys are the issue's.
@@ -91,6 +93,21 @@ type Result struct {
 	SpanStartS, SpanEndS  float64          `json:"-"`
 	TimeLimitKills        int              `json:"-"`
 	DroppedNeverStartable int              `json:"-"` // of Dropped: stuck at the end, not filtered up front
+	// JobWaits has one record per job that ran, in trace order (--waits).
+	JobWaits []JobWait `json:"-"`
+}
+
+// JobWait is one job's wait, for per-job analysis (allot sim --waits).
+type JobWait struct {
+	ID          int64  // 1-based position in the replayed trace
+	Name        string // the trace's job id
+	Team        string
+	Tier        scheduler.Tier
+	GPUs        int
+	SubmitS     float64 // virtual seconds after the window start
+	FirstStartS float64
+	WaitS       float64
+	Preemptions int
 }
 
 // Point is one step of the busy-GPU timeline: from T (seconds) on, Busy
@@ -779,6 +796,9 @@ func (s *state) preempt(pr scheduler.Preemption) error {
 	r := &s.running[s.runIdx[idx]]
 	r.Terminating = true
 	r.GraceEnd = Epoch.Add(end)
+	// As the live loop does: the core holds the GPUs coming free for the
+	// preemptor first.
+	r.PreemptedBy = pr.By
 	heap.Push(&s.events, event{at: end, job: int32(idx), gen: j.gen, kind: evGrace})
 	return nil
 }

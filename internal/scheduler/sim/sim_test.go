@@ -137,13 +137,19 @@ func TestCycles(t *testing.T) {
 
 // preemptingSched is refSchedule's FIFO plus one rule: when job 2 is pending
 // and nothing is terminating, preempt the running job 1. It records the
-// pending jobs it saw.
+// pending jobs it saw and the PreemptedBy of the terminating jobs it saw.
 type preemptingSched struct {
-	seen []scheduler.Job
+	seen   []scheduler.Job
+	termBy []int64
 }
 
 func (p *preemptingSched) schedule(s scheduler.Snapshot, now time.Time, pol scheduler.Policy) scheduler.Plan {
 	p.seen = append(p.seen, s.Pending...)
+	for _, r := range s.Running {
+		if r.Terminating {
+			p.termBy = append(p.termBy, r.PreemptedBy)
+		}
+	}
 	// While job 2 waits, nothing else may start.
 	if i := slices.IndexFunc(s.Pending, func(j scheduler.Job) bool { return j.ID == 2 }); i >= 0 {
 		s.Pending = s.Pending[i : i+1]
@@ -177,6 +183,7 @@ func TestPreemptionGraceAndRequeue(t *testing.T) {
 	r := run(t, Config{
 		Nodes: 1, GPUsPerNode: 1, Policy: policy(scheduler.ModeAllot),
 		CheckpointFraction: 1, CheckpointInterval: 100 * time.Second, Schedule: ps.schedule,
+		JobWaits: true,
 	}, trace)
 	want := metricView{
 		Jobs: 2, MakespanS: 1170,
@@ -200,6 +207,26 @@ func TestPreemptionGraceAndRequeue(t *testing.T) {
 	}
 	if d := gocmp.Diff([]time.Time{Epoch, Epoch, Epoch}, requeued); d != "" {
 		t.Errorf("A's submit times seen pending (-want +got):\n%s", d)
+	}
+	wantWaits := []JobWait{
+		{ID: 1, Name: "A", Team: "x", Tier: r.JobWaits[0].Tier, GPUs: 1, SubmitS: 0, FirstStartS: 0, WaitS: 0, Preemptions: 1},
+		{ID: 2, Name: "B", Team: "y", Tier: r.JobWaits[1].Tier, GPUs: 1, SubmitS: 250, FirstStartS: 370, WaitS: 120},
+	}
+	if d := gocmp.Diff(wantWaits, r.JobWaits, approx); d != "" {
+		t.Errorf("job waits (-want +got):\n%s", d)
+	}
+}
+
+// TestPreemptedBy: while A is in its grace period, every snapshot (here the
+// periodic cycles) names its preemptor in Job.PreemptedBy, as the live loop
+// does, so that the core holds the GPUs coming free for B.
+func TestPreemptedBy(t *testing.T) {
+	t.Parallel()
+	ps := &preemptingSched{}
+	trace := []TraceJob{tj("A", 0, 1000, 1, "x"), tj("B", 250, 100, 1, "y")}
+	run(t, Config{Nodes: 1, GPUsPerNode: 1, Policy: policy(scheduler.ModeAllot), Cycle: 10 * time.Second, Schedule: ps.schedule}, trace)
+	if len(ps.termBy) != 11 || slices.ContainsFunc(ps.termBy, func(by int64) bool { return by != 2 }) {
+		t.Errorf("PreemptedBy of the terminating job in cycles 260..360: %v, want 11 × 2", ps.termBy)
 	}
 }
 
@@ -395,9 +422,10 @@ func TestCLI(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	jsonPath, plotPath := filepath.Join(dir, "out.json"), filepath.Join(dir, "out.svg")
+	waitsPath := filepath.Join(dir, "waits.csv")
 	var stdout, stderr bytes.Buffer
 	code := main([]string{"--trace", "testdata/tiny.csv", "--teams", "testdata/teams.csv", "--domain-nodes", "0",
-		"--json", jsonPath, "--plot", plotPath}, &stdout, &stderr, refSchedule)
+		"--json", jsonPath, "--plot", plotPath, "--waits", waitsPath}, &stdout, &stderr, refSchedule)
 	if code != 0 {
 		t.Fatalf("exit %d, stderr:\n%s", code, stderr.String())
 	}
@@ -451,6 +479,19 @@ func TestCLI(t *testing.T) {
 	}
 	if d := gocmp.Diff(map[string]int{"allot": 1, "easy": 1, "fifo": 1, "fifo-partitioned": 2}, dropped); d != "" {
 		t.Errorf("dropped (-want +got):\n%s", d)
+	}
+	// --waits: a header and one row per job that ran and policy (5 + 5 + 5
+	// + 4), in --policy then trace order.
+	wb, err := os.ReadFile(waitsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(wb)), "\n")
+	if len(lines) != 1+19 || lines[0] != "policy,job_id,team,tier,gpus,submit_s,first_start_s,wait_s,preemptions" {
+		t.Errorf("waits CSV: %d lines, header %q", len(lines), lines[0])
+	}
+	if f := strings.Split(lines[1], ","); len(f) != 9 || f[0] != "allot" || f[1] != "j1" || f[2] != "a" || f[4] != "8" || f[5] != "0" {
+		t.Errorf("first waits row %q", lines[1])
 	}
 	svg, err := os.ReadFile(plotPath)
 	if err != nil || !bytes.Contains(svg, []byte("<svg")) || !bytes.Contains(svg, []byte("wait-time CDF")) {
