@@ -88,7 +88,7 @@ func TestMetricsByHand(t *testing.T) {
 	}
 	wantTeams := map[string]Group{
 		"x": {Jobs: 1, GPUS: 200, ShareRatio: rx},
-		"y": {Jobs: 2, WaitMeanS: 45, WaitP95S: 40 + 0.95*10, GPUS: 110, ShareRatio: ry},
+		"y": {Jobs: 2, WaitMeanS: 45, WaitP95S: 40 + 0.95*10, WaitP99S: 40 + 0.99*10, GPUS: 110, ShareRatio: ry},
 	}
 	if d := gocmp.Diff(wantTeams, r.ByTeam, approx); d != "" {
 		t.Errorf("by_team (-want +got):\n%s", d)
