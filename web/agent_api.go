@@ -111,6 +111,13 @@ func (s *Server) agentHeartbeat(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	stats := make([]store.JobStat, 0, len(hb.Jobs))
+	for _, j := range hb.Jobs {
+		stats = append(stats, store.JobStat{JobID: j.JobID, Segment: j.Segment, CPUSeconds: j.CPUSeconds, RSSBytes: j.RSSBytes})
+	}
+	if err := s.st.RecordJobStats(c.Request().Context(), node, stats); err != nil {
+		return err
+	}
 	return writeJSON(c, http.StatusOK, agentproto.HeartbeatReply{NodeState: state})
 }
 
@@ -140,7 +147,7 @@ func (s *Server) agentOrders(c echo.Context) error {
 			done()
 			return err
 		}
-		if !o.Empty() {
+		if !o.Empty() || s.notifier.Closed() {
 			done()
 			return writeJSON(c, http.StatusOK, protoOrders(o))
 		}

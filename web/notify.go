@@ -17,6 +17,23 @@ type Notifier struct {
 	mu      sync.Mutex
 	waiters map[string]map[chan struct{}]struct{}
 	log     *slog.Logger
+	closed  bool
+}
+
+// Close ends every long poll now and every later one at once (the server is
+// shutting down; agents reconnect to another replica or after the restart).
+func (n *Notifier) Close() {
+	n.mu.Lock()
+	n.closed = true
+	n.mu.Unlock()
+	n.Wake("")
+}
+
+// Closed reports whether Close was called.
+func (n *Notifier) Closed() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.closed
 }
 
 // NewNotifier returns a notifier with no listener; call Listen.

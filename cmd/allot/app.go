@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/allotlabs/allot/internal/jobs"
@@ -48,8 +49,14 @@ type Main struct {
 	working  bool
 	served   chan error
 	stopBg   context.CancelFunc
+	serverID string
 	bgDone   chan struct{}
 	Registry *prometheus.Registry
+}
+
+func hostname() string {
+	h, _ := os.Hostname()
+	return h
 }
 
 // Trigger asks for a scheduling cycle.
@@ -94,15 +101,37 @@ func (m *Main) Run(ctx context.Context) error {
 			OnJobEvent: m.Trigger, HeartbeatInterval: m.HeartbeatInterval})
 		bg, stop := context.WithCancel(context.Background())
 		m.stopBg, m.bgDone = stop, make(chan struct{})
+		m.serverID = fmt.Sprintf("%s-%d-%d", hostname(), os.Getpid(), time.Now().UnixNano())
+		if err := m.Store.AnnounceServer(ctx, m.serverID); err != nil {
+			stop()
+			return err
+		}
 		go func() {
 			defer close(m.bgDone)
-			srv.Notifier().Listen(bg, pool)
+			go srv.Notifier().Listen(bg, pool)
+			every := m.HeartbeatInterval
+			if every == 0 {
+				every = 10 * time.Second
+			}
+			t := time.NewTicker(every)
+			defer t.Stop()
+			for {
+				select {
+				case <-bg.Done():
+					return
+				case <-t.C:
+					if err := m.Store.AnnounceServer(bg, m.serverID); err != nil && bg.Err() == nil {
+						m.Logger.Warn("announcing server", "err", err)
+					}
+				}
+			}
 		}()
 		m.ln, err = net.Listen("tcp", m.Addr)
 		if err != nil {
 			return fmt.Errorf("listening on %s: %w", m.Addr, err)
 		}
 		m.http = &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+		m.http.RegisterOnShutdown(srv.Notifier().Close)
 		m.served = make(chan error, 1)
 		go func() { m.served <- m.http.Serve(m.ln) }()
 	}
@@ -140,15 +169,18 @@ func (m *Main) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var errs []error
-	if m.http != nil {
-		errs = append(errs, m.http.Shutdown(ctx))
-	}
+	// Stop announcing first: from now on nobody hears the agents, so their
+	// silence must not count against them.
 	if m.stopBg != nil {
 		m.stopBg()
 		<-m.bgDone
+		errs = append(errs, m.Store.RetireServer(ctx, m.serverID))
 	}
 	if m.working {
 		errs = append(errs, m.river.Stop(ctx))
+	}
+	if m.http != nil {
+		errs = append(errs, m.http.Shutdown(ctx))
 	}
 	if m.Pool != nil {
 		m.Pool.Close()

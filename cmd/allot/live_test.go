@@ -47,7 +47,7 @@ func bootLive(t *testing.T, nodes ...string) *live {
 		for _, stop := range l.agents {
 			stop()
 		}
-		if err := m.Close(); err != nil {
+		if err := l.m.Close(); err != nil {
 			t.Errorf("closing: %v", err)
 		}
 	})
@@ -405,5 +405,42 @@ func TestAgentBadInput(t *testing.T) {
 	}
 	if got := l.job(j.ID); got.State != "running" {
 		t.Errorf("victim of forged reports is %s", got.State)
+	}
+}
+
+// TestLiveServerRestart: the server and worker go away while a job runs and
+// come back on the same address; the agent keeps the job alive, reconnects,
+// and the job completes with its output intact.
+func TestLiveServerRestart(t *testing.T) {
+	l := bootLive(t, "gpu13")
+	dir := t.TempDir()
+	j := l.submit(demo.Admin, `{"team":"recs","tier":3,"gpus":2,"gpu_type":"T4","time_limit":"5m","command":`+
+		jsonCmd("sh", "-c", `echo before; while [ ! -f `+dir+`/go ]; do sleep 0.05; done; echo after`)+`}`)
+	l.waitJob(j.ID, 20*time.Second, func(j web.JobJSON) bool { return j.State == "running" }, "running")
+	l.eventually(10*time.Second, "first output", func() bool {
+		lines, _ := l.m.Store.JobLog(context.Background(), j.ID)
+		return len(lines) == 1
+	})
+	addr := strings.TrimPrefix(l.url, "http://")
+	if err := l.m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "go"), nil, 0o644) //nolint:errcheck // the job ends while the server is down
+	time.Sleep(3 * testHeartbeat)
+	m2 := &Main{Config: Config{DatabaseURL: l.m.DatabaseURL, Addr: addr, Worker: true, DevMode: true, CycleInterval: time.Second,
+		HeartbeatInterval: testHeartbeat, CheckpointRoot: l.m.CheckpointRoot}}
+	if err := m2.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	l.m, l.env.m = m2, m2
+	got := l.waitJob(j.ID, 20*time.Second, func(j web.JobJSON) bool { return j.State == "completed" }, "completed after the restart")
+	lines, _ := m2.Store.JobLog(context.Background(), j.ID)
+	if strings.Join(lines, ",") != "before,after" || *got.ExitCode != 0 {
+		t.Errorf("after restart: exit %v, log %q", got.ExitCode, lines)
+	}
+	var nodeState string
+	m2.Pool.QueryRow(context.Background(), `SELECT state FROM nodes WHERE name = 'gpu13'`).Scan(&nodeState) //nolint:errcheck
+	if nodeState != allot.NodeUp {
+		t.Errorf("node is %s after the restart", nodeState)
 	}
 }

@@ -78,15 +78,15 @@ func (LostNodesArgs) Kind() string { return "lost_nodes" }
 // LostNodesWorker works LostNodesArgs.
 type LostNodesWorker struct {
 	river.WorkerDefaults[LostNodesArgs]
-	Store  *store.Store
-	Logger *slog.Logger
-	After  time.Duration
+	Store    *store.Store
+	Logger   *slog.Logger
+	Interval time.Duration // the agents' heartbeat interval
 }
 
 // Work marks silent nodes down, requeues or fails their jobs, and asks for
 // a scheduling cycle when anything changed.
 func (w *LostNodesWorker) Work(ctx context.Context, _ *river.Job[LostNodesArgs]) error {
-	lost, err := w.Store.MarkLostNodes(ctx, w.Store.Now().Add(-w.After))
+	lost, err := w.Store.LostNodes(ctx, w.Interval)
 	if err != nil {
 		return err
 	}
@@ -158,7 +158,7 @@ func NewClient(cfg Config) (*river.Client[pgx.Tx], error) {
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &CleanupSessionsWorker{Store: cfg.Store, Logger: cfg.Logger})
 	river.AddWorker(workers, &ScheduleWorker{Scheduler: sched})
-	river.AddWorker(workers, &LostNodesWorker{Store: cfg.Store, Logger: cfg.Logger, After: 3 * cfg.HeartbeatInterval})
+	river.AddWorker(workers, &LostNodesWorker{Store: cfg.Store, Logger: cfg.Logger, Interval: cfg.HeartbeatInterval})
 	river.AddWorker(workers, &DecayUsageWorker{Store: cfg.Store})
 	client, err := river.NewClient(riverpgxv5.New(cfg.Pool), &river.Config{
 		Logger:  cfg.Logger,

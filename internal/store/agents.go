@@ -543,6 +543,55 @@ func (s *Store) JobLog(ctx context.Context, jobID int64) ([]string, error) {
 	return lines, mapErr(fmt.Sprintf("loading log of job %d", jobID), err)
 }
 
+// AnnounceServer records that API server id is up (call it at start and
+// then every heartbeat interval).
+func (s *Store) AnnounceServer(ctx context.Context, id string) error {
+	now := s.Now()
+	_, err := s.db.Exec(ctx, `INSERT INTO api_servers (id, started_at, last_seen) VALUES ($1, $2, $2)
+		ON CONFLICT (id) DO UPDATE SET last_seen = $2`, id, now)
+	return mapErr("announcing server", err)
+}
+
+// RetireServer removes an API server that stops cleanly.
+func (s *Store) RetireServer(ctx context.Context, id string) error {
+	_, err := s.db.Exec(ctx, `DELETE FROM api_servers WHERE id = $1`, id)
+	return mapErr("retiring server", err)
+}
+
+// RecordJobStats stores the agents' per-job process statistics.
+func (s *Store) RecordJobStats(ctx context.Context, node string, stats []JobStat) error {
+	for _, st := range stats {
+		if _, err := s.db.Exec(ctx, `UPDATE leases SET cpu_seconds = $4, rss_bytes = $5 WHERE job_id = $1 AND segment = $2 AND node = $3 AND state <> 'exited'`,
+			st.JobID, st.Segment, node, st.CPUSeconds, st.RSSBytes); err != nil {
+			return mapErr("recording job stats", err)
+		}
+	}
+	return nil
+}
+
+// JobStat is one job's process statistics on one node.
+type JobStat struct {
+	JobID      int64
+	Segment    int
+	CPUSeconds float64
+	RSSBytes   int64
+}
+
+// LostNodes marks down nodes silent for 3 heartbeat intervals, counting
+// only time when an API server was up to hear them: after the control
+// plane was down, agents get 3 intervals to reconnect.
+func (s *Store) LostNodes(ctx context.Context, interval time.Duration) ([]string, error) {
+	now := s.Now()
+	var servingSince *time.Time
+	if err := s.db.QueryRow(ctx, `SELECT min(started_at) FROM api_servers WHERE last_seen > $1`, now.Add(-2*interval)).Scan(&servingSince); err != nil {
+		return nil, mapErr("checking API servers", err)
+	}
+	if servingSince == nil || now.Sub(*servingSince) < 3*interval {
+		return nil, nil // no server, or one just came up: nobody could hear the agents
+	}
+	return s.MarkLostNodes(ctx, now.Add(-3*interval))
+}
+
 // MarkLostNodes marks down every node that has sent no heartbeat since
 // before cutoff. Its unfinished leases end at the last heartbeat (usage is
 // billed up to then); checkpointable jobs go back to the queue, others fail
