@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -90,5 +91,44 @@ func TestCyclesKilledMidwayLoseNothing(t *testing.T) {
 	}
 	if started < 20 {
 		t.Errorf("only %d jobs ever started: the cycles did not do their work", started)
+	}
+}
+
+// TestUntakenOffersExpire: when a node never takes its lease, the start is
+// undone after the deadline: GPUs released, the job pending again.
+func TestUntakenOffersExpire(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := storetest.Pool(t)
+	st := store.New(pool)
+	if err := demo.Seed(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE nodes SET state = 'up', registered_at = now(), last_heartbeat = now() WHERE name = 'gpu13'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (&jobs.Scheduler{Store: st}).Cycle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var offered []int64
+	if err := pool.QueryRow(ctx, `SELECT coalesce(array_agg(job_id ORDER BY job_id), '{}') FROM leases WHERE node = 'gpu13' AND state = 'offered'`).Scan(&offered); err != nil || len(offered) == 0 {
+		t.Fatalf("no offer on gpu13: %v", err)
+	}
+	id := offered[0]
+	if got, err := st.ExpireOffers(ctx, time.Now().Add(-time.Minute)); err != nil || len(got) != 0 {
+		t.Fatalf("fresh offer expired: %v %v", got, err)
+	}
+	got, err := st.ExpireOffers(ctx, time.Now().Add(time.Minute))
+	if err != nil || fmt.Sprint(got) != fmt.Sprint(offered) {
+		t.Fatalf("ExpireOffers = %v, %v; want %v", got, err, offered)
+	}
+	j, err := st.GetJob(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held int
+	pool.QueryRow(ctx, `SELECT count(*) FROM allocations WHERE job_id = $1 AND released_at IS NULL`, id).Scan(&held) //nolint:errcheck
+	if j.State != allot.JobPending || held != 0 || !strings.Contains(j.PendingReason, "did not take") {
+		t.Errorf("after expiry: state %s, %d GPUs held, reason %q", j.State, held, j.PendingReason)
 	}
 }

@@ -92,6 +92,17 @@ func (w *LostNodesWorker) Work(ctx context.Context, _ *river.Job[LostNodesArgs])
 	}
 	if len(lost) > 0 {
 		w.Logger.Warn("nodes stopped sending heartbeats; marked down", "nodes", lost)
+	}
+	// A gang whose leases are not all taken within 3 intervals (at least
+	// 30 s) goes back to the queue.
+	expired, err := w.Store.ExpireOffers(ctx, w.Store.Now().Add(-max(3*w.Interval, 30*time.Second)))
+	if err != nil {
+		return err
+	}
+	if len(expired) > 0 {
+		w.Logger.Warn("leases not taken in time; jobs requeued", "jobs", expired)
+	}
+	if len(lost) > 0 || len(expired) > 0 {
 		return Trigger(ctx, w.Store, river.ClientFromContext[pgx.Tx](ctx))
 	}
 	return nil

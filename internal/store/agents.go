@@ -543,6 +543,45 @@ func (s *Store) JobLog(ctx context.Context, jobID int64) ([]string, error) {
 	return lines, mapErr(fmt.Sprintf("loading log of job %d", jobID), err)
 }
 
+// ExpireOffers undoes starts whose gang did not take all its leases by
+// cutoff (an agent refused or never answered): the leases end, the GPUs are
+// released, and the job goes back to the queue. It returns the jobs it
+// requeued.
+func (s *Store) ExpireOffers(ctx context.Context, cutoff time.Time) ([]int64, error) {
+	var requeued []int64
+	err := s.InTx(ctx, func(tx *Store) error {
+		rows, err := tx.db.Query(ctx, `
+			SELECT DISTINCT l.job_id, l.segment FROM leases l JOIN jobs j ON j.id = l.job_id AND j.segment = l.segment AND j.state = 'running'
+			WHERE l.state = 'offered' AND l.offered_at < $1 ORDER BY 1`, cutoff)
+		if err != nil {
+			return mapErr("finding expired offers", err)
+		}
+		refs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (LeaseRef, error) {
+			var l LeaseRef
+			return l, r.Scan(&l.JobID, &l.Segment)
+		})
+		if err != nil {
+			return mapErr("finding expired offers", err)
+		}
+		for _, r := range refs {
+			tag, err := tx.db.Exec(ctx, `UPDATE jobs SET state = 'pending', updated_at = $2,
+				pending_reason = 'a node did not take its part of the job in time; it goes back to the queue' WHERE id = $1 AND state = 'running'`, r.JobID, tx.Now())
+			if err != nil {
+				return mapErr("requeueing job", err)
+			}
+			if tag.RowsAffected() == 0 {
+				continue
+			}
+			if err := tx.requestStop(ctx, r.JobID, r.Segment, "offer_expired", 0); err != nil {
+				return err
+			}
+			requeued = append(requeued, r.JobID)
+		}
+		return nil
+	})
+	return requeued, err
+}
+
 // AnnounceServer records that API server id is up (call it at start and
 // then every heartbeat interval).
 func (s *Store) AnnounceServer(ctx context.Context, id string) error {
