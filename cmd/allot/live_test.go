@@ -229,6 +229,30 @@ func TestLiveSubmitRunComplete(t *testing.T) {
 	if *got.ExitCode != 3 || got.EndReason != "exit code 3" {
 		t.Errorf("failed job = %+v", got)
 	}
+	// Cancelling a running job stops its process and frees its GPUs.
+	dir := t.TempDir()
+	c := l.submit(demo.Engineer, `{"team":"nlp","tier":3,"gpus":1,"time_limit":"5m","command":`+
+		jsonCmd("sh", "-c", `trap 'echo cancelled > `+dir+`/marker; exit 0' TERM; while true; do sleep 0.1; done`)+`}`)
+	l.waitJob(c.ID, 20*time.Second, func(j web.JobJSON) bool { return j.State == "running" }, "running")
+	l.eventually(10*time.Second, "process started", func() bool {
+		var st string
+		l.m.Pool.QueryRow(context.Background(), `SELECT state FROM leases WHERE job_id = $1`, c.ID).Scan(&st) //nolint:errcheck
+		return st == "running"
+	})
+	if rc, _, errOut := l.cli(demo.Engineer, "cancel", fmt.Sprint(c.ID)); rc != 0 {
+		t.Fatalf("cancel: %s", errOut)
+	}
+	l.eventually(10*time.Second, "GPUs of the cancelled job released", func() bool {
+		var held int
+		l.m.Pool.QueryRow(context.Background(), `SELECT count(*) FROM allocations WHERE job_id = $1 AND released_at IS NULL`, c.ID).Scan(&held) //nolint:errcheck
+		return held == 0
+	})
+	if b, _ := os.ReadFile(filepath.Join(dir, "marker")); string(b) != "cancelled\n" {
+		t.Errorf("the cancelled job's process did not get SIGTERM (marker %q)", b)
+	}
+	if got := l.job(c.ID); got.State != "cancelled" {
+		t.Errorf("cancelled job is %s", got.State)
+	}
 	// Every allocation is released once jobs end.
 	var active int
 	l.m.Pool.QueryRow(context.Background(), "SELECT count(*) FROM allocations WHERE released_at IS NULL").Scan(&active) //nolint:errcheck
