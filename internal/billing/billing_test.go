@@ -21,7 +21,7 @@ func at(s string) time.Time {
 const usd = 1_000_000 // micros per dollar
 
 var (
-	h100Change = at("2026-03-15T12:10:00Z") // H100 2.50 -> 3.00, mid-month, mid-hour
+	h100Change  = at("2026-03-15T12:10:00Z") // H100 2.50 -> 3.00, mid-month, mid-hour
 	tier4Change = at("2026-03-20T06:30:00Z") // tier 4 x1 -> x0.8
 )
 

@@ -35,7 +35,7 @@ const MaxMultiplierBP = 100_000
 // one with NewRateCard; it is immutable and safe for concurrent use.
 type RateCard struct {
 	currency string
-	rates    map[string][]Rate            // by GPU type, by EffectiveFrom
+	rates    map[string][]Rate             // by GPU type, by EffectiveFrom
 	mults    map[allot.TierID][]Multiplier // by tier, by EffectiveFrom
 }
 
