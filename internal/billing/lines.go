@@ -81,8 +81,39 @@ func (k LineKey) String() string {
 // sorted by CompareLines and does not depend on the order of pieces or on
 // how segments were cut within one key.
 func Lines(pieces []Piece) ([]Line, error) {
-	idx := make(map[LineKey]int, len(pieces)/2+1)
-	out := make([]Line, 0, len(pieces)/2+1)
+	// The segment identity fields (job, segment, team, cost center, user,
+	// tier, GPU type) are interned once per segment and ranked in key order;
+	// pieces then become integer records, sorted by key (counting sort by
+	// hour, then within the hour) and merged where keys are equal.
+	type ident struct {
+		job       int64
+		seg       int
+		team, cc  string
+		user, gpu string
+		tier      allot.TierID
+	}
+	type rec struct {
+		hour, rateFrom, multFrom int64
+		gs, from, to             int64
+		id                       int32 // ident, then its rank
+		piece                    int32
+		credit                   bool
+	}
+	if len(pieces) > math.MaxInt32 {
+		return nil, allot.Errorf(allot.EInvalid, "too many pieces")
+	}
+	nseg := 0
+	for i := range pieces {
+		if i == 0 || pieces[i].Seg != pieces[i-1].Seg {
+			nseg++
+		}
+	}
+	identIdx := make(map[ident]int32, nseg)
+	idents := make([]ident, 0, nseg)
+	recs := make([]rec, len(pieces))
+	var lastSeg *Segment
+	var id int32
+	minHour, maxHour := int64(math.MaxInt64), int64(math.MinInt64)
 	for i := range pieces {
 		p := &pieces[i]
 		if p.Seg == nil || p.Rate == nil || p.Multiplier == nil {
@@ -93,50 +124,114 @@ func Lines(pieces []Piece) ([]Line, error) {
 		if b <= a || floorDiv(b-1, 3600) != hour || (p.Kind != KindCharge && p.Kind != KindPreemptionCredit) {
 			return nil, allot.Errorf(allot.EInvalid, "piece %d: not made by Split", i)
 		}
-		s := p.Seg
-		h := time.Unix(hour*3600, 0).UTC()
-		k := LineKey{
-			Kind: p.Kind, Month: Month(h), Hour: h,
-			JobID: s.JobID, Segment: s.Segment, Team: s.Team, CostCenter: s.CostCenter, User: s.User,
-			Tier: s.TierAsRun, GPUType: s.GPUType,
+		if s := p.Seg; s != lastSeg {
+			ik := ident{s.JobID, s.Segment, s.Team, s.CostCenter, s.User, s.GPUType, s.TierAsRun}
+			var ok bool
+			if id, ok = identIdx[ik]; !ok {
+				id = int32(len(idents))
+				identIdx[ik] = id
+				idents = append(idents, ik)
+			}
+			lastSeg = s
+		}
+		recs[i] = rec{hour: hour, rateFrom: rateFrom(*p.Rate), multFrom: multFrom(*p.Multiplier),
+			gs: (b - a) * int64(p.Seg.GPUs), from: a, to: b, id: id, piece: int32(i), credit: p.Kind == KindPreemptionCredit}
+		minHour, maxHour = min(minHour, hour), max(maxHour, hour)
+	}
+	order := make([]int32, len(idents))
+	for i := range order {
+		order[i] = int32(i)
+	}
+	slices.SortFunc(order, func(x, y int32) int {
+		a, b := &idents[x], &idents[y]
+		return cmp.Or(
+			strings.Compare(a.team, b.team), strings.Compare(a.cc, b.cc), strings.Compare(a.user, b.user),
+			cmp.Compare(a.job, b.job), cmp.Compare(a.seg, b.seg),
+			strings.Compare(string(a.tier), string(b.tier)), strings.Compare(a.gpu, b.gpu))
+	})
+	rank := make([]int32, len(idents))
+	for r, i := range order {
+		rank[i] = int32(r)
+	}
+	for i := range recs {
+		recs[i].id = rank[recs[i].id]
+	}
+	// Within an hour: identity rank, versions, kind (charge first): the
+	// order of CompareKeys.
+	within := func(x, y rec) int {
+		c := cmp.Or(cmp.Compare(x.id, y.id), cmp.Compare(x.rateFrom, y.rateFrom), cmp.Compare(x.multFrom, y.multFrom))
+		if c == 0 && x.credit != y.credit {
+			if x.credit {
+				return 1
+			}
+			return -1
+		}
+		return c
+	}
+	if n := len(recs); n > 0 && uint64(maxHour-minHour) < uint64(4*n+1024) {
+		// Counting sort by hour, then sort each hour.
+		start := make([]int, maxHour-minHour+2)
+		for i := range recs {
+			start[recs[i].hour-minHour+1]++
+		}
+		for h := 1; h < len(start); h++ {
+			start[h] += start[h-1]
+		}
+		sorted := make([]rec, n)
+		next := slices.Clone(start)
+		for i := range recs {
+			h := recs[i].hour - minHour
+			sorted[next[h]] = recs[i]
+			next[h]++
+		}
+		recs = sorted
+		for h := 0; h+1 < len(start); h++ {
+			slices.SortFunc(recs[start[h]:start[h+1]], within)
+		}
+	} else {
+		slices.SortFunc(recs, func(x, y rec) int { return cmp.Or(cmp.Compare(x.hour, y.hour), within(x, y)) })
+	}
+	// Merge equal keys.
+	n := 0
+	for i := range recs {
+		if n > 0 {
+			g, r := &recs[n-1], &recs[i]
+			if g.hour == r.hour && g.id == r.id && g.rateFrom == r.rateFrom && g.multFrom == r.multFrom && g.credit == r.credit {
+				sum, ok := addInt(g.gs, r.gs)
+				if !ok {
+					return nil, allot.Errorf(allot.EInvalid, "job %d segment %d: GPU-seconds overflow", idents[order[g.id]].job, idents[order[g.id]].seg)
+				}
+				g.gs, g.from, g.to = sum, min(g.from, r.from), max(g.to, r.to)
+				continue
+			}
+		}
+		recs[n] = recs[i]
+		n++
+	}
+	out := make([]Line, n)
+	for i := range out {
+		g := &recs[i]
+		in := &idents[order[g.id]]
+		p := &pieces[g.piece]
+		h := time.Unix(g.hour*3600, 0).UTC()
+		l := &out[i]
+		l.LineKey = LineKey{
+			Kind: KindCharge, Month: Month(h), Hour: h,
+			JobID: in.job, Segment: in.seg, Team: in.team, CostCenter: in.cc, User: in.user,
+			Tier: in.tier, GPUType: in.gpu,
 			RateFrom: p.Rate.EffectiveFrom, MultiplierFrom: p.Multiplier.EffectiveFrom,
 		}
-		gs := (b - a) * int64(s.GPUs)
-		j, ok := idx[k]
-		if !ok {
-			idx[k] = len(out)
-			out = append(out, Line{
-				LineKey: k, From: p.Start, To: p.End, GPUSeconds: gs,
-				RateMicros: p.Rate.Micros, MultiplierBP: p.Multiplier.BP,
-				Amount: allot.Money{Currency: p.Rate.Currency},
-			})
-			continue
+		l.From, l.To = time.Unix(g.from, 0).UTC(), time.Unix(g.to, 0).UTC()
+		l.GPUSeconds, l.RateMicros, l.MultiplierBP = g.gs, p.Rate.Micros, p.Multiplier.BP
+		if g.credit {
+			l.Kind, l.GPUSeconds = KindPreemptionCredit, -g.gs
 		}
-		l := &out[j]
-		sum, carry := bits.Add64(uint64(l.GPUSeconds), uint64(gs), 0)
-		if carry != 0 || sum > math.MaxInt64 {
-			return nil, allot.Errorf(allot.EInvalid, "line %s: GPU-seconds overflow", k)
-		}
-		l.GPUSeconds = int64(sum)
-		if p.Start.Before(l.From) {
-			l.From = p.Start
-		}
-		if p.End.After(l.To) {
-			l.To = p.End
-		}
-	}
-	for i := range out {
-		l := &out[i]
-		if l.Kind == KindPreemptionCredit {
-			l.GPUSeconds = -l.GPUSeconds
-		}
-		m, err := LineAmount(l.GPUSeconds, l.RateMicros, l.MultiplierBP, l.Amount.Currency)
+		m, err := LineAmount(l.GPUSeconds, l.RateMicros, l.MultiplierBP, p.Rate.Currency)
 		if err != nil {
 			return nil, fmt.Errorf("line %s: %w", l.LineKey, err)
 		}
 		l.Amount = m
 	}
-	slices.SortFunc(out, CompareLines)
 	return out, nil
 }
 

@@ -53,6 +53,10 @@ func (s *Segment) LostWindow() (from, to int64) {
 
 // Validate checks the segment's fields.
 func (s *Segment) Validate() error {
+	if s.JobID > 0 && s.Segment >= 1 && s.Team != "" && validTier(s.TierAsRun) && s.GPUType != "" &&
+		s.GPUs >= 1 && s.GPUs <= maxGPUs && !s.Start.IsZero() && !s.End.IsZero() && !s.End.Before(s.Start) {
+		return nil // fast path: no allocation
+	}
 	f := allot.FieldErrors{}
 	if s.JobID <= 0 {
 		f.Add("job_id", "must be positive")
