@@ -171,6 +171,7 @@ func NewClient(cfg Config) (*river.Client[pgx.Tx], error) {
 	river.AddWorker(workers, &ScheduleWorker{Scheduler: sched})
 	river.AddWorker(workers, &LostNodesWorker{Store: cfg.Store, Logger: cfg.Logger, Interval: cfg.HeartbeatInterval})
 	river.AddWorker(workers, &DecayUsageWorker{Store: cfg.Store})
+	river.AddWorker(workers, &BillingRollupWorker{Store: cfg.Store})
 	client, err := river.NewClient(riverpgxv5.New(cfg.Pool), &river.Config{
 		Logger:  cfg.Logger,
 		Queues:  map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: cfg.MaxWorkers}},
@@ -187,6 +188,12 @@ func NewClient(cfg Config) (*river.Client[pgx.Tx], error) {
 			river.NewPeriodicJob(river.PeriodicInterval(time.Minute),
 				func() (river.JobArgs, *river.InsertOpts) {
 					return DecayUsageArgs{}, &river.InsertOpts{UniqueOpts: river.UniqueOpts{ByPeriod: time.Minute}}
+				}, &river.PeriodicJobOpts{RunOnStart: true}),
+			// Hourly, a few minutes past the hour, so late exit reports of
+			// the hour are in.
+			river.NewPeriodicJob(river.PeriodicInterval(time.Hour),
+				func() (river.JobArgs, *river.InsertOpts) {
+					return BillingRollupArgs{}, &river.InsertOpts{UniqueOpts: river.UniqueOpts{ByPeriod: time.Hour}}
 				}, &river.PeriodicJobOpts{RunOnStart: true}),
 		},
 	})

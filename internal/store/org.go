@@ -70,7 +70,17 @@ func (s *Store) UpsertTier(ctx context.Context, t *allot.Tier) error {
 		ON CONFLICT (id) DO UPDATE SET name = $2, description = $3, class_order = $4, may_preempt = $5,
 			reserved_gpus = $6, multiplier_bp = $7, max_runtime_s = $8`,
 		string(t.ID), t.Name, t.Description, t.ClassOrder, mp, t.ReservedGPUs, t.MultiplierBP, int64(t.MaxRuntime/time.Second))
-	return mapErr("saving tier", err)
+	if err != nil {
+		return mapErr("saving tier", err)
+	}
+	// Multipliers are versioned for billing: a new tier's first version is in
+	// force since always; a change is in force from now on.
+	_, err = s.db.Exec(ctx, `
+		INSERT INTO tier_multipliers (tier, multiplier_bp, effective_from)
+		SELECT $1, $2, CASE WHEN NOT EXISTS (SELECT 1 FROM tier_multipliers WHERE tier = $1) THEN '1970-01-01'::timestamptz ELSE $3 END
+		WHERE (SELECT multiplier_bp FROM tier_multipliers WHERE tier = $1 ORDER BY effective_from DESC LIMIT 1) IS DISTINCT FROM $2`,
+		string(t.ID), t.MultiplierBP, s.Now())
+	return mapErr("versioning tier multiplier", err)
 }
 
 const tierCols = `id, name, description, class_order, may_preempt, reserved_gpus, multiplier_bp, max_runtime_s`

@@ -1,0 +1,210 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/billing"
+	"github.com/jackc/pgx/v5"
+)
+
+// billingLock serializes rollups and month closing.
+const billingLock = 7_401_223_020
+
+// LockBilling takes the billing lock for the current transaction.
+func (s *Store) LockBilling(ctx context.Context) error {
+	_, err := s.db.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, billingLock)
+	return mapErr("taking the billing lock", err)
+}
+
+// RateCard loads every rate and multiplier version.
+func (s *Store) RateCard(ctx context.Context) (*billing.RateCard, error) {
+	rows, err := s.db.Query(ctx, `SELECT gpu_type, rate_micros, currency, effective_from FROM gpu_rates ORDER BY gpu_type, effective_from`)
+	if err != nil {
+		return nil, mapErr("loading rates", err)
+	}
+	rates, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (billing.Rate, error) {
+		var x billing.Rate
+		return x, r.Scan(&x.GPUType, &x.Micros, &x.Currency, &x.EffectiveFrom)
+	})
+	if err != nil {
+		return nil, mapErr("loading rates", err)
+	}
+	rows, err = s.db.Query(ctx, `SELECT tier, multiplier_bp, effective_from FROM tier_multipliers ORDER BY tier, effective_from`)
+	if err != nil {
+		return nil, mapErr("loading multipliers", err)
+	}
+	mults, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (billing.Multiplier, error) {
+		var x billing.Multiplier
+		var tier string
+		err := r.Scan(&tier, &x.BP, &x.EffectiveFrom)
+		x.Tier = allot.TierID(tier)
+		return x, err
+	})
+	if err != nil {
+		return nil, mapErr("loading multipliers", err)
+	}
+	return billing.NewRateCard(rates, mults)
+}
+
+// UsageSegments returns the usage (GPUs held by job run segments, per node)
+// that overlaps [from, to), with running allocations billed up to upTo.
+// Demoted or preemptible jobs bill as preemptible; a segment ended by
+// preemption carries PreemptedAt for the preemption credit.
+func (s *Store) UsageSegments(ctx context.Context, from, to, upTo time.Time) ([]billing.Segment, error) {
+	rows, err := s.db.Query(ctx, `
+		SELECT a.job_id, a.segment, j.team, u.email, t.cost_center,
+			CASE WHEN j.run_as <> '' THEN j.run_as WHEN j.preemptible THEN 'preemptible' ELSE j.tier END,
+			n.gpu_type, a.node, count(*)::int, a.started_at, least(coalesce(a.released_at, $3), $3), j.checkpointable,
+			(SELECT max(l.exited_at) FROM leases l WHERE l.job_id = a.job_id AND l.segment = a.segment AND l.node = a.node AND l.stop_reason = 'preempted')
+		FROM allocations a
+		JOIN jobs j ON j.id = a.job_id
+		JOIN users u ON u.id = j.user_id
+		JOIN teams t ON t.slug = j.team
+		JOIN nodes n ON n.name = a.node
+		WHERE a.started_at < least($2, $3) AND coalesce(a.released_at, $3) > $1
+		GROUP BY a.job_id, a.segment, j.team, u.email, t.cost_center, j.run_as, j.preemptible, j.tier, n.gpu_type, a.node,
+			a.started_at, a.released_at, j.checkpointable
+		ORDER BY a.job_id, a.segment, a.node, a.started_at`, from, to, upTo)
+	if err != nil {
+		return nil, mapErr("loading usage", err)
+	}
+	segs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (billing.Segment, error) {
+		var x billing.Segment
+		var tier string
+		var preempted *time.Time
+		err := r.Scan(&x.JobID, &x.Segment, &x.Team, &x.User, &x.CostCenter, &tier, &x.GPUType, &x.Node, &x.GPUs, &x.Start, &x.End,
+			&x.Checkpointable, &preempted)
+		x.TierAsRun = allot.TierID(tier)
+		if preempted != nil && !x.End.Before(*preempted) {
+			x.PreemptedAt = *preempted
+		}
+		if x.Segment == 0 {
+			x.Segment = 1
+		}
+		return x, err
+	})
+	if err != nil {
+		return nil, mapErr("loading usage", err)
+	}
+	out := segs[:0]
+	for _, x := range segs {
+		if x.End.After(x.Start) {
+			out = append(out, x)
+		}
+	}
+	return out, nil
+}
+
+const lineCols = `line_key, month, kind, adjusts, usage_hour, job_id, segment, team, cost_center, user_email, tier, gpu_type,
+	rate_from, multiplier_from, from_at, to_at, gpu_seconds, rate_micros, multiplier_bp, amount_micros, currency`
+
+// ChargeLines returns the lines billed in month (its usage, its credits and
+// the adjustments dated in it), in the billing package's total order.
+func (s *Store) ChargeLines(ctx context.Context, month billing.YearMonth) ([]billing.Line, error) {
+	return s.chargeLines(ctx, `WHERE month = $1`, month.Start())
+}
+
+// ChargeLinesForUsage returns every line about usage in month, wherever it
+// is billed (its own lines and adjustments dated later).
+func (s *Store) ChargeLinesForUsage(ctx context.Context, month billing.YearMonth) ([]billing.Line, error) {
+	return s.chargeLines(ctx, `WHERE usage_hour >= $1 AND usage_hour < $2`, month.Start(), month.End())
+}
+
+func (s *Store) chargeLines(ctx context.Context, where string, args ...any) ([]billing.Line, error) {
+	rows, err := s.db.Query(ctx, `SELECT `+lineCols+` FROM charge_lines `+where+` ORDER BY team, job_id, usage_hour, line_key`, args...)
+	if err != nil {
+		return nil, mapErr("loading charge lines", err)
+	}
+	lines, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (billing.Line, error) {
+		var l billing.Line
+		var key, kind, adjusts, tier string
+		var month time.Time
+		err := r.Scan(&key, &month, &kind, &adjusts, &l.Hour, &l.JobID, &l.Segment, &l.Team, &l.CostCenter, &l.User, &tier, &l.GPUType,
+			&l.RateFrom, &l.MultiplierFrom, &l.From, &l.To, &l.GPUSeconds, &l.RateMicros, &l.MultiplierBP, &l.Amount.Micros, &l.Amount.Currency)
+		l.Kind, l.Adjusts, l.Tier, l.Month = billing.Kind(kind), billing.Kind(adjusts), allot.TierID(tier), billing.Month(month)
+		l.Hour, l.RateFrom, l.MultiplierFrom, l.From, l.To = l.Hour.UTC(), l.RateFrom.UTC(), l.MultiplierFrom.UTC(), l.From.UTC(), l.To.UTC()
+		return l, err
+	})
+	return lines, mapErr("loading charge lines", err)
+}
+
+// ReplaceMonthLines replaces every line billed in month with lines, in the
+// caller's transaction. The database refuses it for a closed month.
+func (s *Store) ReplaceMonthLines(ctx context.Context, month billing.YearMonth, lines []billing.Line) error {
+	if _, err := s.db.Exec(ctx, `DELETE FROM charge_lines WHERE month = $1`, month.Start()); err != nil {
+		return mapErr(fmt.Sprintf("replacing charge lines of %s", month), err)
+	}
+	if len(lines) == 0 {
+		return nil
+	}
+	rows := make([][]any, len(lines))
+	for i := range lines {
+		l := &lines[i]
+		if l.Month != month {
+			return allot.Errorf(allot.EInternal, "line %s is billed in %s, not %s", l.Key(), l.Month, month)
+		}
+		rows[i] = []any{l.Key().String(), month.Start(), string(l.Kind), string(l.Adjusts), l.Hour, l.JobID, l.Segment, l.Team, l.CostCenter,
+			l.User, string(l.Tier), l.GPUType, l.RateFrom, l.MultiplierFrom, l.From, l.To, l.GPUSeconds, l.RateMicros, l.MultiplierBP,
+			l.Amount.Micros, l.Amount.Currency}
+	}
+	_, err := s.db.CopyFrom(ctx, pgx.Identifier{"charge_lines"}, []string{"line_key", "month", "kind", "adjusts", "usage_hour", "job_id",
+		"segment", "team", "cost_center", "user_email", "tier", "gpu_type", "rate_from", "multiplier_from", "from_at", "to_at",
+		"gpu_seconds", "rate_micros", "multiplier_bp", "amount_micros", "currency"}, pgx.CopyFromRows(rows))
+	return mapErr(fmt.Sprintf("writing charge lines of %s", month), err)
+}
+
+// ClosedMonths returns the closed billing months, oldest first.
+func (s *Store) ClosedMonths(ctx context.Context) ([]billing.YearMonth, error) {
+	rows, err := s.db.Query(ctx, `SELECT month FROM billing_months ORDER BY month`)
+	if err != nil {
+		return nil, mapErr("loading closed months", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (billing.YearMonth, error) {
+		var t time.Time
+		err := r.Scan(&t)
+		return billing.Month(t), err
+	})
+	return out, mapErr("loading closed months", err)
+}
+
+// FirstUsage returns the start of the earliest allocation (zero if none).
+func (s *Store) FirstUsage(ctx context.Context) (time.Time, error) {
+	var t *time.Time
+	err := s.db.QueryRow(ctx, `SELECT min(started_at) FROM allocations`).Scan(&t)
+	if err != nil || t == nil {
+		return time.Time{}, mapErr("finding first usage", err)
+	}
+	return *t, nil
+}
+
+// CloseMonth marks month closed; its lines never change again.
+func (s *Store) CloseMonth(ctx context.Context, month billing.YearMonth, by string) error {
+	_, err := s.db.Exec(ctx, `INSERT INTO billing_months (month, closed_at, closed_by) VALUES ($1, $2, $3)`, month.Start(), s.Now(), by)
+	if err != nil && allot.ErrorCode(mapErr("", err)) == allot.EConflict {
+		return allot.Errorf(allot.EConflict, "%s is already closed", month)
+	}
+	return mapErr(fmt.Sprintf("closing %s", month), err)
+}
+
+// SetRateChecked records a new rate unless it is backdated into a closed
+// month (EConflict).
+func (s *Store) SetRateChecked(ctx context.Context, gpuType string, rate allot.Money, effectiveFrom time.Time) error {
+	return s.InTx(ctx, func(tx *Store) error {
+		if err := tx.LockBilling(ctx); err != nil {
+			return err
+		}
+		closed, err := tx.ClosedMonths(ctx)
+		if err != nil {
+			return err
+		}
+		if len(closed) > 0 {
+			if err := billing.CheckEffective(effectiveFrom, closed[len(closed)-1].Next()); err != nil {
+				return err
+			}
+		}
+		return tx.SetRate(ctx, gpuType, rate, effectiveFrom)
+	})
+}
