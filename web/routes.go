@@ -34,6 +34,9 @@ func (s *Server) routes() {
 	api.GET("/jobs/:id", s.apiGetJob)
 	api.POST("/jobs/:id/cancel", s.apiCancelJob)
 	api.GET("/jobs/:id/log", s.apiJobLog)
+	api.GET("/chargeback", s.apiChargeback)
+	api.GET("/chargeback.csv", s.apiChargebackCSV)
+	api.POST("/chargeback/:month/close", s.apiCloseMonth)
 	api.Any("/*", s.apiNotFound)
 
 	// Node agents (node tokens).

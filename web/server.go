@@ -38,6 +38,8 @@ type Config struct {
 	Notifier *Notifier
 	// HeartbeatInterval is what agents are told to use (default 10 s).
 	HeartbeatInterval time.Duration
+	// Rollup brings the charge lines up to date (before a month closes).
+	Rollup func(ctx context.Context) error
 }
 
 // Server serves the portal and the API.

@@ -98,7 +98,8 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 	if m.Addr != "" {
 		srv := web.New(web.Config{Store: m.Store, Logger: m.Logger, Registry: m.Registry, DevMode: m.DevMode,
-			OnJobEvent: m.Trigger, HeartbeatInterval: m.HeartbeatInterval})
+			OnJobEvent: m.Trigger, HeartbeatInterval: m.HeartbeatInterval,
+			Rollup: func(ctx context.Context) error { _, err := jobs.Rollup(ctx, m.Store, m.Store.Now()); return err }})
 		bg, stop := context.WithCancel(context.Background())
 		m.stopBg, m.bgDone = stop, make(chan struct{})
 		m.serverID = fmt.Sprintf("%s-%d-%d", hostname(), os.Getpid(), time.Now().UnixNano())

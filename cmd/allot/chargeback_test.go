@@ -1,0 +1,128 @@
+package main
+
+import (
+	"context"
+	"encoding/csv"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/billing"
+	"github.com/allotlabs/allot/internal/demo"
+	"github.com/allotlabs/allot/internal/jobs"
+	"github.com/allotlabs/allot/web"
+)
+
+func micros(t *testing.T, s string) int64 {
+	t.Helper()
+	m, err := allot.ParseMoney(s, "USD")
+	if err != nil {
+		t.Fatalf("amount %q: %v", s, err)
+	}
+	return m.Micros
+}
+
+// TestChargebackAddsUp: the sum of lines = the team totals = the total =
+// the CSV, to the cent; access and bad months are refused clearly.
+func TestChargebackAddsUp(t *testing.T) {
+	e := boot(t)
+	ctx := context.Background()
+	// An hour ahead, so that even in the first hour of a month the demo's
+	// history (all finished) is billed.
+	if _, err := jobs.Rollup(ctx, e.m.Store, time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	month := billing.Month(time.Now()).String()
+	code, _, b := e.api("GET", "/api/v1/chargeback?month="+month, demo.Finance, "")
+	if code != 200 {
+		t.Fatalf("chargeback: %d %s", code, b)
+	}
+	var cb web.ChargebackJSON
+	if err := json.Unmarshal(b, &cb); err != nil {
+		t.Fatal(err)
+	}
+	total := micros(t, cb.Total.Amount)
+	var teams, lines, tiers, users int64
+	for _, g := range cb.Teams {
+		teams += micros(t, g.Amount)
+	}
+	for _, g := range cb.ByTier {
+		tiers += micros(t, g.Amount)
+	}
+	for _, g := range cb.ByUser {
+		users += micros(t, g.Amount)
+	}
+	for _, l := range cb.Lines {
+		lines += micros(t, l.Amount)
+	}
+	if total <= 0 || teams != total || lines != total || tiers != total || users != total || len(cb.Teams) != 3 {
+		t.Errorf("total %d, teams %d, lines %d, tiers %d, users %d (%d teams)", total, teams, lines, tiers, users, len(cb.Teams))
+	}
+	// The CSV, streamed, says the same.
+	req, _ := http.NewRequest("GET", e.url+"/api/v1/chargeback.csv?month="+month, nil)
+	req.Header.Set("Authorization", "Bearer "+e.tokens[demo.Finance])
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := csv.NewReader(resp.Body).ReadAll()
+	resp.Body.Close()
+	if err != nil || resp.Header.Get("Content-Type") != "text/csv; charset=utf-8" {
+		t.Fatalf("CSV: %v %s", err, resp.Header.Get("Content-Type"))
+	}
+	if strings.Join(rows[0], ",") != strings.Join(web.CSVColumns, ",") {
+		t.Errorf("CSV header %q", rows[0])
+	}
+	var csvSum int64
+	for _, r := range rows[1:] {
+		csvSum += micros(t, r[14])
+	}
+	if csvSum != total || len(rows)-1 != len(cb.Lines) {
+		t.Errorf("CSV: %d rows summing to %d; API: %d lines summing to %d", len(rows)-1, csvSum, len(cb.Lines), total)
+	}
+	// A lead sees only the teams they lead.
+	code, _, b = e.api("GET", "/api/v1/chargeback?month="+month, demo.Lead, "")
+	var mine web.ChargebackJSON
+	json.Unmarshal(b, &mine) //nolint:errcheck
+	if code != 200 || len(mine.Teams) != 1 || mine.Teams[0].Team != "nlp" {
+		t.Errorf("lead's chargeback: %d %+v", code, mine.Teams)
+	}
+	future := billing.Month(time.Now()).Next().Next().String()
+	for _, tt := range []struct {
+		name, path, persona string
+		status              int
+		detail              string
+	}{
+		{"engineer export", "/api/v1/chargeback.csv?month=" + month, demo.Engineer, 403, "finance, admins and team leads"},
+		{"engineer JSON", "/api/v1/chargeback?month=" + month, demo.Engineer, 403, "finance, admins and team leads"},
+		{"lead of another team", "/api/v1/chargeback?team=fraud", demo.Lead, 403, `you do not lead team "fraud"`},
+		{"month 13", "/api/v1/chargeback?month=2026-13", demo.Finance, 422, "invalid input"},
+		{"garbage month", "/api/v1/chargeback.csv?month=last", demo.Finance, 422, "invalid input"},
+		{"future month", "/api/v1/chargeback?month=" + future, demo.Finance, 422, "invalid input"},
+		{"month without data", "/api/v1/chargeback?month=2020-01", demo.Finance, 404, "no charges for 2020-01"},
+		{"month without data, CSV", "/api/v1/chargeback.csv?month=2020-01", demo.Finance, 404, "no charges for 2020-01"},
+		{"close the current month", "/api/v1/chargeback/" + month + "/close", demo.Finance, 422, "invalid input"},
+		{"engineer closes", "/api/v1/chargeback/2020-01/close", demo.Engineer, 403, "only finance and admins"},
+	} {
+		method := "GET"
+		if strings.HasSuffix(tt.path, "/close") {
+			method = "POST"
+		}
+		code, hdr, b := e.api(method, tt.path, tt.persona, "")
+		var p web.Problem
+		json.Unmarshal(b, &p) //nolint:errcheck
+		if code != tt.status || !strings.Contains(p.Detail, tt.detail) || hdr.Get("Content-Type") != "application/problem+json" {
+			t.Errorf("%s: %d %s, want %d %q", tt.name, code, b, tt.status, tt.detail)
+		}
+	}
+	// Closing a past month works once.
+	if code, _, b := e.api("POST", "/api/v1/chargeback/2020-01/close", demo.Finance, ""); code != 200 {
+		t.Errorf("close: %d %s", code, b)
+	}
+	if code, _, _ := e.api("POST", "/api/v1/chargeback/2020-01/close", demo.Admin, ""); code != 409 {
+		t.Errorf("second close: %d, want 409", code)
+	}
+}

@@ -1,0 +1,310 @@
+package web
+
+import (
+	"encoding/csv"
+	"fmt"
+	"math/big"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/billing"
+	"github.com/allotlabs/allot/internal/store"
+	"github.com/labstack/echo/v4"
+)
+
+// chargebackScope decides whose charges u may read: nil = every team
+// (finance, admin), else the teams u leads. Engineers get EForbidden.
+func chargebackScope(u *allot.User, team string) ([]string, error) {
+	var teams []string
+	if !u.Admin && !u.Finance {
+		for _, m := range u.Memberships {
+			if m.Role == allot.TeamRoleLead {
+				teams = append(teams, m.Team)
+			}
+		}
+		if len(teams) == 0 {
+			return nil, allot.Errorf(allot.EForbidden, "chargeback is for finance, admins and team leads")
+		}
+	}
+	if team == "" {
+		return teams, nil
+	}
+	if teams != nil && !u.LeadOf(team) {
+		return nil, allot.Errorf(allot.EForbidden, "you do not lead team %q", team)
+	}
+	return []string{team}, nil
+}
+
+// chargebackMonth parses ?month= (default: this month) and refuses future
+// months.
+func (s *Server) chargebackMonth(c echo.Context) (billing.YearMonth, error) {
+	v := c.QueryParam("month")
+	if v == "" {
+		return billing.Month(s.st.Now()), nil
+	}
+	m, err := billing.CheckMonth(v, s.st.Now())
+	if err != nil {
+		return m, (allot.FieldErrors{"month": allot.ErrorMessage(err)}).Err()
+	}
+	return m, nil
+}
+
+func gpuHours(seconds int64) string {
+	return new(big.Rat).SetFrac64(seconds, 3600).FloatString(4)
+}
+
+func multiplier(bp int) string {
+	return new(big.Rat).SetFrac64(int64(bp), 10000).FloatString(2)
+}
+
+// ChargeTotalJSON is an exact total; amounts are decimal strings.
+type ChargeTotalJSON struct {
+	GPUHours    string `json:"gpu_hours"`
+	Charges     string `json:"charges"`
+	Credits     string `json:"credits"`
+	Adjustments string `json:"adjustments"`
+	Amount      string `json:"amount"`
+}
+
+// ChargeGroupJSON is one team's (or team × GPU type × tier, or user) total.
+type ChargeGroupJSON struct {
+	Team       string `json:"team"`
+	CostCenter string `json:"cost_center,omitempty"`
+	GPUType    string `json:"gpu_type,omitempty"`
+	Tier       string `json:"tier,omitempty"`
+	User       string `json:"user,omitempty"`
+	ChargeTotalJSON
+}
+
+// ChargeLineJSON is one line: the CSV's columns.
+type ChargeLineJSON struct {
+	Month       string   `json:"month"`
+	Kind        string   `json:"kind"`
+	Team        string   `json:"team"`
+	CostCenter  string   `json:"cost_center"`
+	JobID       int64    `json:"job_id"`
+	JobName     string   `json:"job_name"`
+	User        string   `json:"user"`
+	Tier        string   `json:"tier"`
+	GPUType     string   `json:"gpu_type"`
+	GPUs        int64    `json:"gpus"`
+	StartedAt   string   `json:"started_at"`
+	EndedAt     string   `json:"ended_at"`
+	GPUHours    string   `json:"gpu_hours"`
+	Rate        string   `json:"rate"`
+	Multiplier  string   `json:"multiplier"`
+	Amount      string   `json:"amount"`
+	Currency    string   `json:"currency"`
+	MeanGPUUtil *float64 `json:"mean_gpu_util"`
+}
+
+// ChargebackJSON is the body of GET /api/v1/chargeback.
+type ChargebackJSON struct {
+	Month    string            `json:"month"`
+	Currency string            `json:"currency"`
+	Closed   bool              `json:"closed"`
+	ClosedAt *time.Time        `json:"closed_at"`
+	Total    ChargeTotalJSON   `json:"total"`
+	Teams    []ChargeGroupJSON `json:"teams"`
+	ByTier   []ChargeGroupJSON `json:"by_team_gpu_type_tier"`
+	ByUser   []ChargeGroupJSON `json:"by_user"`
+	Lines    []ChargeLineJSON  `json:"lines"`
+}
+
+func lineJSON(r *store.ChargeRow) ChargeLineJSON {
+	cur := r.Amount.Currency
+	return ChargeLineJSON{Month: r.Month, Kind: r.Kind, Team: r.Team, CostCenter: r.CostCenter, JobID: r.JobID, JobName: r.JobName, User: r.User,
+		Tier: r.Tier, GPUType: r.GPUType, GPUs: r.GPUs, StartedAt: r.From.Format(time.RFC3339), EndedAt: r.To.Format(time.RFC3339),
+		GPUHours: gpuHours(r.GPUSeconds), Rate: allot.Money{Micros: r.RateMicros, Currency: cur}.Decimal(), Multiplier: multiplier(r.MultiplierBP),
+		Amount: r.Amount.Decimal(), Currency: cur, MeanGPUUtil: r.MeanGPUUtil}
+}
+
+// chargeback loads a month's statement for the caller.
+func (s *Server) chargeback(c echo.Context, withLines bool) (ChargebackJSON, error) {
+	u, err := currentUser(c)
+	if err != nil {
+		return ChargebackJSON{}, err
+	}
+	teams, err := chargebackScope(u, c.QueryParam("team"))
+	if err != nil {
+		return ChargebackJSON{}, err
+	}
+	m, err := s.chargebackMonth(c)
+	if err != nil {
+		return ChargebackJSON{}, err
+	}
+	ctx := c.Request().Context()
+	out := ChargebackJSON{Month: m.String(), Teams: []ChargeGroupJSON{}, ByTier: []ChargeGroupJSON{}, ByUser: []ChargeGroupJSON{}, Lines: []ChargeLineJSON{}}
+	if at, _, err := s.st.MonthClosed(ctx, m); err != nil {
+		return out, err
+	} else if !at.IsZero() {
+		out.Closed, out.ClosedAt = true, &at
+	}
+	all, err := s.st.ChargeLines(ctx, m)
+	if err != nil {
+		return out, err
+	}
+	var lines []billing.Line
+	costCenter := map[string]string{}
+	for _, l := range all {
+		if teams == nil || contains(teams, l.Team) {
+			lines = append(lines, l)
+			costCenter[l.Team] = l.CostCenter
+		}
+	}
+	sum, err := billing.Totals(lines)
+	if err != nil {
+		return out, err
+	}
+	out.Currency = sum.Currency
+	money := func(micros int64) string { return allot.Money{Micros: micros, Currency: sum.Currency}.Decimal() }
+	total := func(t billing.Total) ChargeTotalJSON {
+		return ChargeTotalJSON{GPUHours: gpuHours(t.GPUSeconds), Charges: money(t.Charges), Credits: money(t.Credits),
+			Adjustments: money(t.Adjustments), Amount: money(t.Amount)}
+	}
+	out.Total = total(sum.Total)
+	for team, t := range sum.ByTeam {
+		out.Teams = append(out.Teams, ChargeGroupJSON{Team: team, CostCenter: costCenter[team], ChargeTotalJSON: total(t)})
+	}
+	sort.Slice(out.Teams, func(i, j int) bool { return out.Teams[i].Team < out.Teams[j].Team })
+	for k, t := range sum.ByTeamGPUTier {
+		out.ByTier = append(out.ByTier, ChargeGroupJSON{Team: k.Team, GPUType: k.GPUType, Tier: string(k.Tier), ChargeTotalJSON: total(t)})
+	}
+	sort.Slice(out.ByTier, func(i, j int) bool {
+		a, b := out.ByTier[i], out.ByTier[j]
+		return a.Team+"\x00"+a.GPUType+"\x00"+a.Tier < b.Team+"\x00"+b.GPUType+"\x00"+b.Tier
+	})
+	for user, t := range sum.ByUser {
+		out.ByUser = append(out.ByUser, ChargeGroupJSON{User: user, ChargeTotalJSON: total(t)})
+	}
+	sort.Slice(out.ByUser, func(i, j int) bool { return out.ByUser[i].User < out.ByUser[j].User })
+	if len(lines) == 0 {
+		return out, allot.Errorf(allot.ENotFound, "no charges for %s: no usage was recorded then, or the hourly rollup has not run yet", m)
+	}
+	if withLines {
+		err = s.st.EachChargeRow(ctx, m, teams, func(r *store.ChargeRow) error {
+			out.Lines = append(out.Lines, lineJSON(r))
+			return nil
+		})
+	}
+	return out, err
+}
+
+func contains(xs []string, x string) bool {
+	for _, v := range xs {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Server) apiChargeback(c echo.Context) error {
+	out, err := s.chargeback(c, c.QueryParam("lines") != "false")
+	if err != nil {
+		return err
+	}
+	return writeJSON(c, http.StatusOK, out)
+}
+
+// CSVColumns are the chargeback CSV's columns, in order.
+var CSVColumns = []string{"month", "team", "cost_center", "job_id", "job_name", "user", "tier", "gpu_type", "gpus", "started_at", "ended_at",
+	"gpu_hours", "rate", "multiplier", "amount", "currency", "mean_gpu_util"}
+
+// apiChargebackCSV streams RFC 4180 CSV in constant memory.
+func (s *Server) apiChargebackCSV(c echo.Context) error {
+	u, err := currentUser(c)
+	if err != nil {
+		return err
+	}
+	teams, err := chargebackScope(u, c.QueryParam("team"))
+	if err != nil {
+		return err
+	}
+	m, err := s.chargebackMonth(c)
+	if err != nil {
+		return err
+	}
+	h := c.Response().Header()
+	h.Set(echo.HeaderContentType, "text/csv; charset=utf-8")
+	h.Set(echo.HeaderContentDisposition, fmt.Sprintf(`attachment; filename="allot-chargeback-%s.csv"`, m))
+	w := csv.NewWriter(c.Response())
+	w.UseCRLF = true // RFC 4180
+	started := false
+	n := 0
+	err = s.st.EachChargeRow(c.Request().Context(), m, teams, func(r *store.ChargeRow) error {
+		if !started {
+			c.Response().WriteHeader(http.StatusOK)
+			started = true
+			if err := w.Write(CSVColumns); err != nil {
+				return err
+			}
+		}
+		l := lineJSON(r)
+		util := ""
+		if l.MeanGPUUtil != nil {
+			util = strconv.FormatFloat(*l.MeanGPUUtil, 'f', 1, 64)
+		}
+		tier := l.Tier
+		if l.Kind != string(billing.KindCharge) {
+			tier += " (" + strings.ReplaceAll(l.Kind, "_", " ") + ")"
+		}
+		if err := w.Write([]string{l.Month, l.Team, l.CostCenter, strconv.FormatInt(l.JobID, 10), l.JobName, l.User, tier, l.GPUType,
+			strconv.FormatInt(l.GPUs, 10), l.StartedAt, l.EndedAt, l.GPUHours, l.Rate, l.Multiplier, l.Amount, l.Currency, util}); err != nil {
+			return err
+		}
+		if n++; n%1000 == 0 {
+			w.Flush()
+			return w.Error()
+		}
+		return nil
+	})
+	if err != nil {
+		if !started {
+			return err
+		}
+		s.log.Error("chargeback CSV export broke off", "month", m, "err", err)
+		return nil
+	}
+	if !started {
+		return allot.Errorf(allot.ENotFound, "no charges for %s: no usage was recorded then, or the hourly rollup has not run yet", m)
+	}
+	w.Flush()
+	return w.Error()
+}
+
+// apiCloseMonth closes a finished month (finance, admin).
+func (s *Server) apiCloseMonth(c echo.Context) error {
+	u, err := currentUser(c)
+	if err != nil {
+		return err
+	}
+	if !u.Admin && !u.Finance {
+		return allot.Errorf(allot.EForbidden, "only finance and admins close months")
+	}
+	m, err := billing.ParseMonth(c.Param("month"))
+	if err != nil {
+		return (allot.FieldErrors{"month": allot.ErrorMessage(err)}).Err()
+	}
+	if !m.Before(billing.Month(s.st.Now())) {
+		return (allot.FieldErrors{"month": fmt.Sprintf("%s has not ended yet; only past months can be closed", m)}).Err()
+	}
+	if s.cfg.Rollup != nil {
+		if err := s.cfg.Rollup(c.Request().Context()); err != nil {
+			return err
+		}
+	}
+	if err := s.st.CloseMonth(c.Request().Context(), m, u.Email); err != nil {
+		return err
+	}
+	c.QueryParams().Set("month", m.String())
+	out, err := s.chargeback(c, false)
+	if err != nil && allot.ErrorCode(err) != allot.ENotFound {
+		return err
+	}
+	return writeJSON(c, http.StatusOK, out)
+}
