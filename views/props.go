@@ -117,3 +117,30 @@ type ErrorPage struct {
 	Status  int
 	Message string
 }
+
+// Money is one total as shown: amounts are exact decimal strings.
+type Money struct {
+	GPUHours, Charges, Credits, Adjustments, Amount string
+}
+
+// FinanceRow is one row of a finance table.
+type FinanceRow struct {
+	Team, CostCenter, GPUType, Tier, User string
+	Money
+}
+
+// Finance is the chargeback page.
+type Finance struct {
+	Page
+	Month    string
+	Currency string
+	Closed   string // "closed on … by …", "" when open
+	CanClose bool
+	Team     string
+	Total    Money
+	Teams    []FinanceRow
+	ByTier   []FinanceRow
+	ByUser   []FinanceRow
+	Empty    string
+	CSVURL   string
+}

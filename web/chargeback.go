@@ -279,6 +279,18 @@ func (s *Server) apiChargebackCSV(c echo.Context) error {
 
 // apiCloseMonth closes a finished month (finance, admin).
 func (s *Server) apiCloseMonth(c echo.Context) error {
+	if err := s.closeMonth(c); err != nil {
+		return err
+	}
+	out, err := s.chargeback(c, false)
+	if err != nil && allot.ErrorCode(err) != allot.ENotFound {
+		return err
+	}
+	return writeJSON(c, http.StatusOK, out)
+}
+
+// closeMonth closes the month named by :month after a last rollup.
+func (s *Server) closeMonth(c echo.Context) error {
 	u, err := currentUser(c)
 	if err != nil {
 		return err
@@ -302,9 +314,5 @@ func (s *Server) apiCloseMonth(c echo.Context) error {
 		return err
 	}
 	c.QueryParams().Set("month", m.String())
-	out, err := s.chargeback(c, false)
-	if err != nil && allot.ErrorCode(err) != allot.ENotFound {
-		return err
-	}
-	return writeJSON(c, http.StatusOK, out)
+	return nil
 }

@@ -25,6 +25,8 @@ func (s *Server) routes() {
 	e.POST("/jobs/quota", s.quotaPreview)
 	e.GET("/jobs/:id", s.jobPage)
 	e.POST("/jobs/:id/cancel", s.cancelJobForm)
+	e.GET("/finance", s.financePage)
+	e.POST("/finance/close", s.closeMonthForm)
 
 	// JSON API.
 	api := e.Group("/api/v1")

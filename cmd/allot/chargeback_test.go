@@ -118,6 +118,19 @@ func TestChargebackAddsUp(t *testing.T) {
 			t.Errorf("%s: %d %s, want %d %q", tt.name, code, b, tt.status, tt.detail)
 		}
 	}
+	// The portal page shows the same total and offers the CSV.
+	br := e.login(demo.Finance)
+	status, page := br.get("/finance?month=" + month)
+	if status != 200 || !strings.Contains(page, "<strong>"+cb.Total.Amount+"</strong>") || !strings.Contains(page, `data-testid="export"`) {
+		t.Errorf("finance page: %d, total %s missing or no export link", status, cb.Total.Amount)
+	}
+	if status, _ := e.login(demo.Engineer).get("/finance"); status != 403 {
+		t.Errorf("engineer on the finance page: %d, want 403", status)
+	}
+	_, page = br.get("/finance?month=2020-02")
+	if status, page := br.post("/finance/close", page, map[string][]string{"month": {"2020-02"}}); status != 200 || !strings.Contains(page, `data-testid="closed"`) {
+		t.Errorf("closing from the page: %d", status)
+	}
 	// Closing a past month works once.
 	if code, _, b := e.api("POST", "/api/v1/chargeback/2020-01/close", demo.Finance, ""); code != 200 {
 		t.Errorf("close: %d %s", code, b)

@@ -1,0 +1,68 @@
+package web
+
+import (
+	"fmt"
+	"net/http"
+	"net/url"
+
+	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/billing"
+	"github.com/allotlabs/allot/views"
+	"github.com/labstack/echo/v4"
+)
+
+func moneyView(t ChargeTotalJSON) views.Money {
+	return views.Money{GPUHours: t.GPUHours, Charges: t.Charges, Credits: t.Credits, Adjustments: t.Adjustments, Amount: t.Amount}
+}
+
+// financePage is the chargeback statement for finance, admins and leads.
+func (s *Server) financePage(c echo.Context) error {
+	u, err := currentUser(c)
+	if err != nil {
+		return err
+	}
+	cb, err := s.chargeback(c, false)
+	f := views.Finance{Page: s.page(c, "Chargeback"), Month: cb.Month, Currency: cb.Currency, Team: c.QueryParam("team"),
+		CanClose: (u.Admin || u.Finance) && !cb.Closed}
+	switch {
+	case allot.ErrorCode(err) == allot.ENotFound:
+		f.Empty = allot.ErrorMessage(err)
+	case err != nil:
+		return err
+	}
+	if m, perr := billing.ParseMonth(cb.Month); perr == nil && !m.Before(billing.Month(s.st.Now())) {
+		f.CanClose = false
+	}
+	if cb.ClosedAt != nil {
+		f.Closed = "Closed on " + fmtTime(*cb.ClosedAt) + "."
+	}
+	if f.Empty == "" {
+		q := url.Values{"month": {cb.Month}}
+		if f.Team != "" {
+			q.Set("team", f.Team)
+		}
+		f.CSVURL = "/api/v1/chargeback.csv?" + q.Encode()
+	}
+	f.Total = moneyView(cb.Total)
+	for _, g := range cb.Teams {
+		f.Teams = append(f.Teams, views.FinanceRow{Team: g.Team, CostCenter: g.CostCenter, Money: moneyView(g.ChargeTotalJSON)})
+	}
+	for _, g := range cb.ByTier {
+		f.ByTier = append(f.ByTier, views.FinanceRow{Team: g.Team, GPUType: g.GPUType, Tier: g.Tier, Money: moneyView(g.ChargeTotalJSON)})
+	}
+	for _, g := range cb.ByUser {
+		f.ByUser = append(f.ByUser, views.FinanceRow{User: g.User, Money: moneyView(g.ChargeTotalJSON)})
+	}
+	return render(c, http.StatusOK, views.FinanceView(f))
+}
+
+// closeMonthForm closes a month from the finance page.
+func (s *Server) closeMonthForm(c echo.Context) error {
+	month := c.FormValue("month")
+	c.SetParamNames("month")
+	c.SetParamValues(month)
+	if err := s.closeMonth(c); err != nil {
+		return err
+	}
+	return redirect(c, fmt.Sprintf("/finance?month=%s", url.QueryEscape(month)))
+}
