@@ -208,3 +208,63 @@ func (s *Store) SetRateChecked(ctx context.Context, gpuType string, rate allot.M
 		return tx.SetRate(ctx, gpuType, rate, effectiveFrom)
 	})
 }
+
+// ChargeRow is one charge line as finance sees it (the CSV row).
+type ChargeRow struct {
+	Month        string
+	Kind         string
+	Team         string
+	CostCenter   string
+	JobID        int64
+	JobName      string
+	User         string
+	Tier         string
+	GPUType      string
+	GPUs         int64 // GPU-seconds ÷ the line's span, rounded
+	From, To     time.Time
+	GPUSeconds   int64
+	RateMicros   int64
+	MultiplierBP int
+	Amount       allot.Money
+	MeanGPUUtil  *float64 // mean utilization of the job's GPUs over the line's span; nil without samples
+}
+
+// EachChargeRow streams month's lines (restricted to teams when non-nil) to
+// fn in a stable order, without holding them in memory.
+func (s *Store) EachChargeRow(ctx context.Context, month billing.YearMonth, teams []string, fn func(*ChargeRow) error) error {
+	rows, err := s.db.Query(ctx, `
+		SELECT to_char(l.month, 'YYYY-MM'), l.kind, l.team, l.cost_center, l.job_id, j.name, l.user_email, l.tier, l.gpu_type,
+			CASE WHEN l.to_at > l.from_at THEN round(abs(l.gpu_seconds) / extract(epoch FROM l.to_at - l.from_at))::bigint ELSE 0 END,
+			l.from_at, l.to_at, l.gpu_seconds, l.rate_micros, l.multiplier_bp, l.amount_micros, l.currency,
+			(SELECT avg(g.util_pct)::float8 FROM gpu_samples g WHERE g.job_id = l.job_id AND g.at >= l.from_at AND g.at < l.to_at)
+		FROM charge_lines l JOIN jobs j ON j.id = l.job_id
+		WHERE l.month = $1 AND ($2::text[] IS NULL OR l.team = ANY($2))
+		ORDER BY l.team, l.job_id, l.usage_hour, l.kind, l.line_key`, month.Start(), teams)
+	if err != nil {
+		return mapErr("loading charge lines", err)
+	}
+	defer rows.Close()
+	var r ChargeRow
+	for rows.Next() {
+		if err := rows.Scan(&r.Month, &r.Kind, &r.Team, &r.CostCenter, &r.JobID, &r.JobName, &r.User, &r.Tier, &r.GPUType, &r.GPUs,
+			&r.From, &r.To, &r.GPUSeconds, &r.RateMicros, &r.MultiplierBP, &r.Amount.Micros, &r.Amount.Currency, &r.MeanGPUUtil); err != nil {
+			return mapErr("reading charge lines", err)
+		}
+		r.From, r.To = r.From.UTC(), r.To.UTC()
+		if err := fn(&r); err != nil {
+			return err
+		}
+	}
+	return mapErr("reading charge lines", rows.Err())
+}
+
+// MonthClosed returns when month was closed and by whom (zero if open).
+func (s *Store) MonthClosed(ctx context.Context, month billing.YearMonth) (time.Time, string, error) {
+	var at time.Time
+	var by string
+	err := s.db.QueryRow(ctx, `SELECT closed_at, closed_by FROM billing_months WHERE month = $1`, month.Start()).Scan(&at, &by)
+	if err == pgx.ErrNoRows {
+		return time.Time{}, "", nil
+	}
+	return at, by, mapErr("checking month", err)
+}
