@@ -50,6 +50,7 @@ type JobsList struct {
 	Team      string
 	State     string
 	CanSubmit bool
+	Alerts    []string // this month's budget alerts of the user's teams
 }
 
 // JobDetail is a job's own page.

@@ -48,6 +48,9 @@ func decodeStrict(body io.Reader, v any) error {
 		if errors.As(err, &te) {
 			return (allot.FieldErrors{te.Field: "must be a " + jsonKind(te.Type.Kind().String())}).Err()
 		}
+		if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+			return (allot.FieldErrors{strings.Trim(name, `"`): "unknown field"}).Err()
+		}
 		if errors.Is(err, io.EOF) {
 			return &badRequest{"request body is empty"}
 		}

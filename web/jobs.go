@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/store"
 	"github.com/allotlabs/allot/views"
 	"github.com/labstack/echo/v4"
 )
@@ -48,6 +49,16 @@ func (s *Server) jobsPage(c echo.Context) error {
 	}
 	for i := range jobs {
 		l.Rows = append(l.Rows, jobRow(&jobs[i]))
+	}
+	alerts, err := s.alertsFor(c, u, 10)
+	if err != nil {
+		return err
+	}
+	thisMonth := store.MonthStart(s.st.Now())
+	for _, a := range alerts {
+		if a.Month.Equal(thisMonth) && (u.MemberOf(a.Team) || u.Admin) {
+			l.Alerts = append(l.Alerts, a.Message)
+		}
 	}
 	return render(c, http.StatusOK, views.JobsListView(l))
 }

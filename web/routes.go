@@ -36,6 +36,8 @@ func (s *Server) routes() {
 	api.GET("/jobs/:id", s.apiGetJob)
 	api.POST("/jobs/:id/cancel", s.apiCancelJob)
 	api.GET("/jobs/:id/log", s.apiJobLog)
+	api.GET("/alerts", s.apiAlerts)
+	api.PUT("/teams/:team/webhook", s.apiSetWebhook)
 	api.GET("/chargeback", s.apiChargeback)
 	api.GET("/chargeback.csv", s.apiChargebackCSV)
 	api.POST("/chargeback/:month/close", s.apiCloseMonth)

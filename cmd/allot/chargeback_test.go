@@ -139,3 +139,32 @@ func TestChargebackAddsUp(t *testing.T) {
 		t.Errorf("second close: %d, want 409", code)
 	}
 }
+
+func TestBudgetAlertsInAPIAndPortal(t *testing.T) {
+	e := boot(t)
+	if _, err := jobs.BudgetCheck(context.Background(), e.m.Store, nil); err != nil {
+		t.Fatal(err)
+	}
+	code, _, b := e.api("GET", "/api/v1/alerts", demo.Engineer, "")
+	var out struct{ Alerts []web.AlertJSON }
+	json.Unmarshal(b, &out) //nolint:errcheck
+	if code != 200 || len(out.Alerts) != 2 || out.Alerts[0].Team != "nlp" || out.Alerts[1].Team != "nlp" {
+		t.Errorf("engineer's alerts: %d %+v", code, out.Alerts)
+	}
+	if _, page := e.login(demo.Engineer).get("/jobs"); strings.Count(page, `data-testid="budget-alert"`) != 2 {
+		t.Errorf("the jobs page does not show the team's two alerts")
+	}
+	for _, tt := range []struct {
+		persona, body string
+		status        int
+	}{
+		{demo.Engineer, `{"url":"https://hooks.example.com/x"}`, 403},
+		{demo.Lead, `{"url":"ftp://nope"}`, 422},
+		{demo.Lead, `{"url":"https://hooks.example.com/x","extra":1}`, 422},
+		{demo.Lead, `{"url":"https://hooks.example.com/x"}`, 200},
+	} {
+		if code, _, b := e.api("PUT", "/api/v1/teams/nlp/webhook", tt.persona, tt.body); code != tt.status {
+			t.Errorf("%s sets webhook %s: %d %s, want %d", tt.persona, tt.body, code, b, tt.status)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package jobs_test
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/allotlabs/allot/internal/store"
 	"github.com/allotlabs/allot/internal/store/storetest"
 	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 func billingSetup(t *testing.T) (*store.Store, time.Time, *allot.User) {
@@ -140,4 +142,12 @@ func TestClosedMonthGetsAdjustmentsNotChanges(t *testing.T) {
 	if err := st.SetRateChecked(ctx, "A100-80GB", allot.Money{Micros: 1, Currency: "USD"}, time.Date(2026, 10, 15, 0, 0, 0, 0, time.UTC)); allot.ErrorCode(err) != allot.EConflict {
 		t.Errorf("backdated rate: %v", err)
 	}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+// storePool reopens a pool on the store's database for River.
+func storePool(t *testing.T, st *store.Store) *pgxpool.Pool {
+	t.Helper()
+	return st.Pool()
 }

@@ -67,6 +67,10 @@ type Config struct {
 	// CheckpointRoot is the directory under which checkpointable jobs get
 	// ALLOT_CHECKPOINT_DIR (default /var/lib/allot/checkpoints).
 	CheckpointRoot string
+	// BudgetCheckInterval is how often budgets are checked (default 1 min).
+	BudgetCheckInterval time.Duration
+	// WebhookBackoff is the first retry delay of a failed webhook (default 30 s).
+	WebhookBackoff time.Duration
 }
 
 // LostNodesArgs marks nodes that stopped sending heartbeats down.
@@ -162,6 +166,9 @@ func NewClient(cfg Config) (*river.Client[pgx.Tx], error) {
 	if cfg.HeartbeatInterval == 0 {
 		cfg.HeartbeatInterval = 10 * time.Second
 	}
+	if cfg.BudgetCheckInterval == 0 {
+		cfg.BudgetCheckInterval = time.Minute
+	}
 	if cfg.CheckpointRoot == "" {
 		cfg.CheckpointRoot = "/var/lib/allot/checkpoints"
 	}
@@ -172,6 +179,8 @@ func NewClient(cfg Config) (*river.Client[pgx.Tx], error) {
 	river.AddWorker(workers, &LostNodesWorker{Store: cfg.Store, Logger: cfg.Logger, Interval: cfg.HeartbeatInterval})
 	river.AddWorker(workers, &DecayUsageWorker{Store: cfg.Store})
 	river.AddWorker(workers, &BillingRollupWorker{Store: cfg.Store})
+	river.AddWorker(workers, &BudgetCheckWorker{Store: cfg.Store})
+	river.AddWorker(workers, &WebhookWorker{Store: cfg.Store, Backoff: cfg.WebhookBackoff})
 	client, err := river.NewClient(riverpgxv5.New(cfg.Pool), &river.Config{
 		Logger:  cfg.Logger,
 		Queues:  map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: cfg.MaxWorkers}},
@@ -189,6 +198,9 @@ func NewClient(cfg Config) (*river.Client[pgx.Tx], error) {
 				func() (river.JobArgs, *river.InsertOpts) {
 					return DecayUsageArgs{}, &river.InsertOpts{UniqueOpts: river.UniqueOpts{ByPeriod: time.Minute}}
 				}, &river.PeriodicJobOpts{RunOnStart: true}),
+			river.NewPeriodicJob(river.PeriodicInterval(cfg.BudgetCheckInterval),
+				func() (river.JobArgs, *river.InsertOpts) { return BudgetCheckArgs{}, nil },
+				&river.PeriodicJobOpts{RunOnStart: true}),
 			// Hourly, a few minutes past the hour, so late exit reports of
 			// the hour are in.
 			river.NewPeriodicJob(river.PeriodicInterval(time.Hour),

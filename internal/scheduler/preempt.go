@@ -93,6 +93,9 @@ func (st *state) nodeVictims(n, target, maxGroup int, class Tier, buf []victimCa
 			avail += k // freed at its grace end, within one grace period
 			continue
 		}
+		if st.victimAfter != noVictimLimit && r.gpus >= ns.cap && rel(r.j.Submit, st.now) <= st.victimAfter {
+			continue // it would take a whole node back before the preemptor once requeued
+		}
 		if g := st.victimGroup(r, maxGroup); g >= 0 && g <= maxGroup && (r.class >= class || class.Production()) {
 			vs = append(vs, victimCand{ri: ri, group: g, gpus: k})
 		}

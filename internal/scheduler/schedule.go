@@ -17,8 +17,8 @@ const (
 	detailedReasons = 16
 	// maxStarvationResv bounds the extra reservations of Policy.StarvationWait.
 	maxStarvationResv = 8
-	// guaranteeLostRatio: see runAllot.
-	guaranteeLostRatio = 0.1
+	// guaranteeLostRatio: see tryPreempt.
+	guaranteeLostRatio = 0.03
 )
 
 // Schedule computes one scheduling cycle. It is a pure function of its
@@ -146,8 +146,6 @@ func (st *state) runAllot() {
 	var resvPerClass [TierPreemptible + 1]int
 	failed := map[shapeKey]int64{}
 	attempts := 0
-	var starving []*pjob
-	grace := int64(st.p.GracePeriod)
 	// Preemptors whose victims are still in their grace period come first:
 	// they start, or reserve the GPUs coming free, before anyone else.
 	var preemptors map[int64]bool
@@ -177,8 +175,63 @@ func (st *state) runAllot() {
 			}
 		}
 	}
+	// Starvation guard: the longest-waiting blocked research jobs (class
+	// 3-4, waiting at least StarvationWait) come right after the
+	// production classes: they start if they fit, else reserve the
+	// earliest nodes they fit on, ahead of every other research job. A
+	// reservation made later in the cycle would constrain nothing: each
+	// cycle starts from scratch and would let newer, higher-priority jobs
+	// take the GPUs first again.
+	var starving []*pjob
+	if st.p.StarvationWait > 0 {
+		for _, pj := range st.order {
+			if pj.never || pj.inflight || pj.class < Tier3 || pj.class > Tier4 || -pj.submit < int64(st.p.StarvationWait) {
+				continue
+			}
+			starving = append(starving, pj)
+		}
+		slices.SortFunc(starving, cmpFIFO)
+	}
+	// While a starving job is blocked, research jobs outside the guard do
+	// not reclaim guarantees by preemption: when the grace period ends the
+	// GPUs they freed would go to the starving jobs first, and the
+	// preemptor would preempt again (on the loaded Philly window one
+	// 32-GPU job preempted 1,981 times that way). Starving jobs with the
+	// right to preempt may, in FIFO order (see tryPreempt for the victims
+	// they may take).
+	starved, blockedStarving := len(starving) == 0, false
+	serveStarving := func() {
+		starved = true
+		nresv := 0
+		for _, pj := range starving {
+			pj.starving = true
+			key := shapeKey{pj.j.GPUs, pj.q, pj.j.GPUType, false}
+			if st.free >= pj.j.GPUs {
+				if lim, seen := failed[key]; !seen || pj.limit < lim {
+					if cl := st.place(pj, nil); cl != nil {
+						st.commit(pj, cl, len(st.resvs) > 0)
+						continue
+					}
+					failed[key] = pj.limit
+				}
+			}
+			blockedStarving = true
+			if st.tryPreempt(pj, &attempts) {
+				continue
+			}
+			if nresv < maxStarvationResv {
+				nresv++
+				if r := st.sweep(pj, never); r.ok {
+					st.reserve(pj, r)
+				}
+			}
+		}
+	}
 	for _, pj := range st.order {
-		if pj.never || pj.inflight {
+		if !starved && pj.class >= Tier3 {
+			serveStarving()
+		}
+		if pj.never || pj.inflight || pj.starving {
 			continue
 		}
 		key := shapeKey{pj.j.GPUs, pj.q, pj.j.GPUType, pj.class.Production()}
@@ -194,58 +247,76 @@ func (st *state) runAllot() {
 		if pj.class == TierPreemptible {
 			continue // idle GPUs only: no reservation, no preemption
 		}
-		if mg := st.preemptRight(pj); mg >= 0 && attempts < maxPreemptAttempts {
-			attempts++
-			// Only look one grace period ahead: GPUs coming free by then
-			// (from earlier preemptions, say) make preempting pointless.
-			if r := st.sweep(pj, grace); r.ok {
-				st.reserve(pj, r)
-				if pj.team >= 0 {
-					st.teams[pj.team].alloc += pj.j.GPUs
-				}
-				continue
-			}
-			// A team reclaiming its guarantee preempts only when the work
-			// lost is worth it: at most the GPU time the job would
-			// otherwise wait (by time limits), times GuaranteeLostRatio.
-			maxLost := math.Inf(1)
-			if !pj.class.Production() {
-				maxLost = 0
-				if r := st.sweep(pj, never); r.ok {
-					maxLost = float64(r.at-grace) / 1e9 * float64(pj.j.GPUs) * guaranteeLostRatio
-				} else {
-					maxLost = math.Inf(1)
-				}
-			}
-			if st.preempt(pj, mg, maxLost) {
-				if r := st.sweep(pj, never); r.ok {
-					st.reserve(pj, r)
-				}
-				continue
-			}
+		if (pj.class.Production() || !blockedStarving) && st.tryPreempt(pj, &attempts) {
+			continue
 		}
 		if resvPerClass[pj.class] < depth {
 			resvPerClass[pj.class]++
 			if r := st.sweep(pj, never); r.ok {
 				st.reserve(pj, r)
 			}
-		} else if st.p.StarvationWait > 0 && -pj.submit >= int64(st.p.StarvationWait) {
-			// Keep the maxStarvationResv oldest, in (submit, id) order.
-			i, _ := slices.BinarySearchFunc(starving, pj, cmpFIFO)
-			if i < maxStarvationResv {
-				starving = slices.Insert(starving, i, pj)
-				starving = starving[:min(len(starving), maxStarvationResv)]
-			}
 		}
 	}
-	// Starvation guard: the longest-waiting blocked jobs get reservations
-	// too. They come after every other decision, so they only constrain
-	// later cycles' backfill.
-	for _, pj := range starving {
+	if !starved {
+		serveStarving()
+	}
+}
+
+// tryPreempt lets a blocked job with a right to preempt (see
+// preemptRight) either reserve GPUs coming free within one grace period or
+// preempt victims and reserve the GPUs they free. It reports whether pj
+// now holds a reservation. At most maxPreemptAttempts jobs try per cycle.
+func (st *state) tryPreempt(pj *pjob, attempts *int) bool {
+	mg := st.preemptRight(pj)
+	if mg < 0 || *attempts >= maxPreemptAttempts {
+		return false
+	}
+	*attempts++
+	grace := int64(st.p.GracePeriod)
+	// Only look one grace period ahead: GPUs coming free by then (from
+	// earlier preemptions, say) make preempting pointless.
+	if r := st.sweep(pj, grace); r.ok {
+		st.reserve(pj, r)
+		if pj.team >= 0 {
+			st.teams[pj.team].alloc += pj.j.GPUs
+		}
+		return true
+	}
+	// A team reclaiming its guarantee preempts only when the work lost is
+	// worth it: at most the GPU time the job would otherwise wait (by
+	// time limits), times guaranteeLostRatio.
+	maxLost := math.Inf(1)
+	if !pj.class.Production() {
+		maxLost = 0
+		if r := st.sweep(pj, never); r.ok {
+			maxLost = float64(r.at-grace) / 1e9 * float64(pj.j.GPUs) * guaranteeLostRatio
+		} else {
+			maxLost = math.Inf(1)
+		}
+	}
+	// A victim requeued (with its original submit time) must not come
+	// before the preemptor when the grace period ends, or it takes the
+	// freed GPUs back and the preemptor preempts again: a starving
+	// preemptor (served oldest first) takes only work submitted after its
+	// own job, any other research job only work that will not be starving
+	// by then. Production classes come first anyway.
+	st.victimAfter = noVictimLimit
+	if !pj.class.Production() {
+		if pj.starving {
+			st.victimAfter = pj.submit
+		} else if w := int64(st.p.StarvationWait); w > 0 {
+			st.victimAfter = grace - w
+		}
+	}
+	ok := st.preempt(pj, mg, maxLost)
+	st.victimAfter = noVictimLimit
+	if ok {
 		if r := st.sweep(pj, never); r.ok {
 			st.reserve(pj, r)
 		}
+		return true
 	}
+	return false
 }
 
 // runFIFO is strict FIFO: jobs in submit order start while they fit; the

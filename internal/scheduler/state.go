@@ -13,6 +13,9 @@ import (
 // +inf. time.Time.Sub saturates, so relative times never overflow.
 const never = int64(math.MaxInt64)
 
+// noVictimLimit: any running job's submit time qualifies it as a victim.
+const noVictimLimit = int64(math.MinInt64)
+
 // maxNodeGPUs is the most GPUs per node the scheduler can allocate; GPU
 // indices at or above it are ignored.
 const maxNodeGPUs = 64
@@ -51,6 +54,10 @@ type nodeState struct {
 	group  int32 // index into state.groups; -1 if none
 	pos    int32 // position in pool.nodes
 	claims []claimRef
+	// until is when the node's last running (or started) job reaches its
+	// time limit (relative; 0 if none): the earliest the node can be
+	// wholly free by time limits.
+	until int64
 }
 
 // claimRef is one reservation's hold on a node: a job ending after the
@@ -117,6 +124,7 @@ type pjob struct {
 	resvCause bool // the reservation waits for a release (not only for other reservations)
 	preempts  int  // victims this job preempted this cycle
 	inflight  bool // its victims are in their grace period
+	starving  bool // served by the starvation guard this cycle
 	blocker   string
 }
 
@@ -187,6 +195,11 @@ type state struct {
 
 	head *pjob // first blocked job (baselines)
 
+	// victimAfter: while a research-class job looks for victims, only
+	// running jobs submitted after this (relative) time qualify (see
+	// tryPreempt); noVictimLimit otherwise.
+	victimAfter int64
+
 	plan Plan
 }
 
@@ -234,7 +247,7 @@ func resize[T any](xs []T, n int) []T {
 // reset prepares a pooled state for a new cycle, keeping its buffers.
 func (st *state) reset(s *Snapshot, now time.Time, p Policy) {
 	old := *st
-	*st = state{s: s, now: now, p: p}
+	*st = state{s: s, now: now, p: p, victimAfter: noVictimLimit}
 	st.nodes, st.run, st.pend, st.order = old.nodes, old.run, old.pend, old.order
 	st.teamIdx, st.eligCache = old.teamIdx, old.eligCache
 	if st.teamIdx == nil {
@@ -500,6 +513,9 @@ func (st *state) buildRunning() {
 				continue
 			}
 			ns := &st.nodes[sl.Node]
+			if len(sl.GPUs) > 0 {
+				ns.until = max(ns.until, r.end)
+			}
 			for _, g := range sl.GPUs {
 				if g >= 0 && g < maxNodeGPUs {
 					ns.used |= 1 << uint(g)
@@ -678,6 +694,9 @@ func (st *state) place(pj *pjob, buf []Claim) []Claim {
 	g := pj.j.GPUs
 	end := pj.limit
 	if !pj.multi {
+		if st.p.Mode == ModeAllot {
+			return st.placePacked(pj, buf)
+		}
 		bestF, bestN := math.MaxInt, -1
 		for _, pi := range pj.elig {
 			pl := &st.pools[pi]
@@ -744,6 +763,96 @@ func (st *state) place(pj *pjob, buf []Claim) []Claim {
 	return buf
 }
 
+// maxPackScan bounds the nodes placePacked scores per placement once it
+// has a candidate.
+const maxPackScan = 256
+
+// packScore ranks the nodes a single-node job of ModeAllot may take:
+// partly used nodes before wholly free ones; then the least extension of
+// the node's busy period (how much later than now its last job would
+// reach its time limit); then the fewest free GPUs (best fit); then the
+// lowest index.
+type packScore struct {
+	whole int
+	ext   int64
+	free  int
+	n     int
+}
+
+func cmpPack(a, b packScore) int {
+	return cmp.Or(cmp.Compare(a.whole, b.whole), cmp.Compare(a.ext, b.ext), cmp.Compare(a.free, b.free), cmp.Compare(a.n, b.n))
+}
+
+// placePacked is ModeAllot's single-node placement. A wide job waits until
+// some node is wholly free; long jobs scattered over every node keep every
+// node busy for days (on the loaded Philly window, 330 of 352 nodes had a
+// job with more than 24 h left). So a job goes where it extends a node's
+// busy period the least — long jobs join long jobs, short ones fill gaps on
+// nodes that stay busy anyway — and wholly free nodes are used last.
+// Candidates are visited in best-fit order (bucket by bucket, fewest free
+// GPUs first); the scan stops at a candidate that fits exactly without
+// extending its node, at the end of a bucket whose best candidate extends
+// nothing, or after maxPackScan candidates.
+func (st *state) placePacked(pj *pjob, buf []Claim) []Claim {
+	g, end := pj.j.GPUs, pj.limit
+	best := packScore{n: -1}
+	scanned := 0
+	better := func(n, f int) {
+		ns := &st.nodes[n]
+		sc := packScore{free: f, n: n}
+		if f >= ns.cap {
+			sc.whole = 1
+		}
+		if end == never {
+			if ns.until != never {
+				sc.ext = never
+			}
+		} else if end > ns.until {
+			sc.ext = end - ns.until
+		}
+		if best.n < 0 || cmpPack(sc, best) < 0 {
+			best = sc
+		}
+		scanned++
+	}
+	// Claimed nodes are outside the buckets.
+	for _, n := range st.claimed {
+		ns := &st.nodes[n]
+		if ns.cap < g || !slices.Contains(pj.elig, int(ns.pool)) {
+			continue
+		}
+		if f := st.effFree(n, end); f >= g {
+			better(n, f)
+		}
+	}
+	for _, pi := range pj.elig {
+		pl := &st.pools[pi]
+	buckets:
+		for f := g; f <= pl.maxCap; f++ {
+			if pl.counts[f] == 0 {
+				continue
+			}
+			if best.n >= 0 && (best.whole == 0 && best.ext == 0 && best.free <= f || scanned >= maxPackScan) {
+				break
+			}
+			for w, x := range pl.buckets[f] {
+				for x != 0 {
+					b := bits.TrailingZeros64(x)
+					x &^= 1 << uint(b)
+					better(pl.nodes[w*64+b], f)
+					if best.whole == 0 && best.ext == 0 && best.free == g {
+						break buckets
+					}
+				}
+			}
+		}
+	}
+	if best.n < 0 {
+		return nil
+	}
+	return append(buf, Claim{Node: best.n, GPUs: g})
+}
+
 // groupAvail is what group gi can give to multi-node job pj now.
 func (st *state) groupAvail(gi int, pj *pjob) int {
 	gr := &st.grps[gi]
@@ -798,6 +907,7 @@ func (st *state) commit(pj *pjob, cl []Claim, backfill bool) {
 			}
 		}
 		slots[i] = Slot{Node: c.Node, GPUs: idx}
+		ns.until = max(ns.until, end)
 	}
 	pj.started = true
 	if pj.team >= 0 {

@@ -236,7 +236,7 @@ func DefaultPolicy() Policy {
 
 		GuaranteePatience: 10 * time.Minute,
 		ReservationDepth:  1,
-		StarvationWait:    time.Hour,
+		StarvationWait:    20 * time.Minute,
 	}
 }
 

@@ -77,6 +77,26 @@ func (s *Store) InTx(ctx context.Context, fn func(*Store) error) error {
 	return nil
 }
 
+// Pool returns the pool the store runs on (nil inside a transaction).
+func (s *Store) Pool() *pgxpool.Pool {
+	p, _ := s.db.(*pgxpool.Pool)
+	return p
+}
+
+// InPgxTx is InTx that also hands fn the pgx transaction, for River's
+// InsertTx (a job enqueued in the same transaction as the data).
+func (s *Store) InPgxTx(ctx context.Context, fn func(pgx.Tx, *Store) error) error {
+	tx, err := s.db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("beginning transaction: %w", err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // no-op after commit
+	if err := fn(tx, &Store{db: tx, Now: s.Now}); err != nil {
+		return err
+	}
+	return mapErr("committing", tx.Commit(ctx))
+}
+
 // Ping checks the database answers.
 func (s *Store) Ping(ctx context.Context) error {
 	var one int
