@@ -184,13 +184,23 @@ func (st *state) runAllot() {
 	// take the GPUs first again.
 	var starving []*pjob
 	if st.p.StarvationWait > 0 {
+		// Oldest first: sort compact keys, then pick the jobs.
+		type fifoKey struct {
+			submit, id int64
+			pj         *pjob
+		}
+		var keys []fifoKey
 		for _, pj := range st.order {
 			if pj.never || pj.inflight || pj.class < Tier3 || pj.class > Tier4 || -pj.submit < int64(st.p.StarvationWait) {
 				continue
 			}
-			starving = append(starving, pj)
+			keys = append(keys, fifoKey{pj.submit, pj.j.ID, pj})
 		}
-		slices.SortFunc(starving, cmpFIFO)
+		slices.SortFunc(keys, func(a, b fifoKey) int { return cmp.Or(cmp.Compare(a.submit, b.submit), cmp.Compare(a.id, b.id)) })
+		starving = make([]*pjob, len(keys))
+		for i, k := range keys {
+			starving[i] = k.pj
+		}
 	}
 	// While a starving job is blocked, research jobs outside the guard do
 	// not reclaim guarantees by preemption: when the grace period ends the

@@ -20,14 +20,15 @@ func mode(m Mode) Policy {
 func TestClassOrder(t *testing.T) {
 	t.Parallel()
 	// One free GPU; the tier-1 job wins over older tier-3/4 jobs, and the
-	// tier-3 job over the tier-4 one.
+	// tier-3 job over the tier-4 one (none has waited StarvationWait).
 	tests := []struct {
 		name    string
 		pending []Job
 		want    []int64
 	}{
 		{"tier 1 first", []Job{job(1, 1, tier(Tier4), submitted(time.Hour)), job(2, 1, tier(Tier3)), job(3, 1, tier(Tier1))}, []int64{3}},
-		{"tier 3 before tier 4", []Job{job(1, 1, tier(Tier4), submitted(time.Hour)), job(2, 1, tier(Tier3))}, []int64{2}},
+		{"tier 3 before tier 4", []Job{job(1, 1, tier(Tier4), submitted(15*time.Minute)), job(2, 1, tier(Tier3))}, []int64{2}},
+		{"starving tier 4 before tier 3", []Job{job(1, 1, tier(Tier4), submitted(time.Hour)), job(2, 1, tier(Tier3))}, []int64{1}},
 		{"preemptible last", []Job{job(1, 1, tier(Tier4), preemptible(), submitted(time.Hour)), job(2, 1, tier(Tier4))}, []int64{2}},
 	}
 	for _, tt := range tests {
@@ -80,11 +81,11 @@ func TestPriorityMath(t *testing.T) {
 func TestFairShareOrdering(t *testing.T) {
 	t.Parallel()
 	// Same class, one free GPU: the team that used less of its share goes
-	// first even though its job is younger.
+	// first even though its job is younger (but not starving).
 	s := Snapshot{
 		Nodes:   cluster(1, 2),
 		Running: []Job{job(100, 1, on(time.Hour, slot(0, 0)))},
-		Pending: []Job{job(1, 1, team("a"), submitted(2*time.Hour)), job(2, 1, team("b"))},
+		Pending: []Job{job(1, 1, team("a"), submitted(15*time.Minute)), job(2, 1, team("b"))},
 		Teams:   []Team{{Name: "a", Weight: 1, Usage: 900}, {Name: "b", Weight: 1, Usage: 100}},
 	}
 	if diff := cmp.Diff([]int64{2}, startIDs(Schedule(s, t0, allot()))); diff != "" {
@@ -194,8 +195,10 @@ func TestVictimOrdering(t *testing.T) {
 		{
 			name: "least lost work",
 			running: []Job{
-				job(100, 4, team("b"), tier(Tier4), on(3*time.Hour, slot(0, 0, 1, 2, 3))),
-				job(101, 4, team("b"), tier(Tier4), on(time.Hour, slot(0, 4, 5, 6, 7))),
+				// Long time limits: the wait avoided (197 h) is worth the
+				// 4 GPU-h lost (guaranteeLostRatio).
+				job(100, 4, team("b"), tier(Tier4), limit(200*time.Hour), on(3*time.Hour, slot(0, 0, 1, 2, 3))),
+				job(101, 4, team("b"), tier(Tier4), limit(200*time.Hour), on(time.Hour, slot(0, 4, 5, 6, 7))),
 			},
 			want: []int64{101},
 		},
@@ -385,7 +388,7 @@ func TestBackfillDoesNotDelayReservation(t *testing.T) {
 			job(101, 4, limit(2*time.Hour), on(0, slot(1, seq(0, 4)...))),
 		},
 		Pending: []Job{
-			job(1, 16, submitted(time.Hour)),
+			job(1, 16, submitted(10*time.Minute)),
 			job(2, 4, limit(3*time.Hour)),
 			job(3, 4, limit(90*time.Minute)),
 		},
@@ -477,5 +480,65 @@ func TestUnavailableAndDrained(t *testing.T) {
 	want := []Start{{JobID: 1, Placement: []Slot{slot(0, 1)}, RunAs: Tier3}}
 	if diff := cmp.Diff(want, Schedule(s, t0, allot()).Starts, cmpStartsNoPrio); diff != "" {
 		t.Errorf("starts (-want +got):\n%s", diff)
+	}
+}
+
+// TestStarvationGuard: a wide tier-4 job that has waited StarvationWait
+// reserves the node it waits for before a fresh tier-3 job is placed, so
+// the tier-3 job, which would end after the reservation, does not start.
+func TestStarvationGuard(t *testing.T) {
+	t.Parallel()
+	s := Snapshot{
+		Nodes:   cluster(1, 8),
+		Running: []Job{job(100, 4, limit(30*time.Minute), on(0, slot(0, 0, 1, 2, 3)))},
+		Pending: []Job{job(1, 8, tier(Tier4), submitted(time.Hour)), job(2, 4, tier(Tier3))},
+		Teams:   teamsAB(0, 0),
+	}
+	p := Schedule(s, t0, allot())
+	if len(p.Starts) != 0 {
+		t.Errorf("starts %v, want none", startIDs(p))
+	}
+	// Job 2 is its class's first blocked job and reserves after job 1.
+	want := []Reservation{
+		{JobID: 1, At: t0.Add(30 * time.Minute), Claims: []Claim{{0, 8}}},
+		{JobID: 2, At: t0.Add(90 * time.Minute), Claims: []Claim{{0, 4}}},
+	}
+	if diff := cmp.Diff(want, p.Reservations); diff != "" {
+		t.Errorf("reservations (-want +got):\n%s", diff)
+	}
+	// Not yet starving: class order lets the tier-3 job start.
+	s.Pending[0].Submit = t0.Add(-10 * time.Minute)
+	if diff := cmp.Diff([]int64{2}, startIDs(Schedule(s, t0, allot()))); diff != "" {
+		t.Errorf("starts (-want +got):\n%s", diff)
+	}
+}
+
+// TestPackingByBusyPeriod: a single-node job goes where it extends a
+// node's busy period the least, then best fit, then the lowest index;
+// wholly free nodes come last.
+func TestPackingByBusyPeriod(t *testing.T) {
+	t.Parallel()
+	s := Snapshot{
+		Nodes: cluster(3, 8),
+		Running: []Job{
+			job(100, 4, limit(time.Hour), on(0, slot(0, 0, 1, 2, 3))),
+			job(101, 4, limit(10*time.Hour), on(0, slot(1, 0, 1, 2, 3))),
+		},
+		Teams: teamsAB(0, 0),
+	}
+	for _, tt := range []struct {
+		limit time.Duration
+		node  int
+	}{{5 * time.Hour, 1}, {30 * time.Minute, 0}, {20 * time.Hour, 1}} {
+		s.Pending = []Job{job(1, 1, limit(tt.limit))}
+		p := Schedule(s, t0, allot())
+		if len(p.Starts) != 1 || p.Starts[0].Placement[0].Node != tt.node {
+			t.Errorf("limit %v: starts %+v, want node %d", tt.limit, p.Starts, tt.node)
+		}
+	}
+	// The baselines keep the reference's best fit: fewest free, lowest index.
+	s.Pending = []Job{job(1, 1, limit(5*time.Hour))}
+	if p := Schedule(s, t0, mode(ModeEASY)); len(p.Starts) != 1 || p.Starts[0].Placement[0].Node != 0 {
+		t.Errorf("easy: starts %+v, want node 0", p.Starts)
 	}
 }

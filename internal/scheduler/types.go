@@ -20,9 +20,16 @@
 //     that people can reason about ("used 3× its share → F = 1/8").
 //     Pending order: class, priority (desc), submit time, job id.
 //  3. Placement, gang (all or nothing): a job that fits on one node goes on
-//     one node, best fit — the eligible node with the fewest free GPUs that
-//     still fit, then the lowest node index. A larger job takes whole free
-//     nodes of one interconnect domain (or, with GPUsPerNode, that many GPUs
+//     one node: partly used nodes before wholly free ones, then the node
+//     whose busy period it extends least (how much later than the node's
+//     last running job it would reach its time limit), then the fewest free
+//     GPUs that still fit (best fit), then the lowest node index. Wide jobs
+//     wait for wholly free nodes, and long jobs scattered over every node
+//     keep every node busy for days; so long jobs join long jobs and short
+//     ones fill gaps on nodes that stay busy anyway. (At most 256 candidate
+//     nodes are scored per placement, visited in best-fit order.) The
+//     baselines keep the reference's plain best fit. A larger job takes
+//     whole free nodes of one interconnect domain (or, with GPUsPerNode, that many GPUs
 //     on each of ceil(GPUs/GPUsPerNode) nodes): the domain with the least
 //     sufficient free capacity, then the lowest index; nodes in index
 //     order. GPU indices: the lowest free ones. GPUType must match when set;
@@ -30,14 +37,24 @@
 //     take nothing new; Domain "" is one flat domain.
 //  4. Reservations (EASY backfill, by time limits): the first
 //     ReservationDepth blocked jobs of each class get a reservation at the
-//     earliest time they fit, on specific nodes; so do blocked jobs waiting
-//     longer than StarvationWait (at most 8 per cycle, oldest first) so that
-//     wide jobs of low-priority teams are not starved. A later job starts now
+//     earliest time they fit, on specific nodes. A later job starts now
 //     only if it does not take GPUs a reservation counts on at its time
 //     (jobs ending before then may use them). The projection frees running
 //     jobs at Start+TimeLimit (terminating ones at GraceEnd) and holds
 //     earlier reservations from now until their projected end
 //     (conservative).
+//     Starvation guard: tier 3-4 jobs that have waited StarvationWait
+//     (default 20 min) are served right after the production classes and
+//     before every other research job, oldest first (submit time, id): each
+//     starts if it fits, else may preempt under its rights (step 5), else
+//     the first 8 blocked ones reserve the earliest nodes they fit on. This
+//     bounds every research job's wait by StarvationWait plus a FIFO queue
+//     — a wide job of a low-priority team is no longer passed forever by
+//     newer, higher-priority jobs — while class order and fair share decide
+//     everything younger. Tier 1 > 2 > 3 > 4 still holds for jobs of equal
+//     age: the guard only reorders research jobs that have all waited
+//     StarvationWait, by age. A reservation made after the other research
+//     jobs were placed would constrain nothing, as each cycle starts afresh.
 //  5. Preemption: a blocked tier-1 job may take preemptible work, tier 3-4
 //     work of teams above their guarantee, then any tier 3-4 work; a tier-2
 //     job the first two; a tier 3-4 job of a team under its guarantee that
@@ -52,8 +69,14 @@
 //     priority: on a replayed trace, killing long-running jobs of a low
 //     priority team wasted a third of the cluster. A team reclaiming its
 //     guarantee (not tier 1-2) preempts only if the work lost (preemptible
-//     victims' work does not count) is at most a tenth of the GPU time the
-//     job would otherwise wait by time limits. The preemptor then
+//     victims' work does not count) is at most 3 % of the GPU time the
+//     job would otherwise wait by time limits (guaranteeLostRatio).
+//     While a starving job is blocked, only starving jobs reclaim
+//     guarantees, and a research preemptor takes no whole-node victim that
+//     would come before it when requeued (submitted before a starving
+//     preemptor, or starving by the end of the grace period): that victim
+//     would take the freed node back and the preemptor would preempt again.
+//     The preemptor then
 //     reserves the GPUs coming free; in later cycles, Job.PreemptedBy lets
 //     it claim them before anyone else.
 //
@@ -76,7 +99,9 @@
 // A cycle is O(nodes + running + pending·log pending) plus, for each
 // reservation, a projection of O(nodes + running). Free capacity is
 // indexed by free-GPU count per (GPU type, site) pool, so a placement is
-// O(pools × GPUs per node + nodes held by reservations). Work is bounded
+// O(pools × GPUs per node + nodes held by reservations) for the baselines
+// and at most O(256 + nodes held by reservations) for ModeAllot's packing;
+// the starvation guard sorts the starving jobs once, O(n log n). Work is bounded
 // per cycle: at most 8 blocked jobs look for victims, and beyond the
 // reservations only the first 16 blocked jobs get a reason with an
 // estimated start; the rest get a generic reason. Policy.NoPendingInfo
@@ -208,10 +233,11 @@ type Policy struct {
 	// preempts only after waiting this long (0 = at once). Short waits are
 	// usually ended by the natural churn of jobs, without losing work.
 	GuaranteePatience time.Duration
-	// StarvationWait: a blocked job (not preemptible) that has waited this
-	// long gets a reservation beyond ReservationDepth, so that wide jobs of
-	// low-priority teams are not starved by backfill (0 = off; at most
-	// maxStarvationResv such reservations per cycle, oldest first).
+	// StarvationWait: a tier 3-4 job that has waited this long is served
+	// by the starvation guard (package doc, step 4): right after the
+	// production classes, oldest first, with a reservation when blocked
+	// (at most maxStarvationResv per cycle), so that wide jobs of
+	// low-priority teams are not starved by newer jobs (0 = off).
 	StarvationWait time.Duration
 	// ReservationDepth is how many blocked jobs per class get a backfill
 	// reservation in ModeAllot (0 means 1, EASY's classic depth). Jobs that
