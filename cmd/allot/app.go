@@ -49,6 +49,7 @@ type Main struct {
 	working  bool
 	served   chan error
 	stopBg   context.CancelFunc
+	triggers chan struct{}
 	serverID string
 	bgDone   chan struct{}
 	Registry *prometheus.Registry
@@ -59,10 +60,26 @@ func hostname() string {
 	return h
 }
 
-// Trigger asks for a scheduling cycle.
-func (m *Main) Trigger(ctx context.Context) {
-	if err := jobs.Trigger(ctx, m.Store, m.river); err != nil {
-		m.Logger.Warn("requesting a scheduling cycle", "err", err)
+// Trigger asks for a scheduling cycle without waiting: requests that
+// arrive while one is being sent are folded into the next, so a burst of
+// submits costs a handful of requests.
+func (m *Main) Trigger(context.Context) {
+	select {
+	case m.triggers <- struct{}{}:
+	default: // one is already pending; it covers this one
+	}
+}
+
+func (m *Main) triggerLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.triggers:
+			if err := jobs.Trigger(ctx, m.Store, m.river); err != nil && ctx.Err() == nil {
+				m.Logger.Warn("requesting a scheduling cycle", "err", err)
+			}
+		}
 	}
 }
 
@@ -107,9 +124,11 @@ func (m *Main) Run(ctx context.Context) error {
 			stop()
 			return err
 		}
+		m.triggers = make(chan struct{}, 1)
 		go func() {
 			defer close(m.bgDone)
 			go srv.Notifier().Listen(bg, pool)
+			go m.triggerLoop(bg)
 			every := m.HeartbeatInterval
 			if every == 0 {
 				every = 10 * time.Second

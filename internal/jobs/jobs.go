@@ -139,7 +139,8 @@ type Inserter interface {
 }
 
 // Trigger asks for a scheduling cycle soon. Requests while a cycle runs are
-// not lost: the running cycle sees the newer request number and runs again.
+// not lost: the running cycle sees the newer request number and runs again,
+// and if it may already be past that check, a follow-up cycle is queued.
 func Trigger(ctx context.Context, st *store.Store, client Inserter) error {
 	if _, err := st.RequestSchedule(ctx); err != nil {
 		return err
@@ -147,7 +148,11 @@ func Trigger(ctx context.Context, st *store.Store, client Inserter) error {
 	if client == nil {
 		return nil
 	}
-	_, err := client.Insert(ctx, ScheduleArgs{}, nil)
+	res, err := client.Insert(ctx, ScheduleArgs{}, nil)
+	if err != nil || !res.UniqueSkippedAsDuplicate || res.Job == nil || res.Job.State != rivertype.JobStateRunning {
+		return err
+	}
+	_, err = client.Insert(ctx, ScheduleArgs{After: res.Job.ID}, nil)
 	return err
 }
 
@@ -182,9 +187,13 @@ func NewClient(cfg Config) (*river.Client[pgx.Tx], error) {
 	river.AddWorker(workers, &BudgetCheckWorker{Store: cfg.Store})
 	river.AddWorker(workers, &WebhookWorker{Store: cfg.Store, Backoff: cfg.WebhookBackoff})
 	client, err := river.NewClient(riverpgxv5.New(cfg.Pool), &river.Config{
-		Logger:  cfg.Logger,
-		Queues:  map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: cfg.MaxWorkers}},
-		Workers: workers,
+		// Pick up triggered cycles fast (submit → running latency); inserts
+		// wake the producer through LISTEN/NOTIFY, polling is the fallback.
+		FetchCooldown:     10 * time.Millisecond,
+		FetchPollInterval: 250 * time.Millisecond,
+		Logger:            cfg.Logger,
+		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: cfg.MaxWorkers}},
+		Workers:           workers,
 		PeriodicJobs: []*river.PeriodicJob{
 			river.NewPeriodicJob(river.PeriodicInterval(time.Hour),
 				func() (river.JobArgs, *river.InsertOpts) { return CleanupSessionsArgs{}, nil },

@@ -19,8 +19,12 @@ import (
 
 // ScheduleArgs asks for a scheduling cycle. Inserts coalesce: while one is
 // queued or running, more are skipped (River unique jobs), and the running
-// cycle re-runs itself when requests arrived meanwhile.
-type ScheduleArgs struct{}
+// cycle re-runs itself when requests arrived meanwhile. A request skipped
+// because a cycle job is running (it may be past its last check) queues one
+// follow-up for that job (After = its id), so no request is ever lost.
+type ScheduleArgs struct {
+	After int64 `json:"after,omitempty"`
+}
 
 // Kind names the job in River's table.
 func (ScheduleArgs) Kind() string { return "schedule_cycle" }

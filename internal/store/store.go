@@ -49,6 +49,11 @@ func Open(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("parsing database URL: %w", err)
 	}
+	// pgxpool's default (max(4, CPUs)) starves a server under load: a
+	// LISTEN connection is held for good, and every request needs one.
+	if !strings.Contains(url, "pool_max_conns") {
+		cfg.MaxConns = 32
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to database: %w", err)
