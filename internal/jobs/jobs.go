@@ -138,9 +138,10 @@ type Inserter interface {
 	Insert(ctx context.Context, args river.JobArgs, opts *river.InsertOpts) (*rivertype.JobInsertResult, error)
 }
 
-// Trigger asks for a scheduling cycle soon. Requests while a cycle runs are
-// not lost: the running cycle sees the newer request number and runs again,
-// and if it may already be past that check, a follow-up cycle is queued.
+// Trigger asks for a scheduling cycle soon. Requests are never lost: a
+// request that River folds into a queued or running cycle job is seen by
+// that job, which re-checks the request counter, and completes itself in
+// the same transaction as its last check (see ScheduleWorker).
 func Trigger(ctx context.Context, st *store.Store, client Inserter) error {
 	if _, err := st.RequestSchedule(ctx); err != nil {
 		return err
@@ -148,11 +149,7 @@ func Trigger(ctx context.Context, st *store.Store, client Inserter) error {
 	if client == nil {
 		return nil
 	}
-	res, err := client.Insert(ctx, ScheduleArgs{}, nil)
-	if err != nil || !res.UniqueSkippedAsDuplicate || res.Job == nil || res.Job.State != rivertype.JobStateRunning {
-		return err
-	}
-	_, err = client.Insert(ctx, ScheduleArgs{After: res.Job.ID}, nil)
+	_, err := client.Insert(ctx, ScheduleArgs{}, nil)
 	return err
 }
 
@@ -199,7 +196,7 @@ func NewClient(cfg Config) (*river.Client[pgx.Tx], error) {
 				func() (river.JobArgs, *river.InsertOpts) { return CleanupSessionsArgs{}, nil },
 				&river.PeriodicJobOpts{RunOnStart: true}),
 			river.NewPeriodicJob(river.PeriodicInterval(cfg.CycleInterval),
-				func() (river.JobArgs, *river.InsertOpts) { return ScheduleArgs{}, nil },
+				func() (river.JobArgs, *river.InsertOpts) { return ScheduleArgs{Periodic: true}, nil },
 				&river.PeriodicJobOpts{RunOnStart: true}),
 			river.NewPeriodicJob(river.PeriodicInterval(cfg.HeartbeatInterval/2),
 				func() (river.JobArgs, *river.InsertOpts) { return LostNodesArgs{}, nil }, nil),

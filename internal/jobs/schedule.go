@@ -12,18 +12,20 @@ import (
 	"github.com/allotlabs/allot/internal/allot"
 	"github.com/allotlabs/allot/internal/scheduler"
 	"github.com/allotlabs/allot/internal/store"
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertype"
 )
 
 // ScheduleArgs asks for a scheduling cycle. Inserts coalesce: while one is
 // queued or running, more are skipped (River unique jobs), and the running
-// cycle re-runs itself when requests arrived meanwhile. A request skipped
-// because a cycle job is running (it may be past its last check) queues one
-// follow-up for that job (After = its id), so no request is ever lost.
+// cycle re-runs itself when requests arrived meanwhile.
 type ScheduleArgs struct {
-	After int64 `json:"after,omitempty"`
+	// Periodic marks the periodic cycle. River may insert it ahead of time
+	// as a scheduled job; triggered cycles must not be folded into it.
+	Periodic bool `json:"periodic,omitempty"`
 }
 
 // Kind names the job in River's table.
@@ -275,8 +277,14 @@ type ScheduleWorker struct {
 	Scheduler *Scheduler
 }
 
-// Work runs cycles.
-func (w *ScheduleWorker) Work(ctx context.Context, _ *river.Job[ScheduleArgs]) error {
+// Work runs cycles until no request arrived during the last one. The last
+// check and the job's completion share one transaction: River completes
+// jobs asynchronously, and a request folded into this job while it is
+// finishing would otherwise be lost until the next periodic cycle. With the
+// completion committed together with the check, a concurrent insert either
+// came before the check (and is seen) or waits for the commit and then
+// inserts a new job.
+func (w *ScheduleWorker) Work(ctx context.Context, job *river.Job[ScheduleArgs]) error {
 	st := w.Scheduler.Store
 	for range 50 {
 		seen, err := st.LastScheduleRequest(ctx)
@@ -292,14 +300,22 @@ func (w *ScheduleWorker) Work(ctx context.Context, _ *river.Job[ScheduleArgs]) e
 			return err
 		}
 		if !res.Ran {
-			return nil // another worker's cycle is running and will see our requests
+			return nil // another cycle holds the lock; it re-checks the requests when it ends
 		}
-		now, err := st.LastScheduleRequest(ctx)
-		if err != nil {
-			return err
-		}
-		if now == seen {
+		done := false
+		err = st.InPgxTx(ctx, func(tx pgx.Tx, s *store.Store) error {
+			now, err := s.LastScheduleRequest(ctx)
+			if err != nil || now != seen {
+				return err
+			}
+			if _, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, job); err != nil {
+				return err
+			}
+			done = true
 			return nil
+		})
+		if err != nil || done {
+			return err
 		}
 	}
 	return errors.New("scheduling requests kept arriving for 50 cycles in a row")
