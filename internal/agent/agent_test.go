@@ -228,6 +228,11 @@ func TestStopKillsAJobThatIgnoresSIGTERM(t *testing.T) {
 	if e.ExitCode != -1 || e.Signal != "SIGKILL" || e.Reason != "cancelled" {
 		t.Errorf("exit = %+v, want SIGKILL cancelled", e)
 	}
+	// SIGKILL is delivered at once but a process takes a moment to go.
+	deadline := time.Now().Add(3 * time.Second)
+	for liveGroupMembers(s.PID) != 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
 	if n := liveGroupMembers(s.PID); n != 0 {
 		t.Errorf("process group %d still has %d live processes", s.PID, n)
 	}
