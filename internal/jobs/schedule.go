@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -202,8 +203,13 @@ func Snapshot(st store.SchedState) (scheduler.Snapshot, []string) {
 	return snap, names
 }
 
+// breakdown rounds the factors to 4 decimals (and orders round the total to
+// a whole number): what people see, and few enough digits that most pending
+// jobs' rows stay unchanged from one cycle to the next instead of being
+// rewritten every 10 s.
 func breakdown(p scheduler.Priority) allot.PriorityBreakdown {
-	return allot.PriorityBreakdown{Class: int(p.Class), FairShare: p.FairShare, Size: p.Size, Age: p.Age}
+	r := func(x float64) float64 { return math.Round(x*1e4) / 1e4 }
+	return allot.PriorityBreakdown{Class: int(p.Class), FairShare: r(p.FairShare), Size: r(p.Size), Age: r(p.Age)}
 }
 
 // orders turns the plan into store writes, with each lease's environment.
@@ -225,7 +231,7 @@ func (s *Scheduler) orders(st store.SchedState, plan scheduler.Plan, names []str
 		if j == nil {
 			continue
 		}
-		o := store.StartOrder{JobID: j.ID, RunAs: tierID(p.RunAs), Priority: p.Priority.Total, Breakdown: breakdown(p.Priority)}
+		o := store.StartOrder{JobID: j.ID, RunAs: tierID(p.RunAs), Priority: math.Round(p.Priority.Total), Breakdown: breakdown(p.Priority)}
 		if j.Checkpointable {
 			o.CheckpointDir = strings.TrimRight(s.CheckpointRoot, "/") + fmt.Sprintf("/job-%d", j.ID)
 		}
@@ -265,7 +271,7 @@ func (s *Scheduler) orders(st store.SchedState, plan scheduler.Plan, names []str
 	}
 	pending := make([]store.PendingUpdate, 0, len(plan.Pending))
 	for _, p := range plan.Pending {
-		pending = append(pending, store.PendingUpdate{JobID: p.JobID, Priority: p.Priority.Total, Breakdown: breakdown(p.Priority), Reason: p.Reason})
+		pending = append(pending, store.PendingUpdate{JobID: p.JobID, Priority: math.Round(p.Priority.Total), Breakdown: breakdown(p.Priority), Reason: p.Reason})
 	}
 	return starts, preempts, pending
 }

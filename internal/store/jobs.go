@@ -31,49 +31,62 @@ func (s *Store) TeamMonthUsage(ctx context.Context, team string) (int64, error) 
 }
 
 // submitContext loads what a submission is judged on.
-func (s *Store) submitContext(ctx context.Context, u *allot.User, spec *allot.JobSpec) (allot.SubmitContext, int64, error) {
-	c := allot.SubmitContext{Submitter: u}
-	var budget int64
-	err := s.db.QueryRow(ctx, `SELECT monthly_budget_gpu_hours FROM teams WHERE slug = $1`, spec.Team).Scan(&budget)
-	switch {
-	case err == nil:
-		c.TeamFound = true
-	case err != pgx.ErrNoRows:
-		return c, 0, mapErr("loading team", err)
+func (s *Store) submitContext(ctx context.Context, u *allot.User, spec *allot.JobSpec) (allot.SubmitContext, int64, int64, error) {
+	// One round trip: the team's budget and this month's usage, the tier,
+	// the GPU types and the largest gang per type.
+	c := allot.SubmitContext{Submitter: u, MaxGang: map[string]int{"": 0}}
+	now := s.Now()
+	var budget, used *int64
+	var maxRuntime *int64
+	var types []string
+	var gangTypes []string
+	var gangs []int32
+	err := s.db.QueryRow(ctx, `
+		SELECT
+			(SELECT monthly_budget_gpu_hours FROM teams WHERE slug = $1),
+			(SELECT coalesce(sum(floor(extract(epoch FROM least(coalesce(a.released_at, $4), $4) - greatest(a.started_at, $3)))), 0)::bigint
+				FROM allocations a JOIN jobs j ON j.id = a.job_id
+				WHERE j.team = $1 AND a.started_at < $4 AND coalesce(a.released_at, $4) > $3),
+			(SELECT max_runtime_s FROM tiers WHERE id = $2),
+			(SELECT coalesce(array_agg(name ORDER BY name), '{}') FROM gpu_types),
+			g.types, g.gangs
+		FROM (SELECT coalesce(array_agg(gpu_type ORDER BY gpu_type), '{}') AS types, coalesce(array_agg(m ORDER BY gpu_type), '{}') AS gangs
+			FROM (SELECT gpu_type, max(total)::int AS m FROM (
+				SELECT gpu_type, CASE WHEN domain = '' THEN gpu_count ELSE sum(gpu_count) OVER (PARTITION BY gpu_type, domain) END AS total
+				FROM nodes) d GROUP BY gpu_type) x) g`,
+		spec.Team, string(spec.Tier), MonthStart(now), now).Scan(&budget, &used, &maxRuntime, &types, &gangTypes, &gangs)
+	if err != nil {
+		return c, 0, 0, mapErr("loading the submission context", err)
 	}
-	if _, ok := allot.ParseTier(string(spec.Tier)); ok {
-		t, err := s.GetTier(ctx, spec.Tier)
-		if err == nil {
-			c.Tier = &t
-		} else if allot.ErrorCode(err) != allot.ENotFound {
-			return c, 0, err
+	c.TeamFound = budget != nil
+	if maxRuntime != nil {
+		c.Tier = &allot.Tier{ID: spec.Tier, MaxRuntime: time.Duration(*maxRuntime) * time.Second}
+	}
+	c.GPUTypes = types
+	for i, t := range gangTypes {
+		c.MaxGang[t] = int(gangs[i])
+		if int(gangs[i]) > c.MaxGang[""] {
+			c.MaxGang[""] = int(gangs[i])
 		}
 	}
-	types, err := s.ListGPUTypes(ctx)
-	if err != nil {
-		return c, 0, err
+	var b, us int64
+	if budget != nil {
+		b = *budget
 	}
-	for _, g := range types {
-		c.GPUTypes = append(c.GPUTypes, g.Name)
+	if used != nil {
+		us = *used
 	}
-	if c.MaxGang, err = s.MaxGang(ctx); err != nil {
-		return c, 0, err
-	}
-	return c, budget, nil
+	return c, b, us, nil
 }
 
 // QuotaPreview validates spec for u and returns what the budget check would
 // say, without writing anything. It is what the form shows before submit.
 func (s *Store) QuotaPreview(ctx context.Context, u *allot.User, spec *allot.JobSpec) (allot.QuotaOutcome, error) {
-	c, budget, err := s.submitContext(ctx, u, spec)
+	c, budget, used, err := s.submitContext(ctx, u, spec)
 	if err != nil {
 		return allot.QuotaOutcome{}, err
 	}
 	if err := allot.ValidateSubmission(spec, c); err != nil {
-		return allot.QuotaOutcome{}, err
-	}
-	used, err := s.TeamMonthUsage(ctx, spec.Team)
-	if err != nil {
 		return allot.QuotaOutcome{}, err
 	}
 	return allot.CheckQuota(spec, budget, used), nil
@@ -84,21 +97,19 @@ func (s *Store) QuotaPreview(ctx context.Context, u *allot.User, spec *allot.Job
 // as pending. It writes nothing when the spec is invalid.
 func (s *Store) SubmitJob(ctx context.Context, u *allot.User, spec allot.JobSpec) (allot.Job, error) {
 	var job allot.Job
-	err := s.InTx(ctx, func(tx *Store) error {
+	// No transaction: one read (validation and the advisory budget check)
+	// and one insert; nothing needs them to be atomic.
+	err := func(tx *Store) error {
 		if spec.Name == "" && len(spec.Command) > 0 {
 			spec.Name = defaultJobName(spec.Command)
 		}
-		c, budget, err := tx.submitContext(ctx, u, &spec)
+		// Usage comes from allocations, which submissions do not change, so
+		// concurrent submits need no lock to see the same budget.
+		c, budget, used, err := tx.submitContext(ctx, u, &spec)
 		if err != nil {
 			return err
 		}
 		if err := allot.ValidateSubmission(&spec, c); err != nil {
-			return err
-		}
-		// Usage comes from allocations, which submissions do not change, so
-		// concurrent submits need no lock to see the same budget.
-		used, err := tx.TeamMonthUsage(ctx, spec.Team)
-		if err != nil {
 			return err
 		}
 		q := allot.CheckQuota(&spec, budget, used)
@@ -115,20 +126,20 @@ func (s *Store) SubmitJob(ctx context.Context, u *allot.User, spec allot.JobSpec
 		if spec.GPUsPerNode > 0 {
 			perNode = &spec.GPUsPerNode
 		}
-		var id int64
+		const reason = "waiting for the next scheduling cycle"
+		job = allot.Job{UserID: u.ID, User: u.Email, JobSpec: spec, State: allot.JobPending, PendingReason: reason,
+			QuotaWarning: q.Warning, Demoted: q.Preemptible}
+		job.Preemptible = spec.Preemptible || q.Preemptible
+		job.Env = env
 		err = tx.db.QueryRow(ctx, `
 			INSERT INTO jobs (name, team, user_id, tier, gpus, gpu_type, gpus_per_node, time_limit_s, command, env, workdir,
 				checkpointable, preemptible, demoted, quota_warning, pending_reason, submitted_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) RETURNING id`,
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) RETURNING id, submitted_at, updated_at`,
 			spec.Name, spec.Team, u.ID, string(spec.Tier), spec.GPUs, gpuType, perNode, int64(spec.TimeLimit/time.Second),
-			spec.Command, envJSON, spec.WorkDir, spec.Checkpointable, spec.Preemptible || q.Preemptible, q.Preemptible,
-			q.Warning, "waiting for the next scheduling cycle", s.Now()).Scan(&id)
-		if err != nil {
-			return mapErr("creating job", err)
-		}
-		job, err = tx.GetJob(ctx, id)
-		return err
-	})
+			spec.Command, envJSON, spec.WorkDir, spec.Checkpointable, job.Preemptible, q.Preemptible,
+			q.Warning, reason, s.Now()).Scan(&job.ID, &job.SubmittedAt, &job.UpdatedAt)
+		return mapErr("creating job", err)
+	}(s)
 	return job, err
 }
 
