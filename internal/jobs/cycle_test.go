@@ -132,3 +132,35 @@ func TestUntakenOffersExpire(t *testing.T) {
 		t.Errorf("after expiry: state %s, %d GPUs held, reason %q", j.State, held, j.PendingReason)
 	}
 }
+
+// TestOverBudgetJobsSayWhy: a tier-3 job of a team that went over its
+// budget after submission waits as preemptible, and its reason says so.
+func TestOverBudgetJobsSayWhy(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := storetest.Pool(t)
+	st := store.New(pool)
+	if err := demo.Seed(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	noah, err := st.UserByEmail(ctx, "noah@example.com")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool.Exec(ctx, `UPDATE teams SET monthly_budget_gpu_hours = 1000000 WHERE slug = 'nlp'`) //nolint:errcheck
+	j, err := st.SubmitJob(ctx, &noah, allot.JobSpec{Team: "nlp", Tier: allot.Tier3, GPUs: 8, TimeLimit: time.Hour, Command: []string{"true"}})
+	if err != nil || j.Preemptible {
+		t.Fatalf("submit: %+v %v", j, err)
+	}
+	pool.Exec(ctx, `UPDATE teams SET monthly_budget_gpu_hours = 10 WHERE slug = 'nlp'`) //nolint:errcheck
+	if _, err := (&jobs.Scheduler{Store: st}).Cycle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got, err := st.GetJob(ctx, j.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(got.PendingReason, "over 100 % of its monthly budget") || got.Breakdown.Class != 5 {
+		t.Errorf("reason %q, class %d", got.PendingReason, got.Breakdown.Class)
+	}
+}

@@ -269,9 +269,19 @@ func (s *Scheduler) orders(st store.SchedState, plan scheduler.Plan, names []str
 	for _, p := range plan.Preemptions {
 		preempts = append(preempts, store.PreemptOrder{JobID: p.JobID, By: p.By, Reason: p.Reason, Grace: st.Policy.GracePeriod})
 	}
+	over := map[string]bool{}
+	for _, t := range st.Teams {
+		budget := t.MonthlyBudgetGPUHours * 3600
+		over[t.Slug] = budget > 0 && st.MonthUsed[t.Slug]*100 >= budget*int64(st.Policy.BudgetDemotePct)
+	}
 	pending := make([]store.PendingUpdate, 0, len(plan.Pending))
 	for _, p := range plan.Pending {
-		pending = append(pending, store.PendingUpdate{JobID: p.JobID, Priority: math.Round(p.Priority.Total), Breakdown: breakdown(p.Priority), Reason: p.Reason})
+		reason := p.Reason
+		if j := jobs[p.JobID]; j != nil && over[j.Team] && !j.Preemptible && (j.Tier == allot.Tier3 || j.Tier == allot.Tier4) {
+			reason = fmt.Sprintf("team %s is over %d %% of its monthly budget, so this tier-%s job runs as preemptible (idle GPUs only, may be stopped, 70 %% cheaper) until the month ends; ",
+				j.Team, st.Policy.BudgetDemotePct, j.Tier) + reason
+		}
+		pending = append(pending, store.PendingUpdate{JobID: p.JobID, Priority: math.Round(p.Priority.Total), Breakdown: breakdown(p.Priority), Reason: reason})
 	}
 	return starts, preempts, pending
 }
