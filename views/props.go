@@ -16,7 +16,8 @@ type Page struct {
 type UserBadge struct {
 	Name  string
 	Email string
-	Roles string // "admin", "lead of nlp", ...
+	Roles string   // "admin", "lead of nlp", ...
+	Teams []string // the teams whose budget pages they see
 }
 
 // Option is one choice of a select.
@@ -144,4 +145,22 @@ type Finance struct {
 	ByUser   []FinanceRow
 	Empty    string
 	CSVURL   string
+}
+
+// BurnDown is the SVG burn-down chart's geometry (600 × 200).
+type BurnDown struct {
+	Used     string // polyline points: cumulative GPU-hours so far
+	Forecast string // line from now to the month's end
+	BudgetY  string // y of the budget line
+	Label    string
+}
+
+// TeamBudget is the team lead's budget page.
+type TeamBudget struct {
+	Page
+	Team, Month, Used, Cost, Forecast string
+	Budget, UsedPct                   int64
+	ByJobType, ByUser                 []Option // Value: name, Label: GPU-hours
+	Alerts                            []string
+	Chart                             BurnDown
 }

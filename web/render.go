@@ -39,7 +39,7 @@ func (s *Server) page(c echo.Context, title string) views.Page {
 		p.CSRF = t
 	}
 	if u, ok := c.Get(ctxUser).(*allot.User); ok {
-		p.User = &views.UserBadge{Name: u.Name, Email: u.Email, Roles: describeRoles(u)}
+		p.User = &views.UserBadge{Name: u.Name, Email: u.Email, Roles: describeRoles(u), Teams: u.Teams()}
 	}
 	return p
 }

@@ -26,6 +26,7 @@ func (s *Server) routes() {
 	e.GET("/jobs/:id", s.jobPage)
 	e.POST("/jobs/:id/cancel", s.cancelJobForm)
 	e.GET("/finance", s.financePage)
+	e.GET("/teams/:team", s.teamPage)
 	e.POST("/finance/close", s.closeMonthForm)
 
 	// JSON API.
@@ -37,6 +38,7 @@ func (s *Server) routes() {
 	api.POST("/jobs/:id/cancel", s.apiCancelJob)
 	api.GET("/jobs/:id/log", s.apiJobLog)
 	api.GET("/alerts", s.apiAlerts)
+	api.GET("/teams/:team/budget", s.apiTeamBudget)
 	api.PUT("/teams/:team/webhook", s.apiSetWebhook)
 	api.GET("/chargeback", s.apiChargeback)
 	api.GET("/chargeback.csv", s.apiChargebackCSV)

@@ -168,3 +168,35 @@ func TestBudgetAlertsInAPIAndPortal(t *testing.T) {
 		}
 	}
 }
+
+func TestTeamBudgetDashboard(t *testing.T) {
+	e := boot(t)
+	code, _, b := e.api("GET", "/api/v1/teams/nlp/budget", demo.Lead, "")
+	var bj web.BudgetJSON
+	if err := json.Unmarshal(b, &bj); err != nil || code != 200 {
+		t.Fatalf("budget: %d %s", code, b)
+	}
+	var byType int64
+	for _, v := range bj.ByJobType {
+		byType += micros(t, v)
+	}
+	var byUser int64
+	for _, u := range bj.ByUser {
+		byUser += micros(t, u.GPUHours)
+	}
+	used := micros(t, bj.UsedGPUHours)
+	if bj.UsedPct < 100 || byType != used || byUser != used || !strings.HasPrefix(bj.Forecast.Summary, "Over budget since") || bj.Forecast.ReachesBudgetOn == nil {
+		t.Errorf("nlp budget: used %s (%d %%), by type %d, by user %d, forecast %q", bj.UsedGPUHours, bj.UsedPct, byType, byUser, bj.Forecast.Summary)
+	}
+	code, _, b = e.api("GET", "/api/v1/teams/fraud/budget", demo.Finance, "")
+	json.Unmarshal(b, &bj) //nolint:errcheck
+	if code != 200 || bj.UsedPct != 35 || !strings.HasPrefix(bj.Forecast.Summary, "At this rate") {
+		t.Errorf("fraud budget: %d %d %% %q", code, bj.UsedPct, bj.Forecast.Summary)
+	}
+	if code, _, _ := e.api("GET", "/api/v1/teams/fraud/budget", demo.Engineer, ""); code != 404 {
+		t.Errorf("engineer of nlp reading fraud's budget: %d, want 404", code)
+	}
+	if status, page := e.login(demo.Lead).get("/teams/nlp"); status != 200 || !strings.Contains(page, `data-testid="burndown"`) || !strings.Contains(page, "Over budget since") {
+		t.Errorf("team page: %d", status)
+	}
+}

@@ -1,0 +1,220 @@
+package web
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/store"
+	"github.com/allotlabs/allot/views"
+	"github.com/labstack/echo/v4"
+)
+
+// BudgetJSON is the body of GET /api/v1/teams/{team}/budget.
+type BudgetJSON struct {
+	Team           string            `json:"team"`
+	Month          string            `json:"month"`
+	BudgetGPUHours int64             `json:"budget_gpu_hours"`
+	UsedGPUHours   string            `json:"used_gpu_hours"`
+	UsedPct        int64             `json:"used_pct"`
+	ByJobType      map[string]string `json:"by_job_type_gpu_hours"`
+	ByUser         []UserHoursJSON   `json:"by_user"`
+	Daily          []DayHoursJSON    `json:"daily"`
+	Forecast       ForecastJSON      `json:"forecast"`
+	Cost           string            `json:"cost"`
+	Currency       string            `json:"currency"`
+	Alerts         []AlertJSON       `json:"alerts"`
+}
+
+// UserHoursJSON is one user's GPU-hours.
+type UserHoursJSON struct {
+	User     string `json:"user"`
+	GPUHours string `json:"gpu_hours"`
+}
+
+// DayHoursJSON is one day's and the month's cumulative GPU-hours.
+type DayHoursJSON struct {
+	Day        string `json:"day"`
+	GPUHours   string `json:"gpu_hours"`
+	Cumulative string `json:"cumulative_gpu_hours"`
+}
+
+// ForecastJSON projects the month at the recent rate.
+type ForecastJSON struct {
+	RateGPUHoursPerDay  string  `json:"rate_gpu_hours_per_day"`
+	ProjectedMonthEnd   string  `json:"projected_month_end_gpu_hours"`
+	ProjectedPct        int64   `json:"projected_pct"`
+	ReachesBudgetOn     *string `json:"reaches_budget_on"` // date, when within the month
+	Summary             string  `json:"summary"`
+	BasedOnTrailingDays int     `json:"based_on_trailing_days"`
+}
+
+// forecast projects usage at the rate of the last 7 days (or the month so
+// far when younger).
+func forecast(u *store.TeamUsage) ForecastJSON {
+	monthEnd := u.Month.AddDate(0, 1, 0)
+	n := min(7, len(u.Daily))
+	var recent int64
+	for _, d := range u.Daily[len(u.Daily)-n:] {
+		recent += d.GPUSeconds
+	}
+	// Days covered by the trailing window: whole days plus today's part.
+	windowStart := u.UpTo.AddDate(0, 0, -n+1).Truncate(24 * time.Hour)
+	if windowStart.Before(u.Month) {
+		windowStart = u.Month
+	}
+	days := u.UpTo.Sub(windowStart).Hours() / 24
+	f := ForecastJSON{BasedOnTrailingDays: n}
+	if days <= 0 {
+		days = 1.0 / 24
+	}
+	rate := float64(recent) / days // GPU-seconds per day (display only, not money)
+	f.RateGPUHoursPerDay = fmt.Sprintf("%.1f", rate/3600)
+	left := monthEnd.Sub(u.UpTo).Hours() / 24
+	projected := float64(u.UsedGPUSeconds) + rate*left
+	f.ProjectedMonthEnd = fmt.Sprintf("%.1f", projected/3600)
+	budget := float64(u.BudgetGPUHours * 3600)
+	if budget <= 0 {
+		f.Summary = "No budget is set for this team."
+		return f
+	}
+	f.ProjectedPct = int64(projected * 100 / budget)
+	switch {
+	case float64(u.UsedGPUSeconds) >= budget:
+		var cum int64
+		for _, d := range u.Daily {
+			cum += d.GPUSeconds
+			if float64(cum) >= budget {
+				day := d.Day.Format("2006-01-02")
+				f.ReachesBudgetOn = &day
+				f.Summary = fmt.Sprintf("Over budget since %s; at this rate: %d %% at month end.", d.Day.Format("Jan 2"), f.ProjectedPct)
+				return f
+			}
+		}
+		f.Summary = fmt.Sprintf("Over budget; at this rate: %d %% at month end.", f.ProjectedPct)
+	case rate > 0 && u.UpTo.Add(time.Duration((budget-float64(u.UsedGPUSeconds))/rate*24*float64(time.Hour))).Before(monthEnd):
+		at := u.UpTo.Add(time.Duration((budget - float64(u.UsedGPUSeconds)) / rate * 24 * float64(time.Hour)))
+		day := at.Format("2006-01-02")
+		f.ReachesBudgetOn = &day
+		f.Summary = fmt.Sprintf("At this rate: 100 %% on %s.", at.Format("Jan 2"))
+	default:
+		f.Summary = fmt.Sprintf("At this rate: %d %% at month end.", f.ProjectedPct)
+	}
+	return f
+}
+
+// teamBudget loads the budget view of :team for the caller.
+func (s *Server) teamBudget(c echo.Context) (BudgetJSON, *store.TeamUsage, error) {
+	u, err := currentUser(c)
+	if err != nil {
+		return BudgetJSON{}, nil, err
+	}
+	team := c.Param("team")
+	if !u.Admin && !u.Finance && !u.MemberOf(team) {
+		return BudgetJSON{}, nil, allot.Errorf(allot.ENotFound, "no team %q", team)
+	}
+	usage, err := s.st.TeamMonthUsageDetail(c.Request().Context(), team, s.st.Now())
+	if allot.ErrorCode(err) == allot.ENotFound {
+		return BudgetJSON{}, nil, allot.Errorf(allot.ENotFound, "no team %q", team)
+	}
+	if err != nil {
+		return BudgetJSON{}, nil, err
+	}
+	out := BudgetJSON{Team: team, Month: usage.Month.Format("2006-01"), BudgetGPUHours: usage.BudgetGPUHours,
+		UsedGPUHours: allot.Hours(usage.UsedGPUSeconds), ByJobType: map[string]string{}, ByUser: []UserHoursJSON{}, Daily: []DayHoursJSON{},
+		Forecast: forecast(&usage), Currency: usage.Currency, Alerts: []AlertJSON{}}
+	if usage.BudgetGPUHours > 0 {
+		out.UsedPct = usage.UsedGPUSeconds * 100 / (usage.BudgetGPUHours * 3600)
+	}
+	out.Cost = allot.Money{Micros: usage.CostMicros, Currency: usage.Currency}.Decimal()
+	for k, v := range usage.ByJobType {
+		out.ByJobType[k] = allot.Hours(v)
+	}
+	for _, x := range usage.ByUser {
+		out.ByUser = append(out.ByUser, UserHoursJSON{User: x.User, GPUHours: allot.Hours(x.GPUSeconds)})
+	}
+	var cum int64
+	for _, d := range usage.Daily {
+		cum += d.GPUSeconds
+		out.Daily = append(out.Daily, DayHoursJSON{Day: d.Day.Format("2006-01-02"), GPUHours: allot.Hours(d.GPUSeconds), Cumulative: allot.Hours(cum)})
+	}
+	alerts, err := s.st.BudgetAlerts(c.Request().Context(), []string{team}, 20)
+	if err != nil {
+		return out, nil, err
+	}
+	for _, a := range alerts {
+		if a.Month.Equal(usage.Month) {
+			out.Alerts = append(out.Alerts, AlertJSON{Team: a.Team, Month: a.Month.Format("2006-01"), ThresholdPct: a.ThresholdPct,
+				FiredAt: a.FiredAt.UTC(), UsedGPUHours: allot.Hours(a.UsedGPUSeconds), BudgetGPUHours: a.BudgetGPUHours, Message: a.Message})
+		}
+	}
+	return out, &usage, nil
+}
+
+func (s *Server) apiTeamBudget(c echo.Context) error {
+	out, _, err := s.teamBudget(c)
+	if err != nil {
+		return err
+	}
+	return writeJSON(c, http.StatusOK, out)
+}
+
+// burnDown draws the cumulative usage against the budget as SVG polyline
+// points in a 600 × 200 box, with the forecast to the month's end.
+func burnDown(u *store.TeamUsage, f ForecastJSON) views.BurnDown {
+	const w, h = 600.0, 200.0
+	days := float64(u.Month.AddDate(0, 1, 0).Sub(u.Month).Hours() / 24)
+	budget := float64(u.BudgetGPUHours)
+	var rate, projected float64
+	fmt.Sscan(f.RateGPUHoursPerDay, &rate)     //nolint:errcheck
+	fmt.Sscan(f.ProjectedMonthEnd, &projected) //nolint:errcheck
+	top := max(budget, projected) * 1.1
+	if top <= 0 {
+		top = 1
+	}
+	x := func(day float64) float64 { return day / days * w }
+	y := func(hours float64) float64 { return h - hours/top*h }
+	var pts []string
+	var cum float64
+	pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(0), y(0)))
+	for i, d := range u.Daily {
+		cum += float64(d.GPUSeconds) / 3600
+		end := float64(i + 1)
+		if i == len(u.Daily)-1 {
+			end = u.UpTo.Sub(u.Month).Hours() / 24
+		}
+		pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(end), y(cum)))
+	}
+	now := u.UpTo.Sub(u.Month).Hours() / 24
+	return views.BurnDown{
+		Used:     strings.Join(pts, " "),
+		Forecast: fmt.Sprintf("%.1f,%.1f %.1f,%.1f", x(now), y(cum), x(days), y(projected)),
+		BudgetY:  fmt.Sprintf("%.1f", y(budget)),
+		Label:    fmt.Sprintf("budget %d GPU-h", u.BudgetGPUHours),
+	}
+}
+
+// teamPage is the team lead's budget dashboard.
+func (s *Server) teamPage(c echo.Context) error {
+	b, usage, err := s.teamBudget(c)
+	if err != nil {
+		return err
+	}
+	p := views.TeamBudget{Page: s.page(c, "Team "+b.Team), Team: b.Team, Month: b.Month, Budget: b.BudgetGPUHours, Used: b.UsedGPUHours,
+		UsedPct: b.UsedPct, Cost: strings.TrimSpace(b.Cost + " " + b.Currency), Forecast: b.Forecast.Summary, Chart: burnDown(usage, b.Forecast)}
+	if b.Currency == "" {
+		p.Cost = "not billed yet (the hourly rollup has not run)"
+	}
+	for _, k := range []string{"production", "experiments", "preemptible"} {
+		p.ByJobType = append(p.ByJobType, views.Option{Value: k, Label: b.ByJobType[k]})
+	}
+	for _, u := range b.ByUser {
+		p.ByUser = append(p.ByUser, views.Option{Value: u.User, Label: u.GPUHours})
+	}
+	for _, a := range b.Alerts {
+		p.Alerts = append(p.Alerts, a.Message)
+	}
+	return render(c, http.StatusOK, views.TeamBudgetView(p))
+}
