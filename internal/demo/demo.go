@@ -175,7 +175,9 @@ func Seed(ctx context.Context, st *store.Store) error {
 // from the start of the month until the team has used usedPct of its budget.
 func seedHistory(ctx context.Context, st *store.Store, t team, members []*allot.User, monthStart, now time.Time) error {
 	target := time.Duration(t.MonthlyBudgetGPUHours*int64(t.usedPct)/100) * time.Hour / 8 // node-time at 8 GPUs
-	const chunk = 6 * time.Hour
+	// Jobs of at most 6 h, spread over the team's nodes (early in a month
+	// they are short, so that everything fits before now).
+	chunk := min(6*time.Hour, max(time.Minute, (target+time.Duration(len(t.nodes))-1)/time.Duration(len(t.nodes))))
 	nodeFree := make([]time.Time, len(t.nodes))
 	for i := range nodeFree {
 		nodeFree[i] = monthStart

@@ -336,3 +336,19 @@ func TestMigrateIsIdempotent(t *testing.T) {
 		t.Errorf("%d migrations recorded, want %d", n, len(ms))
 	}
 }
+
+// TestSeedEarlyInTheMonth: `make run` half an hour into a month still seeds
+// a demo with usage history (budgets scaled down to fit).
+func TestSeedEarlyInTheMonth(t *testing.T) {
+	t.Parallel()
+	st := storetest.New(t)
+	now := time.Date(2026, 12, 1, 0, 30, 0, 0, time.UTC)
+	st.Now = func() time.Time { return now }
+	if err := demo.Seed(context.Background(), st); err != nil {
+		t.Fatal(err)
+	}
+	used, err := st.TeamMonthUsage(context.Background(), "nlp")
+	if err != nil || used <= 0 {
+		t.Fatalf("nlp used %d GPU-seconds, %v", used, err)
+	}
+}

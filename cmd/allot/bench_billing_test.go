@@ -1,0 +1,93 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net/http"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/allotlabs/allot/internal/demo"
+	"github.com/allotlabs/allot/internal/store/storetest"
+)
+
+// BenchmarkChargebackCSV1M streams a 1,000,000-line chargeback CSV through
+// the real server and reports wall time and the server's peak heap growth
+// (it must stay flat: rows are streamed, never held). -benchtime 1x.
+func BenchmarkChargebackCSV1M(b *testing.B) {
+	ctx := context.Background()
+	m := &Main{Config: Config{DatabaseURL: storetest.URL(b), Addr: "127.0.0.1:0"}}
+	if err := m.Run(ctx); err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	if err := demo.Seed(ctx, m.Store); err != nil {
+		b.Fatal(err)
+	}
+	_, err := m.Pool.Exec(ctx, `
+		INSERT INTO charge_lines (line_key, month, kind, usage_hour, job_id, segment, team, cost_center, user_email, tier, gpu_type,
+			rate_from, multiplier_from, from_at, to_at, gpu_seconds, rate_micros, multiplier_bp, amount_micros, currency)
+		SELECT 'bench|' || i, '2026-10-01', 'charge', '2026-10-01'::timestamptz + (i % 744) * interval '1 hour', (SELECT min(id) FROM jobs),
+			i, 'nlp', 'CC-4300', 'noah@example.com', '3', 'A100-80GB', '2025-01-01', '1970-01-01',
+			'2026-10-01'::timestamptz + (i % 744) * interval '1 hour', '2026-10-01'::timestamptz + (i % 744 + 1) * interval '1 hour',
+			28800, 3200000, 10000, 25600000, 'USD'
+		FROM generate_series(1, 1000000) i`)
+	if err != nil {
+		b.Fatal(err)
+	}
+	u, _ := m.Store.UserByEmail(ctx, demo.PersonaEmail[demo.Finance])
+	token, _, err := m.Store.CreateAPIToken(ctx, u.ID, "bench")
+	if err != nil {
+		b.Fatal(err)
+	}
+	runtime.GC()
+	var base runtime.MemStats
+	runtime.ReadMemStats(&base)
+	var peak atomic.Uint64
+	stop := make(chan struct{})
+	go func() {
+		var ms runtime.MemStats
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+				runtime.ReadMemStats(&ms)
+				if ms.HeapInuse > peak.Load() {
+					peak.Store(ms.HeapInuse)
+				}
+			}
+		}
+	}()
+	b.ResetTimer()
+	start := time.Now()
+	var lines int
+	for range b.N {
+		req, _ := http.NewRequest("GET", m.URL()+"/api/v1/chargeback.csv?month=2026-10", nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		sc := bufio.NewScanner(resp.Body)
+		lines = 0
+		for sc.Scan() {
+			lines++
+		}
+		io.Copy(io.Discard, resp.Body) //nolint:errcheck
+		resp.Body.Close()
+	}
+	wall := time.Since(start)
+	close(stop)
+	b.StopTimer()
+	if lines != 1_000_001 {
+		b.Fatalf("CSV has %d lines, want 1,000,001", lines)
+	}
+	grow := float64(peak.Load()) - float64(base.HeapInuse)
+	b.ReportMetric(wall.Seconds()/float64(b.N), "s/export")
+	b.ReportMetric(grow/(1<<20), "MiB-peak-heap-growth")
+	b.Logf("1,000,000 lines in %v; server heap in use: %.1f MiB before, peak %.1f MiB", wall/time.Duration(b.N), float64(base.HeapInuse)/(1<<20), float64(peak.Load())/(1<<20))
+}
