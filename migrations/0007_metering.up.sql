@@ -33,10 +33,12 @@ CREATE TABLE job_gpu_usage_hours (
 CREATE INDEX job_gpu_usage_hours_hour_idx ON job_gpu_usage_hours (hour, job_id);
 
 -- UTC hours whose rollup ran after the hour had ended: only their raw
--- samples may be deleted.
+-- samples may be deleted. Once they are (purged_at), the hour's rollups are
+-- final: a later rollup leaves them as they are.
 CREATE TABLE metering_hours (
-    hour         timestamptz PRIMARY KEY CHECK (extract(epoch FROM hour)::bigint % 3600 = 0),
-    rolled_up_at timestamptz NOT NULL
+    hour          timestamptz PRIMARY KEY CHECK (extract(epoch FROM hour)::bigint % 3600 = 0),
+    rolled_up_at  timestamptz NOT NULL,
+    purged_at     timestamptz
 );
 
 -- Samples arrive in time order: a BRIN index finds an hour's samples cheaply

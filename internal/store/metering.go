@@ -47,6 +47,7 @@ func hourRange(from, to time.Time) (time.Time, time.Time) {
 //
 // Hours that had ended when they were rolled up are recorded in
 // metering_hours: only their raw samples may be deleted (DeleteRawSamples).
+// Hours whose samples were deleted are left as they are.
 func (s *Store) RollupJobUsage(ctx context.Context, from, to time.Time) (int, error) {
 	h0, h1 := hourRange(from, to)
 	if !h0.Before(h1) {
@@ -59,13 +60,15 @@ func (s *Store) RollupJobUsage(ctx context.Context, from, to time.Time) (int, er
 			return mapErr("taking the metering lock", err)
 		}
 		for _, t := range []string{"job_usage_hours", "job_gpu_usage_hours"} {
-			if _, err := tx.db.Exec(ctx, `DELETE FROM `+t+` WHERE hour >= $1 AND hour < $2`, h0, h1); err != nil {
+			if _, err := tx.db.Exec(ctx, `DELETE FROM `+t+` WHERE hour >= $1 AND hour < $2
+				AND hour NOT IN (SELECT hour FROM metering_hours WHERE purged_at IS NOT NULL AND hour >= $1 AND hour < $2)`, h0, h1); err != nil {
 				return mapErr("replacing usage rollups", err)
 			}
 		}
 		tag, err := tx.db.Exec(ctx, `
 			WITH hours AS (
-				SELECT generate_series($1::timestamptz, $2::timestamptz - interval '1 hour', interval '1 hour') AS hour
+				SELECT h AS hour FROM generate_series($1::timestamptz, $2::timestamptz - interval '1 hour', interval '1 hour') h
+				WHERE NOT EXISTS (SELECT 1 FROM metering_hours m WHERE m.hour = h AND m.purged_at IS NOT NULL)
 			), alloc AS (
 				SELECT a.job_id, a.segment, a.node, a.gpu_index, n.gpu_type, h.hour,
 					greatest(a.started_at, h.hour) AS s,
@@ -107,16 +110,18 @@ func (s *Store) RollupJobUsage(ctx context.Context, from, to time.Time) (int, er
 			INSERT INTO metering_hours (hour, rolled_up_at)
 			SELECT h, $3 FROM generate_series($1::timestamptz, $2::timestamptz - interval '1 hour', interval '1 hour') h
 			WHERE h + interval '1 hour' <= $3
-			ON CONFLICT (hour) DO UPDATE SET rolled_up_at = EXCLUDED.rolled_up_at`, h0, h1, now)
+			ON CONFLICT (hour) DO UPDATE SET rolled_up_at = EXCLUDED.rolled_up_at WHERE metering_hours.purged_at IS NULL`, h0, h1, now)
 		return mapErr("recording rolled-up hours", err)
 	})
 	return n, err
 }
 
-// DeleteRawSamples deletes the raw gpu_samples taken before olderThan in
-// UTC hours that have been rolled up after they ended (metering_hours); the
-// samples of an hour not yet rolled up are kept whatever their age. Rollups
-// are never deleted. It returns the samples deleted.
+// DeleteRawSamples deletes the raw gpu_samples of the whole UTC hours that
+// ended by olderThan and have been rolled up after they ended
+// (metering_hours); the samples of an hour not yet rolled up are kept
+// whatever their age. Rollups are never deleted, and a purged hour's rollups
+// are final: RollupJobUsage no longer recomputes them (their samples are
+// gone). It returns the samples deleted.
 func (s *Store) DeleteRawSamples(ctx context.Context, olderThan time.Time) (int64, error) {
 	var n int64
 	err := s.InTx(ctx, func(tx *Store) error {
@@ -125,8 +130,13 @@ func (s *Store) DeleteRawSamples(ctx context.Context, olderThan time.Time) (int6
 		}
 		tag, err := tx.db.Exec(ctx, `
 			DELETE FROM gpu_samples g USING metering_hours m
-			WHERE m.hour < $1 AND g.at >= m.hour AND g.at < m.hour + interval '1 hour' AND g.at < $1`, olderThan)
+			WHERE m.hour + interval '1 hour' <= $1 AND m.purged_at IS NULL AND g.at >= m.hour AND g.at < m.hour + interval '1 hour'`, olderThan)
+		if err != nil {
+			return mapErr("deleting raw samples", err)
+		}
 		n = tag.RowsAffected()
+		_, err = tx.db.Exec(ctx, `UPDATE metering_hours SET purged_at = $2 WHERE hour + interval '1 hour' <= $1 AND purged_at IS NULL`,
+			olderThan, tx.Now())
 		return mapErr("deleting raw samples", err)
 	})
 	return n, err
