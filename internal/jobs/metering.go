@@ -79,7 +79,7 @@ func WeeklySummary(ctx context.Context, st *store.Store, team string, now time.T
 // ≈ 1,234.00 USD could have been saved: #12 bert (request 4 GPUs instead of
 // 8, 600.00 USD); …". At most 3 jobs are named.
 func WeeklySummaryText(rep *store.RightSizingReport, team string) string {
-	var t store.UsageSummary
+	t := store.UsageSummary{Team: team, Cost: allot.Money{Currency: rep.Currency}, Savings: allot.Money{Currency: rep.Currency}}
 	for _, x := range rep.Teams {
 		if x.Team == team {
 			t = x
