@@ -27,6 +27,7 @@ func (s *Server) routes() {
 	e.POST("/jobs/:id/cancel", s.cancelJobForm)
 	e.GET("/finance", s.financePage)
 	e.GET("/teams/:team", s.teamPage)
+	e.GET("/rightsizing", s.rightSizingPage)
 	e.POST("/finance/close", s.closeMonthForm)
 
 	// JSON API.
@@ -39,6 +40,8 @@ func (s *Server) routes() {
 	api.GET("/jobs/:id/log", s.apiJobLog)
 	api.GET("/alerts", s.apiAlerts)
 	api.GET("/teams/:team/budget", s.apiTeamBudget)
+	api.GET("/rightsizing", s.apiRightSizing)
+	api.GET("/rightsizing.csv", s.apiRightSizingCSV)
 	api.PUT("/teams/:team/webhook", s.apiSetWebhook)
 	api.GET("/chargeback", s.apiChargeback)
 	api.GET("/chargeback.csv", s.apiChargebackCSV)

@@ -91,3 +91,71 @@ func BenchmarkChargebackCSV1M(b *testing.B) {
 	b.ReportMetric(grow/(1<<20), "MiB-peak-heap-growth")
 	b.Logf("1,000,000 lines in %v; server heap in use: %.1f MiB before, peak %.1f MiB", wall/time.Duration(b.N), float64(base.HeapInuse)/(1<<20), float64(peak.Load())/(1<<20))
 }
+
+// BenchmarkTeamDashboardYear measures the team budget dashboard's latency
+// (GET /api/v1/teams/nlp/budget, as the lead) with a year of history: 400k
+// allocation rows over 12 months for the team. -benchtime 1x.
+func BenchmarkTeamDashboardYear(b *testing.B) {
+	ctx := context.Background()
+	m := &Main{Config: Config{DatabaseURL: storetest.URL(b), Addr: "127.0.0.1:0"}}
+	if err := m.Run(ctx); err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	if err := demo.Seed(ctx, m.Store); err != nil {
+		b.Fatal(err)
+	}
+	for _, q := range []string{
+		`INSERT INTO jobs (name, team, user_id, tier, gpus, gpu_type, time_limit_s, command, state, submitted_at, started_at, ended_at, segment, run_as)
+			SELECT 'year-' || i, 'nlp', (SELECT id FROM users WHERE email = 'noah@example.com'), '3', 8, 'A100-80GB', 36000, '{true}', 'completed',
+				now() - interval '365 days' + i * interval '10 minutes', now() - interval '365 days' + i * interval '10 minutes',
+				now() - interval '365 days' + i * interval '10 minutes' + interval '9 minutes', 1, '3'
+			FROM generate_series(0, 49999) i`,
+		`INSERT INTO allocations (job_id, segment, node, gpu_index, started_at, released_at)
+			SELECT j.id, 1, 'gpu09', g, j.started_at, j.ended_at FROM jobs j CROSS JOIN generate_series(0, 7) g WHERE j.name LIKE 'year-%'`,
+		`ANALYZE`,
+	} {
+		if _, err := m.Pool.Exec(ctx, q); err != nil {
+			b.Fatal(err)
+		}
+	}
+	u, _ := m.Store.UserByEmail(ctx, demo.PersonaEmail[demo.Lead])
+	token, _, err := m.Store.CreateAPIToken(ctx, u.ID, "bench")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	var lat []time.Duration
+	for range b.N {
+		lat = lat[:0]
+		for range 200 {
+			req, _ := http.NewRequest("GET", m.URL()+"/api/v1/teams/nlp/budget", nil)
+			req.Header.Set("Authorization", "Bearer "+token)
+			t0 := time.Now()
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				b.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body) //nolint:errcheck
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				b.Fatalf("status %d", resp.StatusCode)
+			}
+			lat = append(lat, time.Since(t0))
+		}
+	}
+	b.StopTimer()
+	sortDurations(lat)
+	p := func(q float64) float64 { return float64(lat[int(q*float64(len(lat)-1))].Microseconds()) / 1000 }
+	b.ReportMetric(p(0.5), "p50-ms")
+	b.ReportMetric(p(0.95), "p95-ms")
+	b.Logf("team dashboard with a year of history (400k allocation rows): p50 %.1f ms, p95 %.1f ms over 200 requests", p(0.5), p(0.95))
+}
+
+func sortDurations(d []time.Duration) {
+	for i := 1; i < len(d); i++ {
+		for j := i; j > 0 && d[j] < d[j-1]; j-- {
+			d[j], d[j-1] = d[j-1], d[j]
+		}
+	}
+}

@@ -200,3 +200,27 @@ func TestTeamBudgetDashboard(t *testing.T) {
 		t.Errorf("team page: %d", status)
 	}
 }
+
+func TestRightSizingAPI(t *testing.T) {
+	e := boot(t)
+	for _, tt := range []struct {
+		path, persona string
+		status        int
+	}{
+		{"/api/v1/rightsizing", demo.Finance, 200},
+		{"/api/v1/rightsizing?period=month", demo.Lead, 200},
+		{"/api/v1/rightsizing", demo.Engineer, 200}, // their own jobs
+		{"/api/v1/rightsizing?team=fraud", demo.Engineer, 403},
+		{"/api/v1/rightsizing?from=yesterday", demo.Finance, 422},
+		{"/api/v1/rightsizing?from=2026-01-01&to=2025-01-01", demo.Finance, 422},
+		{"/api/v1/rightsizing?from=2025-01-01&to=2025-12-31", demo.Finance, 422},
+		{"/api/v1/rightsizing.csv", demo.Finance, 200},
+	} {
+		if code, _, b := e.api("GET", tt.path, tt.persona, ""); code != tt.status {
+			t.Errorf("%s as %s: %d %.200s, want %d", tt.path, tt.persona, code, b, tt.status)
+		}
+	}
+	if status, page := e.login(demo.Lead).get("/rightsizing"); status != 200 || !strings.Contains(page, "Right-sizing") {
+		t.Errorf("right-sizing page: %d", status)
+	}
+}

@@ -315,7 +315,14 @@ func TestLivePreemption(t *testing.T) {
 	urgent := l.submit(demo.Admin, `{"team":"fraud","tier":1,"gpus":8,"gpu_type":"T4","time_limit":"5m","command":`+jsonCmd("sh", "-c", "sleep 1")+`}`)
 	got := l.waitJob(urgent.ID, 30*time.Second, func(j web.JobJSON) bool { return j.State == "completed" }, "completed")
 	v := l.waitJob(victim.ID, 30*time.Second, func(j web.JobJSON) bool { return j.Segment == 2 && j.State == "running" }, "running again")
-	b, _ := os.ReadFile(filepath.Join(dir, "runs"))
+	// "running" is set when the GPUs are allocated; the process starts a
+	// moment later.
+	var b []byte
+	deadline := time.Now().Add(10 * time.Second)
+	for string(b) != "run 1\nterm\nrun 2\n" && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+		b, _ = os.ReadFile(filepath.Join(dir, "runs"))
+	}
 	if string(b) != "run 1\nterm\nrun 2\n" {
 		t.Errorf("victim's runs:\n%s", b)
 	}

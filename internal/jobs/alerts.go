@@ -165,3 +165,42 @@ func (w *WebhookWorker) Work(ctx context.Context, job *river.Job[WebhookArgs]) e
 	}
 	return nil
 }
+
+// WeeklyReportArgs sends each team its weekly right-sizing summary.
+type WeeklyReportArgs struct{}
+
+// Kind names the job in River's table.
+func (WeeklyReportArgs) Kind() string { return "weekly_report" }
+
+// WeeklyReportWorker works WeeklyReportArgs: it posts each team's summary to
+// its webhook (teams without one read the report in the portal).
+type WeeklyReportWorker struct {
+	river.WorkerDefaults[WeeklyReportArgs]
+	Store *store.Store
+}
+
+// Work enqueues one webhook delivery per team with a webhook.
+func (w *WeeklyReportWorker) Work(ctx context.Context, _ *river.Job[WeeklyReportArgs]) error {
+	client := river.ClientFromContext[pgx.Tx](ctx)
+	teams, err := w.Store.ListTeams(ctx)
+	if err != nil {
+		return err
+	}
+	for _, t := range teams {
+		url, err := w.Store.TeamWebhook(ctx, t.Slug)
+		if err != nil || url == "" {
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		msg, err := WeeklySummary(ctx, w.Store, t.Slug, w.Store.Now())
+		if err != nil {
+			return err
+		}
+		if _, err := client.Insert(ctx, WebhookArgs{Team: t.Slug, URL: url, Text: msg}, nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -71,6 +71,9 @@ type Config struct {
 	BudgetCheckInterval time.Duration
 	// WebhookBackoff is the first retry delay of a failed webhook (default 30 s).
 	WebhookBackoff time.Duration
+	// SampleRetention is how long raw GPU samples are kept once rolled up
+	// (default 14 days).
+	SampleRetention time.Duration
 }
 
 // LostNodesArgs marks nodes that stopped sending heartbeats down.
@@ -181,6 +184,8 @@ func NewClient(cfg Config) (*river.Client[pgx.Tx], error) {
 	river.AddWorker(workers, &LostNodesWorker{Store: cfg.Store, Logger: cfg.Logger, Interval: cfg.HeartbeatInterval})
 	river.AddWorker(workers, &DecayUsageWorker{Store: cfg.Store})
 	river.AddWorker(workers, &BillingRollupWorker{Store: cfg.Store})
+	river.AddWorker(workers, &MeteringWorker{Store: cfg.Store, Retention: cfg.SampleRetention})
+	river.AddWorker(workers, &WeeklyReportWorker{Store: cfg.Store})
 	river.AddWorker(workers, &BudgetCheckWorker{Store: cfg.Store})
 	river.AddWorker(workers, &WebhookWorker{Store: cfg.Store, Backoff: cfg.WebhookBackoff})
 	client, err := river.NewClient(riverpgxv5.New(cfg.Pool), &river.Config{
@@ -207,6 +212,14 @@ func NewClient(cfg Config) (*river.Client[pgx.Tx], error) {
 			river.NewPeriodicJob(river.PeriodicInterval(cfg.BudgetCheckInterval),
 				func() (river.JobArgs, *river.InsertOpts) { return BudgetCheckArgs{}, nil },
 				&river.PeriodicJobOpts{RunOnStart: true}),
+			river.NewPeriodicJob(river.PeriodicInterval(time.Hour),
+				func() (river.JobArgs, *river.InsertOpts) {
+					return MeteringArgs{}, &river.InsertOpts{UniqueOpts: river.UniqueOpts{ByPeriod: time.Hour}}
+				}, &river.PeriodicJobOpts{RunOnStart: true}),
+			river.NewPeriodicJob(river.PeriodicInterval(7*24*time.Hour),
+				func() (river.JobArgs, *river.InsertOpts) {
+					return WeeklyReportArgs{}, &river.InsertOpts{UniqueOpts: river.UniqueOpts{ByPeriod: 24 * time.Hour}}
+				}, nil),
 			// Hourly, a few minutes past the hour, so late exit reports of
 			// the hour are in.
 			river.NewPeriodicJob(river.PeriodicInterval(time.Hour),

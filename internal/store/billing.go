@@ -64,7 +64,7 @@ func (s *Store) UsageSegments(ctx context.Context, from, to, upTo time.Time) ([]
 		JOIN users u ON u.id = j.user_id
 		JOIN teams t ON t.slug = j.team
 		JOIN nodes n ON n.name = a.node
-		WHERE a.started_at < least($2, $3) AND coalesce(a.released_at, $3) > $1
+		WHERE a.started_at < least($2, $3) AND coalesce(a.released_at, 'infinity'::timestamptz) > $1
 		GROUP BY a.job_id, a.segment, j.team, u.email, t.cost_center, j.run_as, j.preemptible, j.tier, n.gpu_type, a.node,
 			a.started_at, a.released_at, j.checkpointable
 		ORDER BY a.job_id, a.segment, a.node, a.started_at`, from, to, upTo)

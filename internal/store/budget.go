@@ -58,7 +58,7 @@ func (s *Store) TeamMonthUsageDetail(ctx context.Context, team string, upTo time
 				     ELSE 'experiments' END AS kind,
 				u.email
 			FROM allocations a JOIN jobs j ON j.id = a.job_id JOIN users u ON u.id = j.user_id
-			WHERE j.team = $1 AND a.started_at < $3 AND coalesce(a.released_at, $3) > $2)`
+			WHERE j.team = $1 AND a.started_at < $3 AND coalesce(a.released_at, 'infinity'::timestamptz) > $2)`
 	rows, err := s.db.Query(ctx, usage+`
 		SELECT kind, coalesce(sum(floor(extract(epoch FROM e - s))), 0)::bigint FROM a GROUP BY kind`, team, u.Month, upTo)
 	if err != nil {

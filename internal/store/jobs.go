@@ -25,7 +25,7 @@ func (s *Store) TeamMonthUsage(ctx context.Context, team string) (int64, error) 
 	err := s.db.QueryRow(ctx, `
 		SELECT coalesce(sum(floor(extract(epoch FROM least(coalesce(a.released_at, $3), $3) - greatest(a.started_at, $2)))), 0)::bigint
 		FROM allocations a JOIN jobs j ON j.id = a.job_id
-		WHERE j.team = $1 AND a.started_at < $3 AND coalesce(a.released_at, $3) > $2`,
+		WHERE j.team = $1 AND a.started_at < $3 AND coalesce(a.released_at, 'infinity'::timestamptz) > $2`,
 		team, MonthStart(now), now).Scan(&used)
 	return used, mapErr(fmt.Sprintf("computing usage of team %q", team), err)
 }
@@ -46,7 +46,7 @@ func (s *Store) submitContext(ctx context.Context, u *allot.User, spec *allot.Jo
 			(SELECT monthly_budget_gpu_hours FROM teams WHERE slug = $1),
 			(SELECT coalesce(sum(floor(extract(epoch FROM least(coalesce(a.released_at, $4), $4) - greatest(a.started_at, $3)))), 0)::bigint
 				FROM allocations a JOIN jobs j ON j.id = a.job_id
-				WHERE j.team = $1 AND a.started_at < $4 AND coalesce(a.released_at, $4) > $3),
+				WHERE j.team = $1 AND a.started_at < $4 AND coalesce(a.released_at, 'infinity'::timestamptz) > $3),
 			(SELECT max_runtime_s FROM tiers WHERE id = $2),
 			(SELECT coalesce(array_agg(name ORDER BY name), '{}') FROM gpu_types),
 			g.types, g.gangs
