@@ -116,7 +116,7 @@ func (s *Server) agentHeartbeat(c echo.Context) error {
 	}
 	stats := make([]store.JobStat, 0, len(hb.Jobs))
 	for _, j := range hb.Jobs {
-		stats = append(stats, store.JobStat{JobID: j.JobID, Segment: j.Segment, CPUSeconds: j.CPUSeconds, RSSBytes: j.RSSBytes})
+		stats = append(stats, store.JobStat{JobID: j.JobID, Segment: j.Segment, CPUSeconds: j.CPUSeconds, RSSBytes: j.RSSBytes, LastCheckpoint: j.LastCheckpoint})
 	}
 	if err := s.st.RecordJobStats(c.Request().Context(), node, stats); err != nil {
 		return err
@@ -245,7 +245,7 @@ func (s *Server) agentExited(c echo.Context) error {
 		return err
 	}
 	if _, err := s.st.LeaseExited(c.Request().Context(), node, ref, store.LeaseExit{ExitCode: ev.ExitCode, Signal: ev.Signal,
-		Reason: ev.Reason, Message: ev.Message, At: ev.Time}); err != nil {
+		Reason: ev.Reason, Message: ev.Message, At: ev.Time, LastCheckpoint: ev.LastCheckpoint}); err != nil {
 		return err
 	}
 	// GPUs came free either way: worth a cycle.

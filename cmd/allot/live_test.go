@@ -306,7 +306,7 @@ func TestLivePreemption(t *testing.T) {
 	l := bootLive(t, "gpu13")
 	dir := t.TempDir()
 	victim := l.submit(demo.Admin, `{"team":"recs","tier":"preemptible","gpus":8,"gpu_type":"T4","time_limit":"10m","checkpointable":true,"command":`+
-		jsonCmd("sh", "-c", `echo run $ALLOT_SEGMENT >> `+dir+`/runs; trap 'echo term >> `+dir+`/runs; exit 0' TERM; while true; do sleep 0.1; done`)+`}`)
+		jsonCmd("sh", "-c", `echo run $ALLOT_SEGMENT >> `+dir+`/runs; trap 'echo term >> `+dir+`/runs; echo saved > $ALLOT_CHECKPOINT_DIR/ckpt; exit 0' TERM; while true; do sleep 0.1; done`)+`}`)
 	l.waitJob(victim.ID, 20*time.Second, func(j web.JobJSON) bool { return j.State == "running" }, "running")
 	l.eventually(10*time.Second, "victim process started", func() bool {
 		b, _ := os.ReadFile(filepath.Join(dir, "runs"))
@@ -325,6 +325,13 @@ func TestLivePreemption(t *testing.T) {
 	}
 	if string(b) != "run 1\nterm\nrun 2\n" {
 		t.Errorf("victim's runs:\n%s", b)
+	}
+	// The checkpoint it wrote in its grace period was reported, so the
+	// preemption credit covers only the work after it.
+	var ckpt, started, exited *time.Time
+	l.m.Pool.QueryRow(context.Background(), `SELECT last_checkpoint, started_at, exited_at FROM leases WHERE job_id = $1 AND segment = 1`, victim.ID).Scan(&ckpt, &started, &exited) //nolint:errcheck
+	if ckpt == nil || started == nil || ckpt.Before(*started) || ckpt.After(*exited) {
+		t.Errorf("victim's checkpoint %v, ran %v..%v", ckpt, started, exited)
 	}
 	if v.Preemptions != 1 || !v.SubmittedAt.Equal(victim.SubmittedAt) {
 		t.Errorf("victim = %+v (submitted %v)", v, victim.SubmittedAt)

@@ -360,7 +360,8 @@ func (a *Agent) heartbeat() agentproto.Heartbeat {
 	slices.SortFunc(running, func(x, y *job) int { return cmpRef(x.ref, y.ref) })
 	for _, j := range running {
 		cpu, rss := groupStats(j.pid)
-		hb.Jobs = append(hb.Jobs, agentproto.JobStats{JobID: j.ref.JobID, Segment: j.ref.Segment, PID: j.pid, CPUSeconds: cpu, RSSBytes: rss})
+		hb.Jobs = append(hb.Jobs, agentproto.JobStats{JobID: j.ref.JobID, Segment: j.ref.Segment, PID: j.pid, CPUSeconds: cpu, RSSBytes: rss,
+			LastCheckpoint: lastCheckpoint(j.lease.CheckpointDir)})
 	}
 	if hb.GPUs == nil {
 		hb.GPUs = []agentproto.GPUMetrics{}

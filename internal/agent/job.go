@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -162,7 +163,8 @@ func (a *Agent) wait(j *job, cmd *exec.Cmd, pr *os.File, readDone chan struct{})
 	pr.Close()
 	j.logs.close()
 
-	e := agentproto.JobExited{JobID: j.ref.JobID, Segment: j.ref.Segment, Time: time.Now().UTC()}
+	e := agentproto.JobExited{JobID: j.ref.JobID, Segment: j.ref.Segment, Time: time.Now().UTC(),
+		LastCheckpoint: lastCheckpoint(j.lease.CheckpointDir)}
 	ws, _ := cmd.ProcessState.Sys().(syscall.WaitStatus)
 	a.mu.Lock()
 	if j.killTimer != nil {
@@ -391,4 +393,46 @@ func (s *logStream) tailLines() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return slices.Clone(s.tail)
+}
+
+// lastCheckpoint is the newest modification time of the checkpoint
+// directory's entries (and of the files one level below them), or nil when
+// the job has no checkpoint directory or nothing in it.
+func lastCheckpoint(dir string) *time.Time {
+	if dir == "" {
+		return nil
+	}
+	var newest time.Time
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	seen := 0
+	for _, e := range entries {
+		if seen++; seen > 1000 {
+			break
+		}
+		if info, err := e.Info(); err == nil && info.ModTime().After(newest) {
+			newest = info.ModTime()
+		}
+		if e.IsDir() {
+			sub, err := os.ReadDir(filepath.Join(dir, e.Name()))
+			if err != nil {
+				continue
+			}
+			for _, f := range sub {
+				if seen++; seen > 1000 {
+					break
+				}
+				if info, err := f.Info(); err == nil && info.ModTime().After(newest) {
+					newest = info.ModTime()
+				}
+			}
+		}
+	}
+	if newest.IsZero() {
+		return nil
+	}
+	newest = newest.UTC()
+	return &newest
 }

@@ -95,6 +95,9 @@ type JobStats struct {
 	PID        int     `json:"pid"`
 	CPUSeconds float64 `json:"cpu_seconds"`
 	RSSBytes   int64   `json:"rss_bytes"`
+	// LastCheckpoint is the newest modification time in the job's
+	// ALLOT_CHECKPOINT_DIR (checkpointable jobs only).
+	LastCheckpoint *time.Time `json:"last_checkpoint,omitempty"`
 }
 
 // Heartbeat is sent every interval.
@@ -171,6 +174,9 @@ type JobExited struct {
 	Reason   string    `json:"reason,omitempty"`  // why the agent ended it: the Stop reason, "time_limit", "start_failed"
 	Message  string    `json:"message,omitempty"` // e.g. exec error
 	Time     time.Time `json:"time"`
+	// LastCheckpoint is as in JobStats, read after the process ended (a
+	// job checkpoints in its grace period when preempted).
+	LastCheckpoint *time.Time `json:"last_checkpoint,omitempty"`
 }
 
 // JobLog carries new lines of a job's stdout/stderr (the server keeps the tail).

@@ -151,3 +151,48 @@ func storePool(t *testing.T, st *store.Store) *pgxpool.Pool {
 	t.Helper()
 	return st.Pool()
 }
+
+// TestPreemptionCreditFromLastCheckpoint: a preempted checkpointable
+// segment is charged in full and credited only for the work after its last
+// checkpoint, as the agent reported it.
+func TestPreemptionCreditFromLastCheckpoint(t *testing.T) {
+	st, now, felix := billingSetup(t)
+	ctx := context.Background()
+	start := time.Date(2026, 11, 19, 10, 0, 0, 0, time.UTC)
+	end := start.Add(2 * time.Hour)
+	spec := allot.JobSpec{Name: "ckpt", Team: "fraud", Tier: allot.Tier3, GPUs: 2, GPUType: "A100-80GB", TimeLimit: 8 * time.Hour, Command: []string{"true"}, Checkpointable: true}
+	if err := st.RecordFinishedJob(ctx, felix, spec, allot.JobCompleted, start, start, end, "gpu03", []int{0, 1}); err != nil {
+		t.Fatal(err)
+	}
+	pool := st.Pool()
+	var id int64
+	if err := pool.QueryRow(ctx, `UPDATE jobs SET checkpointable = true WHERE name = 'ckpt' RETURNING id`).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO leases (job_id, segment, node, rank, gpu_indices, env, state, offered_at, started_at, exited_at, stop_reason, last_checkpoint)
+		VALUES ($1, 1, 'gpu03', 0, '{0,1}', '{}', 'exited', $2, $2, $3, 'preempted', $4)`, id, start, end, end.Add(-30*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := jobs.Rollup(ctx, st, now); err != nil {
+		t.Fatal(err)
+	}
+	lines, err := st.ChargeLines(ctx, billing.Month(now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var charged, credited int64
+	for _, l := range lines {
+		if l.JobID != id {
+			continue
+		}
+		switch l.Kind {
+		case billing.KindCharge:
+			charged += l.GPUSeconds
+		case billing.KindPreemptionCredit:
+			credited += l.GPUSeconds
+		}
+	}
+	if charged != 2*2*3600 || credited != -2*30*60 {
+		t.Errorf("charged %d GPU-s, credited %d; want %d and %d", charged, credited, 2*2*3600, -2*30*60)
+	}
+}

@@ -186,6 +186,7 @@ func Snapshot(st store.SchedState) (scheduler.Snapshot, []string) {
 		if !r.StopRequested.IsZero() {
 			j.Terminating, j.GraceEnd, j.PreemptedBy = true, r.StopRequested.Add(r.Grace), r.PreemptedBy
 		}
+		j.LastCheckpoint = r.LastCheckpoint
 		snap.Running = append(snap.Running, j)
 	}
 	for i := range st.Pending {

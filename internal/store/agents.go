@@ -348,11 +348,12 @@ func (s *Store) LeaseStarted(ctx context.Context, node string, r LeaseRef, pid i
 
 // LeaseExit is how one node's part of a job ended.
 type LeaseExit struct {
-	ExitCode int
-	Signal   string
-	Reason   string
-	Message  string
-	At       time.Time
+	ExitCode       int
+	Signal         string
+	Reason         string
+	Message        string
+	At             time.Time
+	LastCheckpoint *time.Time
 }
 
 // LeaseExited records the end of node's part of a job, releases its GPUs,
@@ -384,8 +385,9 @@ func (s *Store) LeaseExited(ctx context.Context, node string, r LeaseRef, ex Lea
 			at = offered
 		}
 		_, err = tx.db.Exec(ctx, `
-			UPDATE leases SET state = 'exited', exited_at = $4, exit_code = $5, exit_signal = $6, exit_reason = $7
-			WHERE job_id = $1 AND segment = $2 AND node = $3`, r.JobID, r.Segment, node, at, ex.ExitCode, ex.Signal, ex.Reason)
+			UPDATE leases SET state = 'exited', exited_at = $4, exit_code = $5, exit_signal = $6, exit_reason = $7,
+				last_checkpoint = CASE WHEN $8::timestamptz <= $4 THEN greatest(last_checkpoint, $8) ELSE last_checkpoint END
+			WHERE job_id = $1 AND segment = $2 AND node = $3`, r.JobID, r.Segment, node, at, ex.ExitCode, ex.Signal, ex.Reason, ex.LastCheckpoint)
 		if err != nil {
 			return mapErr("recording exit", err)
 		}
@@ -600,8 +602,10 @@ func (s *Store) RetireServer(ctx context.Context, id string) error {
 // RecordJobStats stores the agents' per-job process statistics.
 func (s *Store) RecordJobStats(ctx context.Context, node string, stats []JobStat) error {
 	for _, st := range stats {
-		if _, err := s.db.Exec(ctx, `UPDATE leases SET cpu_seconds = $4, rss_bytes = $5 WHERE job_id = $1 AND segment = $2 AND node = $3 AND state <> 'exited'`,
-			st.JobID, st.Segment, node, st.CPUSeconds, st.RSSBytes); err != nil {
+		if _, err := s.db.Exec(ctx, `UPDATE leases SET cpu_seconds = $4, rss_bytes = $5,
+				last_checkpoint = CASE WHEN $6::timestamptz <= $7 THEN greatest(last_checkpoint, $6) ELSE last_checkpoint END
+			WHERE job_id = $1 AND segment = $2 AND node = $3 AND state <> 'exited'`,
+			st.JobID, st.Segment, node, st.CPUSeconds, st.RSSBytes, st.LastCheckpoint, s.Now()); err != nil {
 			return mapErr("recording job stats", err)
 		}
 	}
@@ -610,10 +614,11 @@ func (s *Store) RecordJobStats(ctx context.Context, node string, stats []JobStat
 
 // JobStat is one job's process statistics on one node.
 type JobStat struct {
-	JobID      int64
-	Segment    int
-	CPUSeconds float64
-	RSSBytes   int64
+	JobID          int64
+	Segment        int
+	CPUSeconds     float64
+	RSSBytes       int64
+	LastCheckpoint *time.Time // newest file in ALLOT_CHECKPOINT_DIR, if any
 }
 
 // LostNodes marks down nodes silent for 3 heartbeat intervals, counting

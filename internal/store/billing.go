@@ -58,7 +58,8 @@ func (s *Store) UsageSegments(ctx context.Context, from, to, upTo time.Time) ([]
 		SELECT a.job_id, a.segment, j.team, u.email, t.cost_center,
 			CASE WHEN j.run_as <> '' THEN j.run_as WHEN j.preemptible THEN 'preemptible' ELSE j.tier END,
 			n.gpu_type, a.node, count(*)::int, a.started_at, least(coalesce(a.released_at, $3), $3), j.checkpointable,
-			(SELECT max(l.exited_at) FROM leases l WHERE l.job_id = a.job_id AND l.segment = a.segment AND l.node = a.node AND l.stop_reason = 'preempted')
+			(SELECT max(l.exited_at) FROM leases l WHERE l.job_id = a.job_id AND l.segment = a.segment AND l.node = a.node AND l.stop_reason = 'preempted'),
+			(SELECT max(l.last_checkpoint) FROM leases l WHERE l.job_id = a.job_id AND l.segment = a.segment)
 		FROM allocations a
 		JOIN jobs j ON j.id = a.job_id
 		JOIN users u ON u.id = j.user_id
@@ -74,9 +75,12 @@ func (s *Store) UsageSegments(ctx context.Context, from, to, upTo time.Time) ([]
 	segs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (billing.Segment, error) {
 		var x billing.Segment
 		var tier string
-		var preempted *time.Time
+		var preempted, checkpoint *time.Time
 		err := r.Scan(&x.JobID, &x.Segment, &x.Team, &x.User, &x.CostCenter, &tier, &x.GPUType, &x.Node, &x.GPUs, &x.Start, &x.End,
-			&x.Checkpointable, &preempted)
+			&x.Checkpointable, &preempted, &checkpoint)
+		if checkpoint != nil {
+			x.LastCheckpoint = *checkpoint
+		}
 		x.TierAsRun = allot.TierID(tier)
 		if preempted != nil && !x.End.Before(*preempted) {
 			x.PreemptedAt = *preempted

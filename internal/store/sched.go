@@ -8,6 +8,7 @@ import (
 
 	"github.com/allotlabs/allot/internal/allot"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // cycleLock is the advisory lock that makes scheduling cycles run one at a
@@ -51,12 +52,13 @@ type NodeGPUs struct {
 // stopped.
 type RunningJob struct {
 	allot.Job
-	RunAs         allot.TierID
-	Parts         []NodeGPUs
-	AllocStart    time.Time // when this segment's GPUs were allocated
-	StopRequested time.Time // zero unless a stop (preemption, cancel) is under way
-	Grace         time.Duration
-	PreemptedBy   int64
+	RunAs          allot.TierID
+	Parts          []NodeGPUs
+	AllocStart     time.Time // when this segment's GPUs were allocated
+	StopRequested  time.Time // zero unless a stop (preemption, cancel) is under way
+	Grace          time.Duration
+	PreemptedBy    int64
+	LastCheckpoint time.Time // newest checkpoint the agents saw this segment (zero: none)
 }
 
 // SchedState is everything a scheduling cycle reads, loaded in one
@@ -144,17 +146,25 @@ func (s *Store) LoadSchedState(ctx context.Context) (SchedState, error) {
 		return st, mapErr("loading allocations", err)
 	}
 	rows, err = s.db.Query(ctx, `
-		SELECT l.job_id, min(l.stop_requested_at), coalesce(max(l.stop_grace_s), 0), coalesce(max(l.preempted_by), 0)
+		SELECT l.job_id, coalesce(min(l.stop_requested_at), '-infinity'), coalesce(max(l.stop_grace_s), 0), coalesce(max(l.preempted_by), 0),
+			coalesce(max(l.last_checkpoint) FILTER (WHERE l.last_checkpoint >= l.offered_at), '-infinity')
 		FROM leases l JOIN jobs j ON j.id = l.job_id AND j.segment = l.segment AND j.state = 'running'
-		WHERE l.stop_requested_at IS NOT NULL GROUP BY l.job_id`)
+		WHERE l.stop_requested_at IS NOT NULL OR l.last_checkpoint IS NOT NULL GROUP BY l.job_id`)
 	if err != nil {
 		return st, mapErr("loading stops", err)
 	}
-	var stopAt time.Time
+	var stopAt, checkpoint pgtype.Timestamptz
 	var grace, by int64
-	_, err = pgx.ForEachRow(rows, []any{&jobID, &stopAt, &grace, &by}, func() error {
-		if i, ok := byID[jobID]; ok {
-			st.Running[i].StopRequested, st.Running[i].Grace, st.Running[i].PreemptedBy = stopAt, time.Duration(grace)*time.Second, by
+	_, err = pgx.ForEachRow(rows, []any{&jobID, &stopAt, &grace, &by, &checkpoint}, func() error {
+		i, ok := byID[jobID]
+		if !ok {
+			return nil
+		}
+		if stopAt.InfinityModifier == pgtype.Finite {
+			st.Running[i].StopRequested, st.Running[i].Grace, st.Running[i].PreemptedBy = stopAt.Time, time.Duration(grace)*time.Second, by
+		}
+		if checkpoint.InfinityModifier == pgtype.Finite {
+			st.Running[i].LastCheckpoint = checkpoint.Time
 		}
 		return nil
 	})
