@@ -128,6 +128,7 @@ type Money struct {
 // FinanceRow is one row of a finance table.
 type FinanceRow struct {
 	Team, CostCenter, GPUType, Tier, User string
+	JobID                                 int64
 	Money
 }
 
@@ -143,6 +144,7 @@ type Finance struct {
 	Teams    []FinanceRow
 	ByTier   []FinanceRow
 	ByUser   []FinanceRow
+	ByJob    []FinanceRow // shown when one team is selected
 	Empty    string
 	CSVURL   string
 }

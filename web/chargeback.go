@@ -77,6 +77,8 @@ type ChargeGroupJSON struct {
 	GPUType    string `json:"gpu_type,omitempty"`
 	Tier       string `json:"tier,omitempty"`
 	User       string `json:"user,omitempty"`
+	JobID      int64  `json:"job_id,omitempty"`
+	JobName    string `json:"job_name,omitempty"`
 	ChargeTotalJSON
 }
 
@@ -112,6 +114,7 @@ type ChargebackJSON struct {
 	Teams    []ChargeGroupJSON `json:"teams"`
 	ByTier   []ChargeGroupJSON `json:"by_team_gpu_type_tier"`
 	ByUser   []ChargeGroupJSON `json:"by_user"`
+	ByJob    []ChargeGroupJSON `json:"by_job"`
 	Lines    []ChargeLineJSON  `json:"lines"`
 }
 
@@ -138,7 +141,8 @@ func (s *Server) chargeback(c echo.Context, withLines bool) (ChargebackJSON, err
 		return ChargebackJSON{}, err
 	}
 	ctx := c.Request().Context()
-	out := ChargebackJSON{Month: m.String(), Teams: []ChargeGroupJSON{}, ByTier: []ChargeGroupJSON{}, ByUser: []ChargeGroupJSON{}, Lines: []ChargeLineJSON{}}
+	out := ChargebackJSON{Month: m.String(), Teams: []ChargeGroupJSON{}, ByTier: []ChargeGroupJSON{}, ByUser: []ChargeGroupJSON{},
+		ByJob: []ChargeGroupJSON{}, Lines: []ChargeLineJSON{}}
 	if at, _, err := s.st.MonthClosed(ctx, m); err != nil {
 		return out, err
 	} else if !at.IsZero() {
@@ -182,6 +186,14 @@ func (s *Server) chargeback(c echo.Context, withLines bool) (ChargebackJSON, err
 		out.ByUser = append(out.ByUser, ChargeGroupJSON{User: user, ChargeTotalJSON: total(t)})
 	}
 	sort.Slice(out.ByUser, func(i, j int) bool { return out.ByUser[i].User < out.ByUser[j].User })
+	jobTeam, jobUser := map[int64]string{}, map[int64]string{}
+	for _, l := range lines {
+		jobTeam[l.JobID], jobUser[l.JobID] = l.Team, l.User
+	}
+	for id, t := range sum.ByJob {
+		out.ByJob = append(out.ByJob, ChargeGroupJSON{JobID: id, Team: jobTeam[id], User: jobUser[id], ChargeTotalJSON: total(t)})
+	}
+	sort.Slice(out.ByJob, func(i, j int) bool { return out.ByJob[i].JobID < out.ByJob[j].JobID })
 	if len(lines) == 0 {
 		return out, allot.Errorf(allot.ENotFound, "no charges for %s: no usage was recorded then, or the hourly rollup has not run yet", m)
 	}

@@ -53,6 +53,11 @@ func (s *Server) financePage(c echo.Context) error {
 	for _, g := range cb.ByUser {
 		f.ByUser = append(f.ByUser, views.FinanceRow{User: g.User, Money: moneyView(g.ChargeTotalJSON)})
 	}
+	if f.Team != "" {
+		for _, g := range cb.ByJob {
+			f.ByJob = append(f.ByJob, views.FinanceRow{JobID: g.JobID, User: g.User, Money: moneyView(g.ChargeTotalJSON)})
+		}
+	}
 	return render(c, http.StatusOK, views.FinanceView(f))
 }
 

@@ -124,6 +124,16 @@ func TestChargebackAddsUp(t *testing.T) {
 	if status != 200 || !strings.Contains(page, "<strong>"+cb.Total.Amount+"</strong>") || !strings.Contains(page, `data-testid="export"`) {
 		t.Errorf("finance page: %d, total %s missing or no export link", status, cb.Total.Amount)
 	}
+	var jobsSum int64
+	for _, g := range cb.ByJob {
+		jobsSum += micros(t, g.Amount)
+	}
+	if jobsSum != total {
+		t.Errorf("by job %d != total %d", jobsSum, total)
+	}
+	if _, page := br.get("/finance?month=" + month + "&team=nlp"); !strings.Contains(page, `data-testid="finance-jobs"`) {
+		t.Errorf("no per-job drill-down for a team")
+	}
 	if status, _ := e.login(demo.Engineer).get("/finance"); status != 403 {
 		t.Errorf("engineer on the finance page: %d, want 403", status)
 	}
