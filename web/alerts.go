@@ -1,8 +1,10 @@
 package web
 
 import (
+	"net"
 	"net/http"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/allotlabs/allot/internal/allot"
@@ -69,9 +71,19 @@ func (s *Server) apiSetWebhook(c echo.Context) error {
 		if err != nil || (p.Scheme != "https" && p.Scheme != "http") || p.Host == "" {
 			return (allot.FieldErrors{"url": "must be an http(s) URL, e.g. https://hooks.slack.com/services/…"}).Err()
 		}
+		if host := p.Hostname(); host == "localhost" || strings.HasSuffix(host, ".localhost") || isPrivateIP(host) {
+			return (allot.FieldErrors{"url": "must not point at this machine or a private network address"}).Err()
+		}
 	}
 	if err := s.st.SetTeamWebhook(c.Request().Context(), team, body.URL); err != nil {
 		return err
 	}
 	return writeJSON(c, http.StatusOK, body)
+}
+
+// isPrivateIP reports whether host is a loopback, private, link-local or
+// unspecified IP address literal.
+func isPrivateIP(host string) bool {
+	ip := net.ParseIP(host)
+	return ip != nil && (ip.IsLoopback() || ip.IsPrivate() || ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsUnspecified())
 }

@@ -143,7 +143,9 @@ func decodeJobRequest(body io.Reader) (allot.JobSpec, error) {
 	case r.TimeLimitS != nil && r.TimeLimit != "":
 		f.Add("time_limit_s", "give time_limit_s or time_limit, not both")
 	case r.TimeLimitS != nil:
-		if *r.TimeLimitS > int64(365*24*time.Hour/time.Second) {
+		if *r.TimeLimitS < 1 {
+			f.Add("time_limit_s", "must be positive")
+		} else if *r.TimeLimitS > int64(365*24*time.Hour/time.Second) {
 			f.Add("time_limit_s", "is too long")
 		} else {
 			spec.TimeLimit = time.Duration(*r.TimeLimitS) * time.Second

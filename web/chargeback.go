@@ -148,17 +148,13 @@ func (s *Server) chargeback(c echo.Context, withLines bool) (ChargebackJSON, err
 	} else if !at.IsZero() {
 		out.Closed, out.ClosedAt = true, &at
 	}
-	all, err := s.st.ChargeLines(ctx, m)
+	lines, err := s.st.ChargeLinesOfTeams(ctx, m, teams)
 	if err != nil {
 		return out, err
 	}
-	var lines []billing.Line
 	costCenter := map[string]string{}
-	for _, l := range all {
-		if teams == nil || contains(teams, l.Team) {
-			lines = append(lines, l)
-			costCenter[l.Team] = l.CostCenter
-		}
+	for _, l := range lines {
+		costCenter[l.Team] = l.CostCenter
 	}
 	sum, err := billing.Totals(lines)
 	if err != nil {
@@ -204,15 +200,6 @@ func (s *Server) chargeback(c echo.Context, withLines bool) (ChargebackJSON, err
 		})
 	}
 	return out, err
-}
-
-func contains(xs []string, x string) bool {
-	for _, v := range xs {
-		if v == x {
-			return true
-		}
-	}
-	return false
 }
 
 func (s *Server) apiChargeback(c echo.Context) error {

@@ -102,7 +102,8 @@ func (m *Main) Run(ctx context.Context) error {
 	m.Registry = metric.NewRegistry()
 	if m.Worker {
 		m.river, err = jobs.NewClient(jobs.Config{Pool: pool, Store: m.Store, Logger: m.Logger, Registry: m.Registry,
-			CycleInterval: m.CycleInterval, HeartbeatInterval: m.HeartbeatInterval, CheckpointRoot: m.CheckpointRoot})
+			CycleInterval: m.CycleInterval, HeartbeatInterval: m.HeartbeatInterval, CheckpointRoot: m.CheckpointRoot,
+			AllowPrivateWebhooks: m.DevMode})
 		if err != nil {
 			return err
 		}

@@ -234,3 +234,30 @@ func TestRightSizingAPI(t *testing.T) {
 		t.Errorf("right-sizing page: %d", status)
 	}
 }
+
+func TestMoreBadInput(t *testing.T) {
+	e := boot(t)
+	before := e.jobCount()
+	for _, tt := range []struct {
+		method, path, persona, body string
+		status                      int
+		field                       string
+	}{
+		{"POST", "/api/v1/jobs", demo.Engineer, `{"team":"nl\u0000p","tier":3,"gpus":1,"time_limit":"1h","command":["true"]}`, 422, "team"},
+		{"POST", "/api/v1/jobs", demo.Engineer, `{"team":"nlp","tier":3,"gpus":1,"time_limit_s":-9000000000000000,"command":["true"]}`, 422, "time_limit_s"},
+		{"GET", "/api/v1/jobs?team=a%00b", demo.Engineer, ``, 422, ""},
+		{"PUT", "/api/v1/teams/nlp/webhook", demo.Lead, `{"url":"http://127.0.0.1:9/x"}`, 422, "url"},
+		{"PUT", "/api/v1/teams/nlp/webhook", demo.Lead, `{"url":"http://169.254.169.254/latest"}`, 422, "url"},
+		{"PUT", "/api/v1/teams/nlp/webhook", demo.Lead, `{"url":"http://localhost/x"}`, 422, "url"},
+	} {
+		code, _, b := e.api(tt.method, tt.path, tt.persona, tt.body)
+		var p web.Problem
+		json.Unmarshal(b, &p) //nolint:errcheck
+		if code != tt.status || (tt.field != "" && p.Errors[tt.field] == "") {
+			t.Errorf("%s %s %s: %d %s, want %d with a %q error", tt.method, tt.path, tt.body, code, b, tt.status, tt.field)
+		}
+	}
+	if e.jobCount() != before {
+		t.Error("bad input wrote a job")
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"regexp"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // JobState is where a job is in its life.
@@ -155,6 +156,11 @@ func (s *JobSpec) Validate() error {
 }
 
 func (s *JobSpec) validate(f FieldErrors) {
+	for field, v := range map[string]string{"name": s.Name, "team": s.Team, "tier": string(s.Tier), "gpu_type": s.GPUType, "workdir": s.WorkDir} {
+		if strings.ContainsRune(v, 0) || !utf8.ValidString(v) {
+			f.Add(field, "must be valid text without NUL bytes")
+		}
+	}
 	if s.Name != "" && !jobNameRE.MatchString(s.Name) {
 		f.Add("name", "must be 1–128 letters, digits, spaces, dots, dashes or underscores")
 	}

@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
+	"syscall"
 	"time"
 
 	"github.com/allotlabs/allot/internal/allot"
@@ -118,6 +120,9 @@ type WebhookWorker struct {
 	// Backoff is the first retry delay, doubling per attempt up to an hour
 	// (default 30 s).
 	Backoff time.Duration
+	// AllowPrivate permits deliveries to loopback and private addresses
+	// (development and tests).
+	AllowPrivate bool
 }
 
 // NextRetry doubles the backoff per attempt.
@@ -144,6 +149,19 @@ func (w *WebhookWorker) Work(ctx context.Context, job *river.Job[WebhookArgs]) e
 	client := w.HTTP
 	if client == nil {
 		client = &http.Client{Timeout: 10 * time.Second}
+		if !w.AllowPrivate {
+			// Refuse to deliver to this machine or private networks, checked
+			// at connect time so DNS cannot be used to get around it.
+			d := &net.Dialer{Timeout: 5 * time.Second, Control: func(_, address string, _ syscall.RawConn) error {
+				host, _, err := net.SplitHostPort(address)
+				ip := net.ParseIP(host)
+				if err != nil || ip == nil || ip.IsLoopback() || ip.IsPrivate() || ip.IsLinkLocalUnicast() || ip.IsUnspecified() {
+					return fmt.Errorf("webhook address %s is not public", address)
+				}
+				return nil
+			}}
+			client.Transport = &http.Transport{DialContext: d.DialContext, Proxy: http.ProxyFromEnvironment}
+		}
 	}
 	resp, err := client.Do(req)
 	if err != nil {

@@ -39,7 +39,7 @@ func TestBudgetAlertsFireOnceAndWebhooksRetry(t *testing.T) {
 		t.Fatal(err)
 	}
 	pool := storePool(t, st)
-	client, err := jobs.NewClient(jobs.Config{Pool: pool, Store: st, WebhookBackoff: 50 * time.Millisecond, BudgetCheckInterval: time.Hour})
+	client, err := jobs.NewClient(jobs.Config{Pool: pool, Store: st, WebhookBackoff: 50 * time.Millisecond, BudgetCheckInterval: time.Hour, AllowPrivateWebhooks: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -164,3 +164,55 @@ func TestOverBudgetJobsSayWhy(t *testing.T) {
 		t.Errorf("reason %q, class %d", got.PendingReason, got.Breakdown.Class)
 	}
 }
+
+// TestAgentRestartEndsLostLeases: an agent that comes back without a job it
+// was running (it crashed) gets that lease ended at registration: the GPUs
+// are released and the job goes back to the queue or fails.
+func TestAgentRestartEndsLostLeases(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := storetest.Pool(t)
+	st := store.New(pool)
+	if err := demo.Seed(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE nodes SET state = 'up', registered_at = now(), last_heartbeat = now() WHERE name = 'gpu13'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (&jobs.Scheduler{Store: st}).Cycle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var ref store.LeaseRef
+	if err := pool.QueryRow(ctx, `SELECT job_id, segment FROM leases WHERE node = 'gpu13' ORDER BY job_id LIMIT 1`).Scan(&ref.JobID, &ref.Segment); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.TakeLease(ctx, "gpu13", ref); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.LeaseStarted(ctx, "gpu13", ref, 4242); err != nil {
+		t.Fatal(err)
+	}
+	inv := store.NodeInventory{Hostname: "gpu13", GPUs: []store.NodeGPU{}}
+	for i := range 8 {
+		inv.GPUs = append(inv.GPUs, store.NodeGPU{Index: i, UUID: fmt.Sprint("GPU-", i), Model: "T4"})
+	}
+	if _, err := st.RegisterNode(ctx, "gpu13", inv); err != nil { // the job is not in inv.Running
+		t.Fatal(err)
+	}
+	// Its exit report may still come; without one, the stop ends it.
+	if n, err := st.EndUnconfirmedStops(ctx, time.Now().Add(-time.Minute)); err != nil || n != 0 {
+		t.Fatalf("ended %d leases too early (%v)", n, err)
+	}
+	if n, err := st.EndUnconfirmedStops(ctx, time.Now().Add(time.Minute)); err != nil || n != 1 {
+		t.Fatalf("EndUnconfirmedStops = %d, %v; want 1", n, err)
+	}
+	j, err := st.GetJob(ctx, ref.JobID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held int
+	pool.QueryRow(ctx, `SELECT count(*) FROM allocations WHERE job_id = $1 AND released_at IS NULL`, ref.JobID).Scan(&held) //nolint:errcheck
+	if j.State == allot.JobRunning || held != 0 {
+		t.Errorf("after the agent restarted without it: job %s, %d GPUs still held", j.State, held)
+	}
+}

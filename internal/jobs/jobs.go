@@ -71,6 +71,9 @@ type Config struct {
 	BudgetCheckInterval time.Duration
 	// WebhookBackoff is the first retry delay of a failed webhook (default 30 s).
 	WebhookBackoff time.Duration
+	// AllowPrivateWebhooks lets webhooks reach loopback and private
+	// addresses (development and tests only).
+	AllowPrivateWebhooks bool
 	// SampleRetention is how long raw GPU samples are kept once rolled up
 	// (default 14 days).
 	SampleRetention time.Duration
@@ -109,7 +112,16 @@ func (w *LostNodesWorker) Work(ctx context.Context, _ *river.Job[LostNodesArgs])
 	if len(expired) > 0 {
 		w.Logger.Warn("leases not taken in time; jobs requeued", "jobs", expired)
 	}
-	if len(lost) > 0 || len(expired) > 0 {
+	// A stop that no agent confirms within its grace plus 3 intervals (the
+	// agent restarted and lost the process) ends the lease.
+	unconfirmed, err := w.Store.EndUnconfirmedStops(ctx, w.Store.Now().Add(-max(3*w.Interval, 30*time.Second)))
+	if err != nil {
+		return err
+	}
+	if unconfirmed > 0 {
+		w.Logger.Warn("stops no agent confirmed; leases ended", "count", unconfirmed)
+	}
+	if len(lost) > 0 || len(expired) > 0 || unconfirmed > 0 {
 		return Trigger(ctx, w.Store, river.ClientFromContext[pgx.Tx](ctx))
 	}
 	return nil
@@ -187,7 +199,7 @@ func NewClient(cfg Config) (*river.Client[pgx.Tx], error) {
 	river.AddWorker(workers, &MeteringWorker{Store: cfg.Store, Retention: cfg.SampleRetention})
 	river.AddWorker(workers, &WeeklyReportWorker{Store: cfg.Store})
 	river.AddWorker(workers, &BudgetCheckWorker{Store: cfg.Store})
-	river.AddWorker(workers, &WebhookWorker{Store: cfg.Store, Backoff: cfg.WebhookBackoff})
+	river.AddWorker(workers, &WebhookWorker{Store: cfg.Store, Backoff: cfg.WebhookBackoff, AllowPrivate: cfg.AllowPrivateWebhooks})
 	client, err := river.NewClient(riverpgxv5.New(cfg.Pool), &river.Config{
 		// Pick up triggered cycles fast (submit → running latency); inserts
 		// wake the producer through LISTEN/NOTIFY, polling is the fallback.

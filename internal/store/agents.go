@@ -126,6 +126,68 @@ func (s *Store) RegisterNode(ctx context.Context, node string, inv NodeInventory
 		if _, err := tx.db.Exec(ctx, `UPDATE leases SET offer_sent_at = NULL, start_sent_at = NULL, stop_sent_at = NULL WHERE node = $1 AND state <> 'exited'`, node); err != nil {
 			return mapErr("registering node", err)
 		}
+		// A started lease the agent no longer runs either ended while the
+		// server was away (its exit report follows) or was lost with the
+		// agent's process.
+		reported := map[LeaseRef]bool{}
+		for _, r := range inv.Running {
+			reported[r] = true
+		}
+		// A taken lease it does not report was never started: offer it again,
+		// unless it was meanwhile asked to stop (then it just ends).
+		rows, err := tx.db.Query(ctx, `SELECT job_id, segment, stop_requested_at IS NOT NULL FROM leases WHERE node = $1 AND state = 'taken' ORDER BY job_id`, node)
+		if err != nil {
+			return mapErr("registering node", err)
+		}
+		type takenLease struct {
+			ref     LeaseRef
+			stopped bool
+		}
+		taken, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (takenLease, error) {
+			var l takenLease
+			return l, r.Scan(&l.ref.JobID, &l.ref.Segment, &l.stopped)
+		})
+		if err != nil {
+			return mapErr("registering node", err)
+		}
+		for _, l := range taken {
+			if reported[l.ref] {
+				continue
+			}
+			if l.stopped {
+				if err := tx.endLostLease(ctx, node, l.ref, now); err != nil {
+					return err
+				}
+				continue
+			}
+			if _, err := tx.db.Exec(ctx, `UPDATE leases SET state = 'offered', taken_at = NULL WHERE job_id = $1 AND segment = $2 AND node = $3`,
+				l.ref.JobID, l.ref.Segment, node); err != nil {
+				return mapErr("registering node", err)
+			}
+		}
+		rows, err = tx.db.Query(ctx, `SELECT job_id, segment FROM leases WHERE node = $1 AND state = 'running' ORDER BY job_id`, node)
+		if err != nil {
+			return mapErr("registering node", err)
+		}
+		open, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (LeaseRef, error) {
+			var l LeaseRef
+			return l, r.Scan(&l.JobID, &l.Segment)
+		})
+		if err != nil {
+			return mapErr("registering node", err)
+		}
+		for _, r := range open {
+			if reported[r] {
+				continue
+			}
+			// Its exit report may still be queued in the agent (the job ended
+			// while the server was away): give it time to arrive. If it does
+			// not, EndUnconfirmedStops ends the lease.
+			if _, err := tx.db.Exec(ctx, `UPDATE leases SET stop_requested_at = $4, stop_reason = 'agent_restarted', stop_grace_s = 0
+				WHERE job_id = $1 AND segment = $2 AND node = $3 AND stop_requested_at IS NULL`, r.JobID, r.Segment, node, now); err != nil {
+				return mapErr("registering node", err)
+			}
+		}
 		for _, r := range inv.Running {
 			var state string
 			err := tx.db.QueryRow(ctx, `SELECT state FROM leases WHERE job_id = $1 AND segment = $2 AND node = $3`, r.JobID, r.Segment, node).Scan(&state)
@@ -391,7 +453,7 @@ func (s *Store) LeaseExited(ctx context.Context, node string, r LeaseRef, ex Lea
 		if err != nil {
 			return mapErr("recording exit", err)
 		}
-		if err := tx.releaseAllocations(ctx, r.JobID, node, at); err != nil {
+		if err := tx.releaseAllocations(ctx, r.JobID, r.Segment, node, at); err != nil {
 			return err
 		}
 		if ex.Reason == "start_failed" && ex.Message != "" {
@@ -405,9 +467,70 @@ func (s *Store) LeaseExited(ctx context.Context, node string, r LeaseRef, ex Lea
 	return changed, err
 }
 
-func (s *Store) releaseAllocations(ctx context.Context, jobID int64, node string, at time.Time) error {
-	_, err := s.db.Exec(ctx, `UPDATE allocations SET released_at = greatest($3, started_at) WHERE job_id = $1 AND node = $2 AND released_at IS NULL`,
-		jobID, node, at)
+// EndUnconfirmedStops ends leases asked to stop before cutoff (plus their
+// grace) that no agent confirmed: the agent restarted and lost the process,
+// or never answers. They end now as if reported, so GPUs are released,
+// billing stops and the job is requeued or failed. It returns how many.
+func (s *Store) EndUnconfirmedStops(ctx context.Context, cutoff time.Time) (int, error) {
+	n := 0
+	err := s.InTx(ctx, func(tx *Store) error {
+		rows, err := tx.db.Query(ctx, `
+			SELECT job_id, segment, node FROM leases
+			WHERE state IN ('taken', 'running') AND stop_requested_at IS NOT NULL
+				AND stop_requested_at + coalesce(stop_grace_s, 0) * interval '1 second' < $1
+			ORDER BY job_id, segment, node`, cutoff)
+		if err != nil {
+			return mapErr("finding unconfirmed stops", err)
+		}
+		type lease struct {
+			ref  LeaseRef
+			node string
+		}
+		ls, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (lease, error) {
+			var l lease
+			return l, r.Scan(&l.ref.JobID, &l.ref.Segment, &l.node)
+		})
+		if err != nil {
+			return mapErr("finding unconfirmed stops", err)
+		}
+		for _, l := range ls {
+			if err := tx.endLostLease(ctx, l.node, l.ref, tx.Now()); err != nil {
+				return err
+			}
+			n++
+		}
+		return nil
+	})
+	return n, err
+}
+
+// endLostLease settles a started lease whose process is gone without an exit
+// report (its agent restarted): the lease ends now with exit code -1 and
+// reason agent_restarted, as if the agent had reported it.
+func (s *Store) endLostLease(ctx context.Context, node string, r LeaseRef, at time.Time) error {
+	if _, err := s.db.Exec(ctx, `SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE`, r.JobID); err != nil {
+		return mapErr("locking job", err)
+	}
+	var reason string
+	if err := s.db.QueryRow(ctx, `SELECT coalesce(nullif(stop_reason, ''), 'agent_restarted') FROM leases WHERE job_id = $1 AND segment = $2 AND node = $3`,
+		r.JobID, r.Segment, node).Scan(&reason); err != nil {
+		return mapErr("ending lost lease", err)
+	}
+	ex := LeaseExit{ExitCode: -1, Reason: reason, At: at}
+	if _, err := s.db.Exec(ctx, `UPDATE leases SET state = 'exited', exited_at = $4, exit_code = -1, exit_reason = $5
+		WHERE job_id = $1 AND segment = $2 AND node = $3`, r.JobID, r.Segment, node, at, ex.Reason); err != nil {
+		return mapErr("ending lost lease", err)
+	}
+	if err := s.releaseAllocations(ctx, r.JobID, r.Segment, node, at); err != nil {
+		return err
+	}
+	_, err := s.finishSegment(ctx, r, ex)
+	return err
+}
+
+func (s *Store) releaseAllocations(ctx context.Context, jobID int64, segment int, node string, at time.Time) error {
+	_, err := s.db.Exec(ctx, `UPDATE allocations SET released_at = greatest($3, started_at)
+		WHERE job_id = $1 AND node = $2 AND segment = $4 AND released_at IS NULL`, jobID, node, at, segment)
 	return mapErr("releasing allocations", err)
 }
 
@@ -485,7 +608,7 @@ func (s *Store) requestStop(ctx context.Context, jobID int64, segment int, reaso
 		return mapErr("requesting stop", err)
 	}
 	for _, n := range unstarted {
-		if err := s.releaseAllocations(ctx, jobID, n, now); err != nil {
+		if err := s.releaseAllocations(ctx, jobID, segment, n, now); err != nil {
 			return err
 		}
 	}
@@ -664,6 +787,11 @@ func (s *Store) MarkLostNodes(ctx context.Context, cutoff time.Time) ([]string, 
 		now := tx.Now()
 		for _, n := range nodes {
 			lost = append(lost, n.name)
+			// Lock the jobs first, in id order, as LeaseExited does.
+			if _, err := tx.db.Exec(ctx, `SELECT 1 FROM jobs WHERE id IN (SELECT job_id FROM leases WHERE node = $1 AND state <> 'exited')
+				ORDER BY id FOR UPDATE`, n.name); err != nil {
+				return mapErr("locking jobs of lost node", err)
+			}
 			rows, err := tx.db.Query(ctx, `
 				UPDATE leases SET state = 'exited', exited_at = greatest($2, offered_at), exit_code = -1, exit_reason = 'node_lost'
 				WHERE node = $1 AND state <> 'exited' RETURNING job_id, segment`, n.name, n.hb)
@@ -678,7 +806,7 @@ func (s *Store) MarkLostNodes(ctx context.Context, cutoff time.Time) ([]string, 
 				return mapErr("ending leases of lost node", err)
 			}
 			for _, r := range refs {
-				if err := tx.releaseAllocations(ctx, r.JobID, n.name, n.hb); err != nil {
+				if err := tx.releaseAllocations(ctx, r.JobID, r.Segment, n.name, n.hb); err != nil {
 					return err
 				}
 				var checkpointable bool

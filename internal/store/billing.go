@@ -111,6 +111,14 @@ func (s *Store) ChargeLines(ctx context.Context, month billing.YearMonth) ([]bil
 	return s.chargeLines(ctx, `WHERE month = $1`, month.Start())
 }
 
+// ChargeLinesOfTeams returns month's lines for teams only (nil: all).
+func (s *Store) ChargeLinesOfTeams(ctx context.Context, month billing.YearMonth, teams []string) ([]billing.Line, error) {
+	if teams == nil {
+		return s.ChargeLines(ctx, month)
+	}
+	return s.chargeLines(ctx, `WHERE month = $1 AND team = ANY($2)`, month.Start(), teams)
+}
+
 // ChargeLinesForUsage returns every line about usage in month, wherever it
 // is billed (its own lines and adjustments dated later).
 func (s *Store) ChargeLinesForUsage(ctx context.Context, month billing.YearMonth) ([]billing.Line, error) {

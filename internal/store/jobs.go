@@ -82,6 +82,9 @@ func (s *Store) submitContext(ctx context.Context, u *allot.User, spec *allot.Jo
 // QuotaPreview validates spec for u and returns what the budget check would
 // say, without writing anything. It is what the form shows before submit.
 func (s *Store) QuotaPreview(ctx context.Context, u *allot.User, spec *allot.JobSpec) (allot.QuotaOutcome, error) {
+	if err := textErrors(spec); err != nil {
+		return allot.QuotaOutcome{}, err
+	}
 	c, budget, used, err := s.submitContext(ctx, u, spec)
 	if err != nil {
 		return allot.QuotaOutcome{}, err
@@ -105,6 +108,9 @@ func (s *Store) SubmitJob(ctx context.Context, u *allot.User, spec allot.JobSpec
 		}
 		// Usage comes from allocations, which submissions do not change, so
 		// concurrent submits need no lock to see the same budget.
+		if err := textErrors(&spec); err != nil {
+			return err
+		}
 		c, budget, used, err := tx.submitContext(ctx, u, &spec)
 		if err != nil {
 			return err
@@ -399,4 +405,16 @@ func (s *Store) RecordFinishedJob(ctx context.Context, u *allot.User, spec allot
 			id, node, gpus, start, end)
 		return mapErr("recording allocation", err)
 	})
+}
+
+// textErrors returns the spec's field errors about text that cannot even be
+// looked up (NUL bytes, invalid UTF-8), before anything goes to the database.
+func textErrors(spec *allot.JobSpec) error {
+	f := allot.FieldErrors{}
+	for k, v := range allot.Fields(spec.Validate()) {
+		if strings.HasPrefix(v, "must be valid text") {
+			f[k] = v
+		}
+	}
+	return f.Err()
 }

@@ -99,10 +99,18 @@ func (s *Store) LoadSchedState(ctx context.Context) (SchedState, error) {
 	if _, err := pgx.ForEachRow(rows, []any{&team, &used}, func() error { st.Usage[team] = used; return nil }); err != nil {
 		return st, mapErr("loading usage", err)
 	}
-	for _, t := range st.Teams {
-		if st.MonthUsed[t.Slug], err = s.TeamMonthUsage(ctx, t.Slug); err != nil {
-			return st, err
-		}
+	// This month's usage of every team, in one query.
+	rows, err = s.db.Query(ctx, `
+		SELECT j.team, coalesce(sum(floor(extract(epoch FROM least(coalesce(a.released_at, $2), $2) - greatest(a.started_at, $1)))), 0)::bigint
+		FROM allocations a JOIN jobs j ON j.id = a.job_id
+		WHERE a.started_at < $2 AND coalesce(a.released_at, 'infinity'::timestamptz) > $1
+		GROUP BY j.team`, MonthStart(st.Now), st.Now)
+	if err != nil {
+		return st, mapErr("loading this month's usage", err)
+	}
+	var monthUsed int64
+	if _, err := pgx.ForEachRow(rows, []any{&team, &monthUsed}, func() error { st.MonthUsed[team] = monthUsed; return nil }); err != nil {
+		return st, mapErr("loading this month's usage", err)
 	}
 	if st.Pending, err = s.ListJobs(ctx, JobFilter{State: allot.JobPending, Limit: -1}); err != nil {
 		return st, err

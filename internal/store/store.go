@@ -121,7 +121,7 @@ func mapErr(action string, err error) error {
 		switch pe.Code {
 		case "23505", "23P01": // unique_violation, exclusion_violation
 			return fmt.Errorf("%s: %w", action, &allot.Error{Code: allot.EConflict, Message: conflictMessage(pe)})
-		case "23503", "23514", "23502", "22P02", "22003": // FK, check, not null, bad text repr, out of range
+		case "23503", "23514", "23502", "22P02", "22003", "22021": // FK, check, not null, bad text repr, out of range, bad encoding (NUL)
 			return fmt.Errorf("%s: %w", action, &allot.Error{Code: allot.EInvalid, Message: "the database refused the value: " + pe.ConstraintName + " " + pe.Message})
 		case "40001", "40P01":
 			return fmt.Errorf("%s: %w", action, &allot.Error{Code: allot.EUnavailable, Message: "concurrent update: retry"})
