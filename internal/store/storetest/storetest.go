@@ -110,6 +110,16 @@ func ensureTemplate(ctx context.Context) (string, error) {
 		}
 		if _, err := admin.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{building}.Sanitize()+" RENAME TO "+pgx.Identifier{templateName}.Sanitize()); err != nil {
 			templateErr = fmt.Errorf("renaming template database: %w", err)
+			return
+		}
+		// Templates of older migration sets are stale: drop them.
+		rows, err := admin.Query(ctx, `SELECT datname FROM pg_database WHERE datname LIKE 'allot\_tmpl\_%' AND datname <> $1 AND datname NOT LIKE '%\_build'`, templateName)
+		if err != nil {
+			return
+		}
+		stale, _ := pgx.CollectRows(rows, pgx.RowTo[string])
+		for _, name := range stale {
+			admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)") //nolint:errcheck
 		}
 	})
 	return templateName, templateErr
