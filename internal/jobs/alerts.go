@@ -160,7 +160,7 @@ func (w *WebhookWorker) Work(ctx context.Context, job *river.Job[WebhookArgs]) e
 				}
 				return nil
 			}}
-			client.Transport = &http.Transport{DialContext: d.DialContext, Proxy: http.ProxyFromEnvironment}
+			client.Transport = &http.Transport{DialContext: d.DialContext} // no proxy: it would connect for us, past the check
 		}
 	}
 	resp, err := client.Do(req)
