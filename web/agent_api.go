@@ -193,16 +193,24 @@ func leaseRef(jobID int64, segment int) (store.LeaseRef, error) {
 	return store.LeaseRef{JobID: jobID, Segment: segment}, f.Err()
 }
 
-func (s *Server) agentTakeLease(c echo.Context) error {
+// leaseReport authenticates the node, decodes a report about one of its
+// leases into body, and returns the node and the lease. Every agent report
+// (take, started, exited, log) goes through it.
+func leaseReport[T any](s *Server, c echo.Context, ref func(*T) (int64, int)) (string, *T, store.LeaseRef, error) {
 	node, err := s.agentNode(c)
 	if err != nil {
-		return err
+		return "", nil, store.LeaseRef{}, err
 	}
-	var r agentproto.LeaseRef
-	if err := decodeStrict(c.Request().Body, &r); err != nil {
-		return err
+	body := new(T)
+	if err := decodeStrict(c.Request().Body, body); err != nil {
+		return "", nil, store.LeaseRef{}, err
 	}
-	ref, err := leaseRef(r.JobID, r.Segment)
+	r, err := leaseRef(ref(body))
+	return node, body, r, err
+}
+
+func (s *Server) agentTakeLease(c echo.Context) error {
+	node, _, ref, err := leaseReport(s, c, func(r *agentproto.LeaseRef) (int64, int) { return r.JobID, r.Segment })
 	if err != nil {
 		return err
 	}
@@ -213,15 +221,7 @@ func (s *Server) agentTakeLease(c echo.Context) error {
 }
 
 func (s *Server) agentStarted(c echo.Context) error {
-	node, err := s.agentNode(c)
-	if err != nil {
-		return err
-	}
-	var ev agentproto.JobStarted
-	if err := decodeStrict(c.Request().Body, &ev); err != nil {
-		return err
-	}
-	ref, err := leaseRef(ev.JobID, ev.Segment)
+	node, ev, ref, err := leaseReport(s, c, func(e *agentproto.JobStarted) (int64, int) { return e.JobID, e.Segment })
 	if err != nil {
 		return err
 	}
@@ -232,15 +232,7 @@ func (s *Server) agentStarted(c echo.Context) error {
 }
 
 func (s *Server) agentExited(c echo.Context) error {
-	node, err := s.agentNode(c)
-	if err != nil {
-		return err
-	}
-	var ev agentproto.JobExited
-	if err := decodeStrict(c.Request().Body, &ev); err != nil {
-		return err
-	}
-	ref, err := leaseRef(ev.JobID, ev.Segment)
+	node, ev, ref, err := leaseReport(s, c, func(e *agentproto.JobExited) (int64, int) { return e.JobID, e.Segment })
 	if err != nil {
 		return err
 	}
@@ -254,15 +246,7 @@ func (s *Server) agentExited(c echo.Context) error {
 }
 
 func (s *Server) agentLog(c echo.Context) error {
-	node, err := s.agentNode(c)
-	if err != nil {
-		return err
-	}
-	var l agentproto.JobLog
-	if err := decodeStrict(c.Request().Body, &l); err != nil {
-		return err
-	}
-	ref, err := leaseRef(l.JobID, l.Segment)
+	node, l, ref, err := leaseReport(s, c, func(l *agentproto.JobLog) (int64, int) { return l.JobID, l.Segment })
 	if err != nil {
 		return err
 	}

@@ -9,16 +9,13 @@ import (
 // clockTicks is USER_HZ, 100 on every Linux platform Go supports.
 const clockTicks = 100
 
-// groupStats sums CPU seconds (including reaped children) and resident
-// memory over the processes of process group pgid, from /proc. It returns
-// zeros where /proc is unavailable.
-func groupStats(pgid int) (cpuSeconds float64, rssBytes int64) {
+// eachProc calls fn with the pid and the /proc/<pid>/stat fields after the
+// command name (f[0] is field 3, the state; pgrp is f[2]) of every process.
+func eachProc(fn func(pid int, f []string)) {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
-		return 0, 0
+		return
 	}
-	page := int64(os.Getpagesize())
-	var ticks int64
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
@@ -35,13 +32,23 @@ func groupStats(pgid int) (cpuSeconds float64, rssBytes int64) {
 		if i < 0 {
 			continue
 		}
-		f := strings.Fields(s[i+1:])
-		// f[0] is field 3 (state); pgrp is field 5, utime..cstime 14..17, rss 24.
+		fn(pid, strings.Fields(s[i+1:]))
+	}
+}
+
+// groupStats sums CPU seconds (including reaped children) and resident
+// memory over the processes of process group pgid, from /proc. It returns
+// zeros where /proc is unavailable.
+func groupStats(pgid int) (cpuSeconds float64, rssBytes int64) {
+	page := int64(os.Getpagesize())
+	var ticks int64
+	eachProc(func(pid int, f []string) {
+		// utime..cstime are fields 14..17, rss field 24.
 		if len(f) < 22 {
-			continue
+			return
 		}
 		if g, _ := strconv.Atoi(f[2]); g != pgid && pid != pgid {
-			continue
+			return
 		}
 		for _, k := range []int{11, 12, 13, 14} {
 			v, _ := strconv.ParseInt(f[k], 10, 64)
@@ -49,37 +56,20 @@ func groupStats(pgid int) (cpuSeconds float64, rssBytes int64) {
 		}
 		rss, _ := strconv.ParseInt(f[21], 10, 64)
 		rssBytes += rss * page
-	}
+	})
 	return float64(ticks) / clockTicks, rssBytes
 }
 
 // liveGroupMembers counts the processes of group pgid that are not zombies.
 func liveGroupMembers(pgid int) int {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return 0
-	}
 	n := 0
-	for _, e := range ents {
-		if _, err := strconv.Atoi(e.Name()); err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(s[i+1:])
+	eachProc(func(_ int, f []string) {
 		if len(f) < 3 || f[0] == "Z" || f[0] == "X" {
-			continue
+			return
 		}
 		if g, _ := strconv.Atoi(f[2]); g == pgid {
 			n++
 		}
-	}
+	})
 	return n
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/allotlabs/allot/internal/jobs"
 	"github.com/allotlabs/allot/internal/store"
 	"github.com/allotlabs/allot/internal/store/storetest"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // TestCyclesKilledMidwayLoseNothing runs scheduling cycles from two
@@ -23,16 +24,8 @@ import (
 // job must still be pending or running, and every running job must hold
 // exactly its GPUs.
 func TestCyclesKilledMidwayLoseNothing(t *testing.T) {
-	t.Parallel()
 	ctx := context.Background()
-	pool := storetest.Pool(t)
-	st := store.New(pool)
-	if err := demo.Seed(ctx, st); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, `UPDATE nodes SET state = 'up', registered_at = now(), last_heartbeat = now()`); err != nil {
-		t.Fatal(err)
-	}
+	st, pool := seeded(t, "")
 	admin, err := st.UserByEmail(ctx, demo.PersonaEmail[demo.Admin])
 	if err != nil {
 		t.Fatal(err)
@@ -97,16 +90,8 @@ func TestCyclesKilledMidwayLoseNothing(t *testing.T) {
 // TestUntakenOffersExpire: when a node never takes its lease, the start is
 // undone after the deadline: GPUs released, the job pending again.
 func TestUntakenOffersExpire(t *testing.T) {
-	t.Parallel()
 	ctx := context.Background()
-	pool := storetest.Pool(t)
-	st := store.New(pool)
-	if err := demo.Seed(ctx, st); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, `UPDATE nodes SET state = 'up', registered_at = now(), last_heartbeat = now() WHERE name = 'gpu13'`); err != nil {
-		t.Fatal(err)
-	}
+	st, pool := seeded(t, "gpu13")
 	if _, err := (&jobs.Scheduler{Store: st}).Cycle(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -136,13 +121,8 @@ func TestUntakenOffersExpire(t *testing.T) {
 // TestOverBudgetJobsSayWhy: a tier-3 job of a team that went over its
 // budget after submission waits as preemptible, and its reason says so.
 func TestOverBudgetJobsSayWhy(t *testing.T) {
-	t.Parallel()
 	ctx := context.Background()
-	pool := storetest.Pool(t)
-	st := store.New(pool)
-	if err := demo.Seed(ctx, st); err != nil {
-		t.Fatal(err)
-	}
+	st, pool := seeded(t, "-")
 	noah, err := st.UserByEmail(ctx, "noah@example.com")
 	if err != nil {
 		t.Fatal(err)
@@ -169,16 +149,8 @@ func TestOverBudgetJobsSayWhy(t *testing.T) {
 // was running (it crashed) gets that lease ended at registration: the GPUs
 // are released and the job goes back to the queue or fails.
 func TestAgentRestartEndsLostLeases(t *testing.T) {
-	t.Parallel()
 	ctx := context.Background()
-	pool := storetest.Pool(t)
-	st := store.New(pool)
-	if err := demo.Seed(ctx, st); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, `UPDATE nodes SET state = 'up', registered_at = now(), last_heartbeat = now() WHERE name = 'gpu13'`); err != nil {
-		t.Fatal(err)
-	}
+	st, pool := seeded(t, "gpu13")
 	if _, err := (&jobs.Scheduler{Store: st}).Cycle(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -215,4 +187,23 @@ func TestAgentRestartEndsLostLeases(t *testing.T) {
 	if j.State == allot.JobRunning || held != 0 {
 		t.Errorf("after the agent restarted without it: job %s, %d GPUs still held", j.State, held)
 	}
+}
+
+// seeded returns a store on a fresh database with the demo organisation,
+// with the named nodes up as if their agents had registered ("" = all).
+func seeded(t *testing.T, nodes string) (*store.Store, *pgxpool.Pool) {
+	t.Helper()
+	t.Parallel()
+	ctx := context.Background()
+	pool := storetest.Pool(t)
+	st := store.New(pool)
+	if err := demo.Seed(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	if nodes != "-" {
+		if _, err := pool.Exec(ctx, `UPDATE nodes SET state = 'up', registered_at = now(), last_heartbeat = now() WHERE $1 = '' OR name = $1`, nodes); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return st, pool
 }

@@ -174,8 +174,8 @@ func Snapshot(st store.SchedState) (scheduler.Snapshot, []string) {
 		r := &st.Running[i]
 		j := coreJob(&r.Job)
 		j.Start = r.AllocStart
-		j.RunAs = tierOf(r.RunAs)
-		if r.RunAs == "" {
+		j.RunAs = tierOf(r.Job.RunAs)
+		if r.Job.RunAs == "" {
 			j.RunAs = j.Tier
 		}
 		for _, p := range r.Parts {

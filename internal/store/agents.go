@@ -71,6 +71,12 @@ type LeaseRef struct {
 	Segment int
 }
 
+// scanLeaseRef maps a (job_id, segment) row.
+func scanLeaseRef(r pgx.CollectableRow) (LeaseRef, error) {
+	var l LeaseRef
+	return l, r.Scan(&l.JobID, &l.Segment)
+}
+
 func notify(ctx context.Context, db DBTX, nodes ...string) error {
 	for _, n := range nodes {
 		if _, err := db.Exec(ctx, `SELECT pg_notify($1, $2)`, OrdersChannel, n); err != nil {
@@ -169,10 +175,7 @@ func (s *Store) RegisterNode(ctx context.Context, node string, inv NodeInventory
 		if err != nil {
 			return mapErr("registering node", err)
 		}
-		open, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (LeaseRef, error) {
-			var l LeaseRef
-			return l, r.Scan(&l.JobID, &l.Segment)
-		})
+		open, err := pgx.CollectRows(rows, scanLeaseRef)
 		if err != nil {
 			return mapErr("registering node", err)
 		}
@@ -319,10 +322,7 @@ func (s *Store) TakeOrders(ctx context.Context, node string) (Orders, error) {
 		if err != nil {
 			return mapErr("loading starts", err)
 		}
-		o.Start, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (LeaseRef, error) {
-			var l LeaseRef
-			return l, r.Scan(&l.JobID, &l.Segment)
-		})
+		o.Start, err = pgx.CollectRows(rows, scanLeaseRef)
 		if err != nil {
 			return mapErr("loading starts", err)
 		}
@@ -345,14 +345,24 @@ func (s *Store) TakeOrders(ctx context.Context, node string) (Orders, error) {
 	return o, err
 }
 
-// lockLease loads one lease's state for update.
-func (s *Store) lockLease(ctx context.Context, node string, r LeaseRef) (string, error) {
+// leaseState returns one lease's state, locking its row when forUpdate.
+// A lease the node does not hold is ENotFound.
+func (s *Store) leaseState(ctx context.Context, node string, r LeaseRef, forUpdate bool) (string, error) {
+	q := `SELECT state FROM leases WHERE job_id = $1 AND segment = $2 AND node = $3`
+	if forUpdate {
+		q += ` FOR UPDATE`
+	}
 	var state string
-	err := s.db.QueryRow(ctx, `SELECT state FROM leases WHERE job_id = $1 AND segment = $2 AND node = $3 FOR UPDATE`, r.JobID, r.Segment, node).Scan(&state)
+	err := s.db.QueryRow(ctx, q, r.JobID, r.Segment, node).Scan(&state)
 	if err == pgx.ErrNoRows {
 		return "", allot.Errorf(allot.ENotFound, "node %s holds no lease for job %d segment %d", node, r.JobID, r.Segment)
 	}
 	return state, mapErr("loading lease", err)
+}
+
+// lockLease loads one lease's state for update.
+func (s *Store) lockLease(ctx context.Context, node string, r LeaseRef) (string, error) {
+	return s.leaseState(ctx, node, r, true)
 }
 
 // TakeLease records that node's agent is ready to run its part. When every
@@ -618,7 +628,7 @@ func (s *Store) requestStop(ctx context.Context, jobID int64, segment int, reaso
 // AppendLog adds lines to the tail of a job's log (the last 200 are kept).
 // Only a node holding a lease of the job may write it.
 func (s *Store) AppendLog(ctx context.Context, node string, r LeaseRef, lines []string) error {
-	if _, err := s.lockLeaseNoUpdate(ctx, node, r); err != nil {
+	if _, err := s.leaseState(ctx, node, r, false); err != nil {
 		return err
 	}
 	var members int
@@ -633,15 +643,6 @@ func (s *Store) AppendLog(ctx context.Context, node string, r LeaseRef, lines []
 		lines = labelled
 	}
 	return s.appendLog(ctx, r.JobID, lines)
-}
-
-func (s *Store) lockLeaseNoUpdate(ctx context.Context, node string, r LeaseRef) (string, error) {
-	var state string
-	err := s.db.QueryRow(ctx, `SELECT state FROM leases WHERE job_id = $1 AND segment = $2 AND node = $3`, r.JobID, r.Segment, node).Scan(&state)
-	if err == pgx.ErrNoRows {
-		return "", allot.Errorf(allot.ENotFound, "node %s holds no lease for job %d segment %d", node, r.JobID, r.Segment)
-	}
-	return state, mapErr("loading lease", err)
 }
 
 // LogTailLines is how many lines of a job's output the server keeps.
@@ -681,10 +682,7 @@ func (s *Store) ExpireOffers(ctx context.Context, cutoff time.Time) ([]int64, er
 		if err != nil {
 			return mapErr("finding expired offers", err)
 		}
-		refs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (LeaseRef, error) {
-			var l LeaseRef
-			return l, r.Scan(&l.JobID, &l.Segment)
-		})
+		refs, err := pgx.CollectRows(rows, scanLeaseRef)
 		if err != nil {
 			return mapErr("finding expired offers", err)
 		}
@@ -798,10 +796,7 @@ func (s *Store) MarkLostNodes(ctx context.Context, cutoff time.Time) ([]string, 
 			if err != nil {
 				return mapErr("ending leases of lost node", err)
 			}
-			refs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (LeaseRef, error) {
-				var l LeaseRef
-				return l, r.Scan(&l.JobID, &l.Segment)
-			})
+			refs, err := pgx.CollectRows(rows, scanLeaseRef)
 			if err != nil {
 				return mapErr("ending leases of lost node", err)
 			}

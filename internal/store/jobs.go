@@ -17,16 +17,34 @@ func MonthStart(t time.Time) time.Time {
 	return time.Date(t.Year(), t.Month(), 1, 0, 0, 0, 0, time.UTC)
 }
 
+// usageSQL is the one definition of "GPU-seconds used in [from, to)": the
+// allocations (a, joined to their jobs j) overlapping the window, each
+// clipped to it, running ones counted up to the window's end. from and to
+// are SQL placeholders; teamFilter is an extra condition ("" for none);
+// byTeam groups the sum by team (and selects the team first).
+func usageSQL(from, to, teamFilter string, byTeam bool) string {
+	q := `SELECT `
+	if byTeam {
+		q += `j.team, `
+	}
+	q += `coalesce(sum(floor(extract(epoch FROM least(coalesce(a.released_at, ` + to + `), ` + to + `) - greatest(a.started_at, ` + from + `)))), 0)::bigint
+		FROM allocations a JOIN jobs j ON j.id = a.job_id
+		WHERE a.started_at < ` + to + ` AND coalesce(a.released_at, 'infinity'::timestamptz) > ` + from
+	if teamFilter != "" {
+		q += ` AND ` + teamFilter
+	}
+	if byTeam {
+		q += ` GROUP BY j.team`
+	}
+	return q
+}
+
 // TeamMonthUsage returns the GPU-seconds allocated to team's jobs in the
 // month containing s.Now(), up to now (running allocations count up to now).
 func (s *Store) TeamMonthUsage(ctx context.Context, team string) (int64, error) {
 	now := s.Now()
 	var used int64
-	err := s.db.QueryRow(ctx, `
-		SELECT coalesce(sum(floor(extract(epoch FROM least(coalesce(a.released_at, $3), $3) - greatest(a.started_at, $2)))), 0)::bigint
-		FROM allocations a JOIN jobs j ON j.id = a.job_id
-		WHERE j.team = $1 AND a.started_at < $3 AND coalesce(a.released_at, 'infinity'::timestamptz) > $2`,
-		team, MonthStart(now), now).Scan(&used)
+	err := s.db.QueryRow(ctx, usageSQL("$2", "$3", "j.team = $1", false), team, MonthStart(now), now).Scan(&used)
 	return used, mapErr(fmt.Sprintf("computing usage of team %q", team), err)
 }
 
@@ -44,9 +62,7 @@ func (s *Store) submitContext(ctx context.Context, u *allot.User, spec *allot.Jo
 	err := s.db.QueryRow(ctx, `
 		SELECT
 			(SELECT monthly_budget_gpu_hours FROM teams WHERE slug = $1),
-			(SELECT coalesce(sum(floor(extract(epoch FROM least(coalesce(a.released_at, $4), $4) - greatest(a.started_at, $3)))), 0)::bigint
-				FROM allocations a JOIN jobs j ON j.id = a.job_id
-				WHERE j.team = $1 AND a.started_at < $4 AND coalesce(a.released_at, 'infinity'::timestamptz) > $3),
+			(`+usageSQL("$3", "$4", "j.team = $1", false)+`),
 			(SELECT max_runtime_s FROM tiers WHERE id = $2),
 			(SELECT coalesce(array_agg(name ORDER BY name), '{}') FROM gpu_types),
 			g.types, g.gangs

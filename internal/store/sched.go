@@ -52,7 +52,6 @@ type NodeGPUs struct {
 // stopped.
 type RunningJob struct {
 	allot.Job
-	RunAs          allot.TierID
 	Parts          []NodeGPUs
 	AllocStart     time.Time // when this segment's GPUs were allocated
 	StopRequested  time.Time // zero unless a stop (preemption, cancel) is under way
@@ -100,11 +99,8 @@ func (s *Store) LoadSchedState(ctx context.Context) (SchedState, error) {
 		return st, mapErr("loading usage", err)
 	}
 	// This month's usage of every team, in one query.
-	rows, err = s.db.Query(ctx, `
-		SELECT j.team, coalesce(sum(floor(extract(epoch FROM least(coalesce(a.released_at, $2), $2) - greatest(a.started_at, $1)))), 0)::bigint
-		FROM allocations a JOIN jobs j ON j.id = a.job_id
-		WHERE a.started_at < $2 AND coalesce(a.released_at, 'infinity'::timestamptz) > $1
-		GROUP BY j.team`, MonthStart(st.Now), st.Now)
+	rows, err = s.db.Query(ctx, usageSQL("$1", "$2", "", true),
+		MonthStart(st.Now), st.Now)
 	if err != nil {
 		return st, mapErr("loading this month's usage", err)
 	}
@@ -178,9 +174,6 @@ func (s *Store) LoadSchedState(ctx context.Context) (SchedState, error) {
 	})
 	if err != nil {
 		return st, mapErr("loading stops", err)
-	}
-	for i := range st.Running {
-		st.Running[i].RunAs = st.Running[i].Job.RunAs
 	}
 	return st, nil
 }
