@@ -18,6 +18,8 @@ type UserBadge struct {
 	Email string
 	Roles string   // "admin", "lead of nlp", ...
 	Teams []string // the teams whose budget pages they see
+	// What the navigation offers.
+	Admin, Finance, Lead, Submitter bool
 }
 
 // Option is one choice of a select.

@@ -107,14 +107,7 @@ func forecast(u *store.TeamUsage) ForecastJSON {
 
 // teamBudget loads the budget view of :team for the caller.
 func (s *Server) teamBudget(c echo.Context) (BudgetJSON, *store.TeamUsage, error) {
-	u, err := currentUser(c)
-	if err != nil {
-		return BudgetJSON{}, nil, err
-	}
-	team := c.Param("team")
-	if !u.Admin && !u.Finance && !u.MemberOf(team) {
-		return BudgetJSON{}, nil, allot.Errorf(allot.ENotFound, "no team %q", team)
-	}
+	team := c.Param("team") // RuleTeamMember has checked the caller
 	usage, err := s.st.TeamMonthUsageDetail(c.Request().Context(), team, s.st.Now())
 	if allot.ErrorCode(err) == allot.ENotFound {
 		return BudgetJSON{}, nil, allot.Errorf(allot.ENotFound, "no team %q", team)

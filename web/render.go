@@ -39,7 +39,8 @@ func (s *Server) page(c echo.Context, title string) views.Page {
 		p.CSRF = t
 	}
 	if u, ok := c.Get(ctxUser).(*allot.User); ok {
-		p.User = &views.UserBadge{Name: u.Name, Email: u.Email, Roles: describeRoles(u), Teams: u.Teams()}
+		p.User = &views.UserBadge{Name: u.Name, Email: u.Email, Roles: describeRoles(u), Teams: u.Teams(),
+			Admin: u.Admin, Finance: u.Finance, Lead: leadsAny(u), Submitter: u.Admin || len(u.Memberships) > 0}
 	}
 	return p
 }

@@ -46,6 +46,7 @@ type Config struct {
 type Server struct {
 	cfg      Config
 	notifier *Notifier
+	access   []RouteAccess
 	e        *echo.Echo
 	http     *metric.HTTP
 	log      *slog.Logger

@@ -203,8 +203,8 @@ func TestTeamBudgetDashboard(t *testing.T) {
 	if code != 200 || bj.UsedPct != 35 || !strings.HasPrefix(bj.Forecast.Summary, "At this rate") {
 		t.Errorf("fraud budget: %d %d %% %q", code, bj.UsedPct, bj.Forecast.Summary)
 	}
-	if code, _, _ := e.api("GET", "/api/v1/teams/fraud/budget", demo.Engineer, ""); code != 404 {
-		t.Errorf("engineer of nlp reading fraud's budget: %d, want 404", code)
+	if code, _, _ := e.api("GET", "/api/v1/teams/fraud/budget", demo.Engineer, ""); code != 403 {
+		t.Errorf("engineer of nlp reading fraud's budget: %d, want 403", code)
 	}
 	if status, page := e.login(demo.Lead).get("/teams/nlp"); status != 200 || !strings.Contains(page, `data-testid="burndown"`) || !strings.Contains(page, "Over budget since") {
 		t.Errorf("team page: %d", status)

@@ -31,6 +31,15 @@ type Policy struct {
 	BurstMeanWait        time.Duration
 	BurstReleaseGPUHours int
 	HeartbeatMissedAfter time.Duration
+	// BurstMaxNodes caps the burst nodes alive at once; 0 disables burst.
+	BurstMaxNodes int
+	// BurstMonthlyBudget caps a month's burst spend (0 = no cap).
+	BurstMonthlyBudget Money
+	// HealthRules are the node health rules (DefaultHealthRules when new).
+	HealthRules []HealthRule
+	// AutoUndrainAfter undrains a node drained by a health rule once it has
+	// passed its checks this long (0 = never: an admin undrains).
+	AutoUndrainAfter time.Duration
 }
 
 // DefaultPolicy returns DESIGN.md's defaults as version 0 (not yet stored).
@@ -52,6 +61,8 @@ func DefaultPolicy() Policy {
 		BurstMeanWait:        2 * time.Hour,
 		BurstReleaseGPUHours: 20,
 		HeartbeatMissedAfter: 60 * time.Second,
+		BurstMaxNodes:        4,
+		HealthRules:          DefaultHealthRules(),
 	}
 }
 
@@ -84,6 +95,15 @@ func (p *Policy) Validate() error {
 	}
 	if p.BudgetDemotePct <= 0 {
 		f.Add("budget_demote_pct", "must be positive")
+	}
+	if p.BurstMaxNodes < 0 {
+		f.Add("burst_max_nodes", "must not be negative")
+	}
+	if p.BurstMonthlyBudget.Micros < 0 {
+		f.Add("burst_monthly_budget", "must not be negative")
+	}
+	if p.AutoUndrainAfter < 0 {
+		f.Add("auto_undrain_after_s", "must not be negative")
 	}
 	if p.BurstReleaseGPUHours < 0 || p.BurstReleaseGPUHours >= p.BurstPendingGPUHours {
 		f.Add("burst_release_gpu_hours", "must be at least 0 and below the burst threshold")
