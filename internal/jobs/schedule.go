@@ -99,7 +99,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (CycleResult, error) {
 			return err
 		}
 		snap, nodeNames := Snapshot(st)
-		plan := scheduler.Schedule(snap, st.Now, corePolicy(st.Policy))
+		plan := scheduler.Schedule(snap, st.Now, corePolicy(st.Policy, st.Tiers))
 		starts, preempts, pending := s.orders(st, plan, nodeNames)
 		res.Pending = len(st.Pending) - len(starts)
 		if res.ApplyResult, err = tx.ApplyPlan(ctx, starts, preempts, pending); err != nil {
@@ -142,10 +142,28 @@ func tierID(t scheduler.Tier) allot.TierID {
 	return allot.TierID(strconv.Itoa(int(t)))
 }
 
-func corePolicy(p allot.Policy) scheduler.Policy {
+// corePolicy is the core's policy: the stored weights and times, the
+// tiers' class order, and the production tiers' preemption rights, as
+// admins set them. (Tier 3-4 jobs preempt only to reclaim their team's
+// guarantee, a right of the team's guarantee, not of the tier.)
+func corePolicy(p allot.Policy, tiers []allot.Tier) scheduler.Policy {
 	cp := scheduler.DefaultPolicy()
 	cp.WeightFairShare, cp.WeightSize, cp.WeightAge = float64(p.WeightFairShare), float64(p.WeightSize), float64(p.WeightAge)
 	cp.MaxAge, cp.HalfLife, cp.GracePeriod, cp.MinRuntime = p.MaxAge, p.HalfLife, p.GracePeriod, p.MinRuntime
+	if len(tiers) > 0 {
+		cp.ClassOrder, cp.MayPreempt = map[scheduler.Tier]int{}, map[scheduler.Tier][]scheduler.Tier{}
+		for _, t := range tiers {
+			c := tierOf(t.ID)
+			cp.ClassOrder[c] = t.ClassOrder
+			if !t.ID.Production() {
+				continue
+			}
+			cp.MayPreempt[c] = []scheduler.Tier{}
+			for _, v := range t.MayPreempt {
+				cp.MayPreempt[c] = append(cp.MayPreempt[c], tierOf(v))
+			}
+		}
+	}
 	return cp
 }
 

@@ -15,6 +15,9 @@ const (
 
 // preemptRight returns the last victim group pj may take, or -1.
 func (st *state) preemptRight(pj *pjob) int {
+	if rights, ok := st.p.MayPreempt[pj.class]; ok && len(rights) == 0 {
+		return -1
+	}
 	switch pj.class {
 	case Tier1:
 		return vgAnyResearch
@@ -29,6 +32,12 @@ func (st *state) preemptRight(pj *pjob) int {
 		}
 	}
 	return -1
+}
+
+// mayPreempt applies the admin-set preemption rights (Policy.MayPreempt).
+func (st *state) mayPreempt(by, victim Tier) bool {
+	rights, ok := st.p.MayPreempt[by]
+	return !ok || slices.Contains(rights, victim)
 }
 
 // victimGroup classifies running job r as a victim for a preemptor allowed
@@ -96,7 +105,7 @@ func (st *state) nodeVictims(n, target, maxGroup int, class Tier, buf []victimCa
 		if st.victimAfter != noVictimLimit && r.gpus >= ns.cap && rel(r.j.Submit, st.now) <= st.victimAfter {
 			continue // it would take a whole node back before the preemptor once requeued
 		}
-		if g := st.victimGroup(r, maxGroup); g >= 0 && g <= maxGroup && (r.class >= class || class.Production()) {
+		if g := st.victimGroup(r, maxGroup); g >= 0 && g <= maxGroup && (r.class >= class || class.Production()) && st.mayPreempt(class, r.class) {
 			vs = append(vs, victimCand{ri: ri, group: g, gpus: k})
 		}
 	}

@@ -143,6 +143,14 @@ func (st *state) neverReason(pj *pjob) string {
 		return fmt.Sprintf("can never run in the partitioned cluster: needs %d GPUs, team %s is guaranteed %d", pj.j.GPUs, pj.j.Team, g)
 	}
 	what := strings.TrimPrefix(st.need(pj), "waiting for ")
+	if st.offline > 0 {
+		largest, unit := pj.maxCap, "node"
+		if pj.multi {
+			largest, unit = pj.groupCap, "domain"
+		}
+		return fmt.Sprintf("cannot run on the nodes up now: needs %s; the largest eligible %s up has %d GPUs (nodes draining, drained or down: %d)",
+			what, unit, largest, st.offline)
+	}
 	if !pj.multi {
 		return fmt.Sprintf("can never run: needs %s; the largest eligible node has %d GPUs", what, pj.maxCap)
 	}

@@ -93,7 +93,7 @@ func (st *state) preparePendingAll() {
 		keys := make([]orderKey, len(st.pend))
 		for i := range st.pend {
 			pj := &st.pend[i]
-			keys[i] = orderKey{class: pj.class, prio: pj.prio.Total, submit: pj.submit, id: pj.j.ID, idx: i}
+			keys[i] = orderKey{class: st.classRank(pj.class), prio: pj.prio.Total, submit: pj.submit, id: pj.j.ID, idx: i}
 		}
 		slices.SortFunc(keys, func(a, b orderKey) int {
 			return cmp.Or(cmp.Compare(a.class, b.class), cmp.Compare(b.prio, a.prio),
@@ -107,6 +107,14 @@ func (st *state) preparePendingAll() {
 			slices.SortFunc(st.order, cmpFIFO)
 		}
 	}
+}
+
+// classRank is the queue position of class c (Policy.ClassOrder).
+func (st *state) classRank(c Tier) Tier {
+	if r, ok := st.p.ClassOrder[c]; ok {
+		return Tier(r)
+	}
+	return c
 }
 
 // cmpFIFO orders by submit time, then id.

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -260,6 +261,56 @@ func TestTier1Preempts(t *testing.T) {
 	}
 }
 
+func TestMayPreemptNarrowsRights(t *testing.T) {
+	t.Parallel()
+	// An admin took tier 3 out of tier 1's preemption rights: the tier-1
+	// job takes the preemptible job's GPUs and leaves the tier-3 job alone.
+	s := Snapshot{
+		Nodes: cluster(2, 4),
+		Running: []Job{
+			job(100, 4, team("b"), tier(Tier3), on(time.Hour, slot(0, seq(0, 4)...))),
+			job(101, 4, team("b"), tier(Tier4), preemptible(), on(time.Hour, slot(1, seq(0, 4)...))),
+		},
+		Pending: []Job{job(1, 8, tier(Tier1), limit(10*time.Hour))},
+		Teams:   teamsAB(0, 8),
+	}
+	p := allot()
+	if got := victimIDs(Schedule(s, t0, p)); !slices.Equal(got, []int64{100, 101}) {
+		t.Fatalf("with full rights the victims are %v, want both", got)
+	}
+	p.MayPreempt = map[Tier][]Tier{Tier1: {Tier4, TierPreemptible}}
+	if got := victimIDs(Schedule(s, t0, p)); len(got) != 0 {
+		t.Errorf("8 GPUs need the tier-3 job too, which tier 1 may no longer preempt: victims %v", got)
+	}
+	s.Pending[0].GPUs = 4
+	if got := victimIDs(Schedule(s, t0, p)); !slices.Equal(got, []int64{101}) {
+		t.Errorf("victims %v, want the preemptible job only", got)
+	}
+	p.MayPreempt = map[Tier][]Tier{Tier1: {}}
+	if got := victimIDs(Schedule(s, t0, p)); len(got) != 0 {
+		t.Errorf("no rights at all, yet victims %v", got)
+	}
+}
+
+func TestClassOrderFromPolicy(t *testing.T) {
+	t.Parallel()
+	// Room for one of two jobs: tier 3 goes first, unless an admin put
+	// tier 4 before tier 3.
+	s := Snapshot{
+		Nodes:   cluster(1, 4),
+		Pending: []Job{job(1, 4, tier(Tier3)), job(2, 4, tier(Tier4), submitted(5*time.Minute))},
+		Teams:   teamsAB(0, 0),
+	}
+	p := allot()
+	if got := startIDs(Schedule(s, t0, p)); !slices.Equal(got, []int64{1}) {
+		t.Fatalf("natural order started %v", got)
+	}
+	p.ClassOrder = map[Tier]int{Tier1: 1, Tier2: 2, Tier4: 3, Tier3: 4, TierPreemptible: 5}
+	if got := startIDs(Schedule(s, t0, p)); !slices.Equal(got, []int64{2}) {
+		t.Errorf("tier 4 before tier 3 started %v", got)
+	}
+}
+
 func TestProductionOnPremOnly(t *testing.T) {
 	t.Parallel()
 	nodes := cluster(2, 8)
@@ -480,6 +531,13 @@ func TestUnavailableAndDrained(t *testing.T) {
 	want := []Start{{JobID: 1, Placement: []Slot{slot(0, 1)}, RunAs: Tier3}}
 	if diff := cmp.Diff(want, Schedule(s, t0, allot()).Starts, cmpStartsNoPrio); diff != "" {
 		t.Errorf("starts (-want +got):\n%s", diff)
+	}
+	// A job wider than every node up says the drained node may help later,
+	// instead of "can never run".
+	s.Pending = []Job{job(3, 4)}
+	nodes[0].Unavailable = nil
+	if r := pendingInfo(Schedule(s, t0, allot()), 3).Reason; !strings.HasPrefix(r, "cannot run on the nodes up now") || !strings.Contains(r, "nodes draining, drained or down: 1)") {
+		t.Errorf("reason %q", r)
 	}
 }
 

@@ -158,7 +158,10 @@ type state struct {
 	p     Policy
 	nodes []nodeState
 	pools []pool
-	grps  []group
+	// offline counts nodes not up (draining, drained, down): a job that
+	// fits none of the nodes up may still fit when they come back.
+	offline int
+	grps    []group
 
 	teams   []teamState
 	teamIdx map[string]int
@@ -369,6 +372,7 @@ func (st *state) buildNodes(owners []int) {
 	poolIdx := map[eligKey]int{}
 	var lastKey eligKey
 	lastPool := -1
+	st.offline = 0
 	for i := range st.s.Nodes {
 		n := &st.s.Nodes[i]
 		ns := &st.nodes[i]
@@ -390,6 +394,9 @@ func (st *state) buildNodes(owners []int) {
 			}
 		}
 		if !nodeUp(n) || c == 0 {
+			if !nodeUp(n) {
+				st.offline++
+			}
 			continue
 		}
 		ns.cap = c

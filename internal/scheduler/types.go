@@ -243,6 +243,16 @@ type Policy struct {
 	// reservation in ModeAllot (0 means 1, EASY's classic depth). Jobs that
 	// preempted, or wait for GPUs coming free from preemption, always get one.
 	ReservationDepth int
+	// ClassOrder, when non-nil, is the order the queue serves classes in
+	// (lower first), as admins set the tiers' order; missing classes keep
+	// their natural place. Nil: tier 1, 2, 3, 4, preemptible.
+	ClassOrder map[Tier]int
+	// MayPreempt narrows the preemption rules above to the tiers'
+	// preemption rights as admins set them: a class in the map may preempt
+	// only the classes listed for it (still only within the rules). Classes
+	// not in the map keep the rules (the live loop maps the production
+	// tiers; tier 3-4 guarantee reclaim is a team right, not a tier one).
+	MayPreempt map[Tier][]Tier
 	// NoPendingInfo skips Plan.Pending and Plan.Shares (the simulator does
 	// not read them; the live loop must leave it false).
 	NoPendingInfo bool

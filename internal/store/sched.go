@@ -65,6 +65,7 @@ type RunningJob struct {
 type SchedState struct {
 	Now       time.Time
 	Policy    allot.Policy
+	Tiers     []allot.Tier // class order and preemption rights as admins set them
 	Nodes     []allot.Node
 	Teams     []allot.Team
 	Usage     map[string]float64 // decayed GPU-seconds by team
@@ -81,6 +82,9 @@ func (s *Store) LoadSchedState(ctx context.Context) (SchedState, error) {
 	st := SchedState{Now: s.Now(), Usage: map[string]float64{}, MonthUsed: map[string]int64{}}
 	var err error
 	if st.Policy, err = s.CurrentPolicy(ctx); err != nil {
+		return st, err
+	}
+	if st.Tiers, err = s.ListTiers(ctx); err != nil {
 		return st, err
 	}
 	if st.Nodes, err = s.ListNodes(ctx); err != nil {
