@@ -2,7 +2,6 @@ package web
 
 import (
 	"net/http"
-	"time"
 
 	"github.com/allotlabs/allot/internal/allot"
 	"github.com/allotlabs/allot/internal/demo"
@@ -25,19 +24,34 @@ func (s *Server) home(c echo.Context) error {
 }
 
 func (s *Server) loginPage(c echo.Context) error {
-	l := views.Login{Page: s.page(c, "Log in")}
-	if !s.cfg.DevMode {
-		l.Message = "Single sign-on (OIDC) is not configured on this server yet. API clients use personal API tokens."
+	return s.renderLogin(c, http.StatusOK, "")
+}
+
+// loginError shows the login page with why the sign-in failed; it creates
+// no session.
+func (s *Server) loginError(c echo.Context, status int, msg string) error {
+	return s.renderLogin(c, status, msg)
+}
+
+func (s *Server) renderLogin(c echo.Context, status int, errMsg string) error {
+	l := views.Login{Page: s.page(c, "Log in"), SSO: s.oidc != nil, Error: errMsg}
+	if n := c.QueryParam("next"); n != "" {
+		l.Next = safeNext(n)
 	}
-	for _, key := range demo.Personas {
-		u, err := s.st.UserByEmail(c.Request().Context(), demo.PersonaEmail[key])
-		if err != nil {
-			continue
+	if !s.cfg.DevMode && s.oidc == nil {
+		l.Message = "Single sign-on (OIDC) is not configured on this server. API clients use personal API tokens."
+	}
+	if s.cfg.DevMode {
+		for _, key := range demo.Personas {
+			u, err := s.st.UserByEmail(c.Request().Context(), demo.PersonaEmail[key])
+			if err != nil {
+				continue
+			}
+			info := personaInfo[key]
+			l.Personas = append(l.Personas, views.Persona{Key: key, Title: info.title, Name: u.Name, Email: u.Email, Description: info.desc})
 		}
-		info := personaInfo[key]
-		l.Personas = append(l.Personas, views.Persona{Key: key, Title: info.title, Name: u.Name, Email: u.Email, Description: info.desc})
 	}
-	return render(c, http.StatusOK, views.LoginView(l))
+	return render(c, status, views.LoginView(l))
 }
 
 // devLogin logs in as a demo persona. It exists only in `allot dev`.
@@ -53,15 +67,14 @@ func (s *Server) devLogin(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	secret, err := s.st.CreateSession(c.Request().Context(), u.ID, s.cfg.SessionTTL)
-	if err != nil {
+	if err := s.startSession(c, u.ID); err != nil {
 		return err
 	}
-	c.SetCookie(&http.Cookie{Name: sessionCookie, Value: secret, Path: "/", HttpOnly: true, Secure: s.cfg.SecureCookies,
-		SameSite: http.SameSiteLaxMode, Expires: time.Now().Add(s.cfg.SessionTTL)})
-	return c.Redirect(http.StatusSeeOther, "/jobs")
+	return c.Redirect(http.StatusSeeOther, safeNext(c.FormValue("next")))
 }
 
+// logout ends the session and, when the identity provider has an
+// end-session endpoint, signs out there too.
 func (s *Server) logout(c echo.Context) error {
 	if ck, err := c.Cookie(sessionCookie); err == nil {
 		if err := s.st.DeleteSession(c.Request().Context(), ck.Value); err != nil {
@@ -69,10 +82,30 @@ func (s *Server) logout(c echo.Context) error {
 		}
 	}
 	s.clearSession(c)
+	if to := s.endSessionURL(c.Request().Context()); to != "" {
+		return c.Redirect(http.StatusSeeOther, to)
+	}
 	return c.Redirect(http.StatusSeeOther, "/login")
 }
 
 func (s *Server) clearSession(c echo.Context) {
 	c.SetCookie(&http.Cookie{Name: sessionCookie, Value: "", Path: "/", HttpOnly: true, Secure: s.cfg.SecureCookies,
 		SameSite: http.SameSiteLaxMode, MaxAge: -1})
+}
+
+// Unguarded lists the routes registered on the router without going
+// through route (and so without an access rule), as "METHOD PATH". The
+// authorization-matrix test requires it to be empty.
+func (s *Server) Unguarded() []string {
+	ruled := map[string]bool{}
+	for _, a := range s.access {
+		ruled[a.Method+" "+a.Path] = true
+	}
+	var out []string
+	for _, r := range s.e.Routes() {
+		if !ruled[r.Method+" "+r.Path] && !ruled["* "+r.Path] {
+			out = append(out, r.Method+" "+r.Path)
+		}
+	}
+	return out
 }

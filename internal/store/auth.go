@@ -5,8 +5,11 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
+	"fmt"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/allotlabs/allot/internal/allot"
 	"github.com/jackc/pgx/v5"
@@ -24,6 +27,15 @@ type APIToken struct {
 	CreatedAt  time.Time
 	LastUsedAt time.Time
 	RevokedAt  time.Time
+	ExpiresAt  time.Time // zero: never expires
+}
+
+// MaxTokenNameLen is the longest API token name.
+const MaxTokenNameLen = 100
+
+// Active says whether the token still works at now.
+func (t *APIToken) Active(now time.Time) bool {
+	return t.RevokedAt.IsZero() && (t.ExpiresAt.IsZero() || t.ExpiresAt.After(now))
 }
 
 func randomSecret() string {
@@ -39,20 +51,105 @@ func hashSecret(s string) []byte {
 	return h[:]
 }
 
-// CreateAPIToken makes a new personal API token for userID and returns its
-// plaintext, which is shown once; only its SHA-256 hash is stored.
+// CreateAPIToken makes a new personal API token for userID that never
+// expires and returns its plaintext, which is shown once; only its SHA-256
+// hash is stored.
 func (s *Store) CreateAPIToken(ctx context.Context, userID int64, name string) (string, APIToken, error) {
-	if strings.TrimSpace(name) == "" {
-		return "", APIToken{}, (allot.FieldErrors{"name": "is required"}).Err()
+	return s.CreateAPITokenExpiring(ctx, userID, name, time.Time{})
+}
+
+// CreateAPITokenExpiring is CreateAPIToken with an expiry (zero: never).
+// A blank or over-long name, or an expiry not in the future, is a field
+// error and stores nothing.
+func (s *Store) CreateAPITokenExpiring(ctx context.Context, userID int64, name string, expires time.Time) (string, APIToken, error) {
+	name = strings.TrimSpace(name)
+	f := allot.FieldErrors{}
+	switch {
+	case name == "":
+		f.Add("name", "is required")
+	case utf8.RuneCountInString(name) > MaxTokenNameLen:
+		f.Add("name", "must be at most %d characters", MaxTokenNameLen)
+	case !utf8.ValidString(name) || strings.IndexFunc(name, unicode.IsControl) >= 0:
+		f.Add("name", "must be printable text")
+	}
+	if !expires.IsZero() && !expires.After(s.Now()) {
+		f.Add("expires_at", "must be in the future")
+	}
+	if err := f.Err(); err != nil {
+		return "", APIToken{}, err
 	}
 	secret := TokenPrefix + randomSecret()
-	t := APIToken{UserID: userID, Name: name, Prefix: secret[:len(TokenPrefix)+6]}
-	err := s.db.QueryRow(ctx, `INSERT INTO api_tokens (user_id, name, prefix, token_hash) VALUES ($1, $2, $3, $4) RETURNING id, created_at`,
-		userID, name, t.Prefix, hashSecret(secret)).Scan(&t.ID, &t.CreatedAt)
+	t := APIToken{UserID: userID, Name: name, Prefix: secret[:len(TokenPrefix)+6], ExpiresAt: expires}
+	var exp *time.Time
+	if !expires.IsZero() {
+		exp = &expires
+	}
+	err := s.db.QueryRow(ctx, `INSERT INTO api_tokens (user_id, name, prefix, token_hash, expires_at) VALUES ($1, $2, $3, $4, $5) RETURNING id, created_at`,
+		userID, name, t.Prefix, hashSecret(secret), exp).Scan(&t.ID, &t.CreatedAt)
 	if err != nil {
 		return "", APIToken{}, mapErr("creating API token", err)
 	}
 	return secret, t, nil
+}
+
+const tokenSelect = `SELECT id, user_id, name, prefix, created_at, last_used_at, revoked_at, expires_at FROM api_tokens`
+
+func scanToken(r pgx.Row) (APIToken, error) {
+	var t APIToken
+	var used, revoked, expires *time.Time
+	err := r.Scan(&t.ID, &t.UserID, &t.Name, &t.Prefix, &t.CreatedAt, &used, &revoked, &expires)
+	for _, p := range []struct {
+		dst *time.Time
+		src *time.Time
+	}{{&t.LastUsedAt, used}, {&t.RevokedAt, revoked}, {&t.ExpiresAt, expires}} {
+		if p.src != nil {
+			*p.dst = *p.src
+		}
+	}
+	return t, err
+}
+
+// ListAPITokens returns userID's tokens, newest first, revoked and expired
+// ones included.
+func (s *Store) ListAPITokens(ctx context.Context, userID int64) ([]APIToken, error) {
+	rows, err := s.db.Query(ctx, tokenSelect+` WHERE user_id = $1 ORDER BY created_at DESC, id DESC`, userID)
+	if err != nil {
+		return nil, mapErr("listing API tokens", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (APIToken, error) { return scanToken(r) })
+	return out, mapErr("listing API tokens", err)
+}
+
+// RevokeAPIToken revokes token id for by. Unless by is an admin, only by's
+// own token may be revoked: someone else's token is ENotFound, as is a
+// missing one. An admin revoking someone else's token is audited (in the
+// same transaction). Revoking a revoked token again changes nothing and
+// succeeds.
+func (s *Store) RevokeAPIToken(ctx context.Context, id int64, by *allot.User) (APIToken, error) {
+	var t APIToken
+	err := s.InTx(ctx, func(tx *Store) error {
+		var err error
+		t, err = scanToken(tx.db.QueryRow(ctx, `
+			UPDATE api_tokens SET revoked_at = coalesce(revoked_at, $3)
+			WHERE id = $1 AND (user_id = $2 OR $4)
+			RETURNING id, user_id, name, prefix, created_at, last_used_at, revoked_at, expires_at`, id, by.ID, s.Now(), by.Admin))
+		if err == pgx.ErrNoRows {
+			return allot.Errorf(allot.ENotFound, "no API token %d", id)
+		}
+		if err != nil {
+			return mapErr("revoking API token", err)
+		}
+		if t.UserID == by.ID {
+			return nil
+		}
+		var owner string
+		if err := tx.db.QueryRow(ctx, `SELECT email FROM users WHERE id = $1`, t.UserID).Scan(&owner); err != nil {
+			return mapErr("loading token owner", err)
+		}
+		return tx.Audit(ctx, &allot.AuditEntry{Actor: by.Email, Action: "token.revoke", Object: fmt.Sprintf("token:%d", t.ID),
+			Note: fmt.Sprintf("API token %q (%s…) of %s", t.Name, t.Prefix, owner)})
+	})
+	return t, err
 }
 
 // UserByAPIToken returns the owner of a valid, unrevoked token (one round
@@ -68,10 +165,10 @@ func (s *Store) UserByAPIToken(ctx context.Context, secret string) (allot.User, 
 			coalesce(array_agg(m.team ORDER BY m.team) FILTER (WHERE m.team IS NOT NULL), '{}'),
 			coalesce(array_agg(m.role ORDER BY m.team) FILTER (WHERE m.team IS NOT NULL), '{}')
 		FROM api_tokens t JOIN users u ON u.id = t.user_id LEFT JOIN memberships m ON m.user_id = u.id
-		WHERE t.token_hash = $1 AND t.revoked_at IS NULL
-		GROUP BY t.id, u.id`, h).Scan(&lastUsed, &u.ID, &u.OIDCSubject, &u.Email, &u.Name, &u.Admin, &u.Finance, &teams, &roles)
+		WHERE t.token_hash = $1 AND t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > $2)
+		GROUP BY t.id, u.id`, h, s.Now()).Scan(&lastUsed, &u.ID, &u.OIDCSubject, &u.Email, &u.Name, &u.Admin, &u.Finance, &teams, &roles)
 	if err == pgx.ErrNoRows {
-		return allot.User{}, allot.Errorf(allot.EUnauthorized, "invalid or revoked API token")
+		return allot.User{}, allot.Errorf(allot.EUnauthorized, "invalid or revoked API token, or it has expired")
 	}
 	if err != nil {
 		return allot.User{}, mapErr("checking API token", err)
@@ -135,3 +232,89 @@ func (s *Store) CountTeams(ctx context.Context) (int, error) {
 	err := s.db.QueryRow(ctx, `SELECT count(*) FROM teams`).Scan(&n)
 	return n, mapErr("counting teams", err)
 }
+
+// OIDCLogin is a sign-in in flight: what the callback needs to finish it.
+type OIDCLogin struct {
+	Nonce    string
+	Verifier string // PKCE code verifier
+	Next     string // local path to go to afterwards
+}
+
+// SaveOIDCLogin stores a sign-in in flight under its state for ttl and
+// drops the ones that expired.
+func (s *Store) SaveOIDCLogin(ctx context.Context, state string, l OIDCLogin, ttl time.Duration) error {
+	if _, err := s.db.Exec(ctx, `DELETE FROM oidc_logins WHERE expires_at <= $1`, s.Now()); err != nil {
+		return mapErr("dropping expired sign-ins", err)
+	}
+	_, err := s.db.Exec(ctx, `INSERT INTO oidc_logins (state_hash, nonce, verifier, next, expires_at) VALUES ($1, $2, $3, $4, $5)`,
+		hashSecret(state), l.Nonce, l.Verifier, l.Next, s.Now().Add(ttl))
+	return mapErr("saving sign-in", err)
+}
+
+// TakeOIDCLogin returns the sign-in stored under state and deletes it, so a
+// state works once. An unknown, used or expired state is EUnauthorized.
+func (s *Store) TakeOIDCLogin(ctx context.Context, state string) (OIDCLogin, error) {
+	var l OIDCLogin
+	var expires time.Time
+	err := s.db.QueryRow(ctx, `DELETE FROM oidc_logins WHERE state_hash = $1 RETURNING nonce, verifier, next, expires_at`,
+		hashSecret(state)).Scan(&l.Nonce, &l.Verifier, &l.Next, &expires)
+	if err == pgx.ErrNoRows || err == nil && !expires.After(s.Now()) {
+		return OIDCLogin{}, allot.Errorf(allot.EUnauthorized, "this sign-in was already used or has expired; start again")
+	}
+	return l, mapErr("loading sign-in", err)
+}
+
+// UpsertOIDCUser records a person who signed in through OIDC: found by
+// subject, else by email (a person created before their first sign-in, as
+// the demo organisation is), else created. Name, email, admin and finance
+// flags and memberships are replaced by what the identity provider says;
+// memberships in teams Allot does not know are skipped and returned.
+func (s *Store) UpsertOIDCUser(ctx context.Context, u *allot.User) (unknownTeams []string, err error) {
+	if err := u.Validate(); err != nil {
+		return nil, err
+	}
+	err = s.InTx(ctx, func(tx *Store) error {
+		unknownTeams = nil
+		err := tx.db.QueryRow(ctx, `SELECT id FROM users WHERE oidc_subject = $1 FOR UPDATE`, u.OIDCSubject).Scan(&u.ID)
+		if err == pgx.ErrNoRows {
+			err = tx.db.QueryRow(ctx, `SELECT id FROM users WHERE lower(email) = lower($1) FOR UPDATE`, u.Email).Scan(&u.ID)
+		}
+		switch {
+		case err == pgx.ErrNoRows:
+			err = tx.db.QueryRow(ctx, `INSERT INTO users (oidc_subject, email, name, is_admin, is_finance) VALUES ($1, $2, $3, $4, $5) RETURNING id`,
+				u.OIDCSubject, u.Email, u.Name, u.Admin, u.Finance).Scan(&u.ID)
+			if err != nil {
+				return mapErr("creating user", err)
+			}
+		case err != nil:
+			return mapErr("finding user", err)
+		default:
+			if _, err := tx.db.Exec(ctx, `UPDATE users SET oidc_subject = $2, email = $3, name = $4, is_admin = $5, is_finance = $6 WHERE id = $1`,
+				u.ID, u.OIDCSubject, u.Email, u.Name, u.Admin, u.Finance); err != nil {
+				return mapErr("updating user", err)
+			}
+			if _, err := tx.db.Exec(ctx, `DELETE FROM memberships WHERE user_id = $1`, u.ID); err != nil {
+				return mapErr("replacing memberships", err)
+			}
+		}
+		var kept []allot.Membership
+		for _, m := range u.Memberships {
+			tag, err := tx.db.Exec(ctx, `INSERT INTO memberships (user_id, team, role) SELECT $1, slug, $3 FROM teams WHERE slug = $2`, u.ID, m.Team, m.Role)
+			if err != nil {
+				return mapErr("adding membership", err)
+			}
+			if tag.RowsAffected() == 0 {
+				unknownTeams = append(unknownTeams, m.Team)
+				continue
+			}
+			kept = append(kept, m)
+		}
+		u.Memberships = kept
+		return nil
+	})
+	return unknownTeams, err
+}
+
+// RandomSecret returns 32 random bytes, base64url-encoded: for OIDC state
+// and nonce values.
+func RandomSecret() string { return randomSecret() }

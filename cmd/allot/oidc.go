@@ -1,0 +1,146 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/allotlabs/allot/internal/oidcdev"
+	"github.com/allotlabs/allot/web"
+)
+
+// oidcFlags registers the single sign-on flags on fs, each defaulting to
+// its environment variable, and returns a function that reads and checks
+// them after parsing.
+func oidcFlags(fs *flag.FlagSet) func() (web.OIDCConfig, error) {
+	env := func(name, def string) string {
+		if v := os.Getenv(name); v != "" {
+			return v
+		}
+		return def
+	}
+	var c web.OIDCConfig
+	var scopes string
+	fs.StringVar(&c.Issuer, "oidc-issuer", env("ALLOT_OIDC_ISSUER", ""), "OIDC issuer URL; empty: no single sign-on (env ALLOT_OIDC_ISSUER)")
+	fs.StringVar(&c.ClientID, "oidc-client-id", env("ALLOT_OIDC_CLIENT_ID", ""), "OIDC client ID (env ALLOT_OIDC_CLIENT_ID)")
+	fs.StringVar(&c.ClientSecret, "oidc-client-secret", env("ALLOT_OIDC_CLIENT_SECRET", ""), "OIDC client secret; prefer the env ALLOT_OIDC_CLIENT_SECRET")
+	fs.StringVar(&c.RedirectURL, "oidc-redirect-url", env("ALLOT_OIDC_REDIRECT_URL", ""),
+		"this server's callback as registered at the provider, https://allot.example.com/oidc/callback (env ALLOT_OIDC_REDIRECT_URL; default: the listen URL)")
+	fs.StringVar(&scopes, "oidc-scopes", env("ALLOT_OIDC_SCOPES", "profile email"), "scopes besides openid, space-separated (env ALLOT_OIDC_SCOPES)")
+	fs.StringVar(&c.Claims.GroupsClaim, "oidc-groups-claim", env("ALLOT_OIDC_GROUPS_CLAIM", "groups"), "claim that lists the user's groups (env ALLOT_OIDC_GROUPS_CLAIM)")
+	fs.StringVar(&c.Claims.AdminGroup, "oidc-admin-group", env("ALLOT_OIDC_ADMIN_GROUP", "allot-admins"), "group whose members are admins (env ALLOT_OIDC_ADMIN_GROUP)")
+	fs.StringVar(&c.Claims.FinanceGroup, "oidc-finance-group", env("ALLOT_OIDC_FINANCE_GROUP", "allot-finance"), "group whose members are finance (env ALLOT_OIDC_FINANCE_GROUP)")
+	fs.StringVar(&c.Claims.TeamPrefix, "oidc-team-prefix", env("ALLOT_OIDC_TEAM_PREFIX", "team:"), "group prefix + team slug = engineer in the team (env ALLOT_OIDC_TEAM_PREFIX)")
+	fs.StringVar(&c.Claims.LeadSuffix, "oidc-lead-suffix", env("ALLOT_OIDC_LEAD_SUFFIX", ":lead"), "prefix + team + this suffix = lead of the team (env ALLOT_OIDC_LEAD_SUFFIX)")
+	return func() (web.OIDCConfig, error) {
+		c.Scopes = strings.Fields(scopes)
+		return c, checkOIDC(c)
+	}
+}
+
+// checkOIDC refuses a half-done or unsafe SSO configuration.
+func checkOIDC(c web.OIDCConfig) error {
+	if !c.Enabled() {
+		return nil
+	}
+	if c.ClientID == "" {
+		return errors.New("--oidc-issuer is set but --oidc-client-id (ALLOT_OIDC_CLIENT_ID) is not")
+	}
+	for _, u := range []struct{ name, v string }{{"--oidc-issuer", c.Issuer}, {"--oidc-redirect-url", c.RedirectURL}} {
+		if u.v == "" {
+			continue
+		}
+		p, err := url.Parse(u.v)
+		if err != nil || p.Host == "" || (p.Scheme != "https" && p.Scheme != "http") {
+			return fmt.Errorf("%s %q is not an http(s) URL", u.name, u.v)
+		}
+		if p.Scheme == "http" && !loopbackHost(p.Hostname()) {
+			return fmt.Errorf("%s %q must use https (plain http is only for localhost)", u.name, u.v)
+		}
+	}
+	if c.Claims.GroupsClaim == "" || c.Claims.TeamPrefix == "" {
+		return errors.New("--oidc-groups-claim and --oidc-team-prefix must not be empty")
+	}
+	return nil
+}
+
+func loopbackHost(h string) bool {
+	if h == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
+}
+
+// cmdOIDCProvider runs the development OIDC provider with the demo users
+// (hidden: for `allot dev` demos and tests). It prints the issuer URL on
+// the first line of stdout.
+func cmdOIDCProvider(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("oidc-provider", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("addr", "127.0.0.1:0", "listen address")
+	clientID := fs.String("client-id", "allot", "the client ID Allot uses")
+	secret := fs.String("client-secret", "allot-dev-secret", "the client secret Allot uses")
+	password := fs.String("password", "demo", "password of the demo users noah, nadia, finn and ada")
+	watchStdin := fs.Bool("watch-stdin", false, "exit when stdin closes (for a parent process)")
+	var redirects multiFlag
+	fs.Var(&redirects, "redirect-uri", "allowed redirect URI, repeatable; loopback URIs match any port (default http://127.0.0.1/oidc/callback, http://localhost/oidc/callback)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if len(redirects) == 0 {
+		redirects = multiFlag{"http://127.0.0.1/oidc/callback", "http://localhost/oidc/callback"}
+	}
+	users := oidcdev.DemoUsers(*password)
+	srv, err := oidcdev.Listen(*addr, oidcdev.Config{Users: users, Hint: oidcdev.DemoHint(users),
+		Clients: []oidcdev.Client{{ID: *clientID, Secret: *secret, RedirectURIs: redirects}}})
+	if err != nil {
+		fmt.Fprintf(stderr, "allot oidc-provider: %v\n", err)
+		return 1
+	}
+	fmt.Fprintln(stdout, srv.Issuer())
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if *watchStdin {
+		go func() {
+			io.Copy(io.Discard, bufio.NewReader(os.Stdin)) //nolint:errcheck // EOF or error: the parent is gone
+			stop()
+		}()
+	}
+	<-ctx.Done()
+	if err := srv.Close(); err != nil {
+		fmt.Fprintf(stderr, "allot oidc-provider: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+type multiFlag []string
+
+func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
+func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
+
+// devOIDC starts the development provider for `allot dev` on 127.0.0.1:8081
+// (any free port if that is taken) and returns it with the SSO
+// configuration that points at it.
+func devOIDC(password string) (*oidcdev.Server, web.OIDCConfig, error) {
+	users := oidcdev.DemoUsers(password)
+	cfg := oidcdev.Config{Users: users, Hint: oidcdev.DemoHint(users)}
+	srv, err := oidcdev.Listen("127.0.0.1:8081", cfg)
+	if err != nil {
+		if srv, err = oidcdev.Listen("127.0.0.1:0", cfg); err != nil {
+			return nil, web.OIDCConfig{}, err
+		}
+	}
+	c := web.OIDCConfig{Issuer: srv.Issuer(), ClientID: "allot-dev", ClientSecret: "allot-dev-secret"}
+	return srv, c, nil
+}

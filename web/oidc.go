@@ -1,0 +1,385 @@
+package web
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/store"
+	"github.com/coreos/go-oidc/v3/oidc"
+	"github.com/labstack/echo/v4"
+	"golang.org/x/oauth2"
+)
+
+// OIDCConfig is single sign-on through an OpenID Connect provider with the
+// authorization-code flow, PKCE (S256), state and nonce.
+type OIDCConfig struct {
+	// Issuer is the provider's issuer URL; discovery is read from
+	// Issuer/.well-known/openid-configuration. Empty: no SSO.
+	Issuer       string
+	ClientID     string
+	ClientSecret string
+	// RedirectURL is this server's callback, …/oidc/callback, as
+	// registered with the provider.
+	RedirectURL string
+	// Scopes asked for besides openid (default profile, email).
+	Scopes []string
+	Claims ClaimMapping
+}
+
+// Enabled says whether SSO is configured.
+func (c OIDCConfig) Enabled() bool { return c.Issuer != "" }
+
+// ClaimMapping turns the provider's groups claim into Allot roles.
+type ClaimMapping struct {
+	// GroupsClaim is the claim holding the groups (default "groups"): a
+	// list of strings, or one space- or comma-separated string.
+	GroupsClaim string
+	// AdminGroup makes its members admins (default "allot-admins").
+	AdminGroup string
+	// FinanceGroup makes its members finance (default "allot-finance").
+	FinanceGroup string
+	// TeamPrefix + <team> makes an engineer of the team (default "team:");
+	// TeamPrefix + <team> + LeadSuffix makes a lead (default ":lead").
+	TeamPrefix string
+	LeadSuffix string
+}
+
+// WithDefaults fills in the default claim names.
+func (m ClaimMapping) WithDefaults() ClaimMapping {
+	def := func(s *string, v string) {
+		if *s == "" {
+			*s = v
+		}
+	}
+	def(&m.GroupsClaim, "groups")
+	def(&m.AdminGroup, "allot-admins")
+	def(&m.FinanceGroup, "allot-finance")
+	def(&m.TeamPrefix, "team:")
+	def(&m.LeadSuffix, ":lead")
+	return m
+}
+
+// Map returns the roles the groups give: admin, finance and team
+// memberships (a lead group wins over a member group of the same team).
+// Groups that mean nothing to Allot are ignored.
+func (m ClaimMapping) Map(groups []string) (admin, finance bool, ms []allot.Membership) {
+	m = m.WithDefaults()
+	roles := map[string]string{}
+	for _, g := range groups {
+		switch {
+		case g == m.AdminGroup:
+			admin = true
+		case g == m.FinanceGroup:
+			finance = true
+		case strings.HasPrefix(g, m.TeamPrefix):
+			team, role := strings.TrimPrefix(g, m.TeamPrefix), allot.TeamRoleMember
+			if t, ok := strings.CutSuffix(team, m.LeadSuffix); ok {
+				team, role = t, allot.TeamRoleLead
+			}
+			if !allot.ValidSlug(team) {
+				continue
+			}
+			if roles[team] != allot.TeamRoleLead {
+				roles[team] = role
+			}
+		}
+	}
+	for team, role := range roles {
+		ms = append(ms, allot.Membership{Team: team, Role: role})
+	}
+	slices.SortFunc(ms, func(a, b allot.Membership) int { return strings.Compare(a.Team, b.Team) })
+	return admin, finance, ms
+}
+
+// oidcClient discovers the provider on first use (so the server starts
+// while the provider is down) and keeps what it found.
+type oidcClient struct {
+	cfg OIDCConfig
+
+	mu         sync.Mutex
+	provider   *oidc.Provider
+	verifier   *oidc.IDTokenVerifier
+	oauth      *oauth2.Config
+	endSession string
+}
+
+func newOIDCClient(cfg OIDCConfig) *oidcClient {
+	cfg.Claims = cfg.Claims.WithDefaults()
+	if len(cfg.Scopes) == 0 {
+		cfg.Scopes = []string{"profile", "email"}
+	}
+	return &oidcClient{cfg: cfg}
+}
+
+// errIdP is the provider being unreachable or misconfigured.
+var errIdP = errors.New("identity provider")
+
+func (o *oidcClient) get(ctx context.Context) (*oidcClient, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.provider != nil {
+		return o, nil
+	}
+	if o.cfg.RedirectURL == "" {
+		return nil, fmt.Errorf("%w: the redirect URL (ALLOT_OIDC_REDIRECT_URL) is not set", errIdP)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	p, err := oidc.NewProvider(ctx, o.cfg.Issuer)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errIdP, err)
+	}
+	var extra struct {
+		EndSession string `json:"end_session_endpoint"`
+	}
+	if err := p.Claims(&extra); err != nil {
+		return nil, fmt.Errorf("%w: reading discovery: %v", errIdP, err)
+	}
+	o.provider, o.endSession = p, extra.EndSession
+	o.verifier = p.Verifier(&oidc.Config{ClientID: o.cfg.ClientID})
+	o.oauth = &oauth2.Config{ClientID: o.cfg.ClientID, ClientSecret: o.cfg.ClientSecret, RedirectURL: o.cfg.RedirectURL,
+		Endpoint: p.Endpoint(), Scopes: append([]string{oidc.ScopeOpenID}, o.cfg.Scopes...)}
+	return o, nil
+}
+
+const (
+	oidcStateCookie = "allot_oidc_state"
+	oidcLoginTTL    = 10 * time.Minute
+)
+
+// safeNext returns next if it is a path on this server, else "/jobs": a
+// sign-in must never send anyone to another site.
+func safeNext(next string) string {
+	const home = "/jobs"
+	if next == "" || len(next) > 2000 || !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") ||
+		strings.ContainsAny(next, "\\\r\n\t") {
+		return home
+	}
+	u, err := url.Parse(next)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || !strings.HasPrefix(u.Path, "/") {
+		return home
+	}
+	// Going back to the login pages after logging in makes no sense.
+	if u.Path == "/login" || strings.HasPrefix(u.Path, "/login/") || strings.HasPrefix(u.Path, "/oidc/") {
+		return home
+	}
+	return next
+}
+
+// oidcStart begins a sign-in: it stores state, nonce and PKCE verifier
+// server-side for 10 minutes, binds the state to this browser with a
+// short-lived cookie and sends the browser to the provider.
+func (s *Server) oidcStart(c echo.Context) error {
+	if s.oidc == nil {
+		return allot.Errorf(allot.ENotFound, "single sign-on is not configured on this server")
+	}
+	ctx := c.Request().Context()
+	o, err := s.oidc.get(ctx)
+	if err != nil {
+		return s.loginError(c, http.StatusBadGateway, "Single sign-on is unavailable: "+err.Error())
+	}
+	state, nonce, verifier := store.RandomSecret(), store.RandomSecret(), oauth2.GenerateVerifier()
+	if err := s.st.SaveOIDCLogin(ctx, state, store.OIDCLogin{Nonce: nonce, Verifier: verifier, Next: safeNext(c.QueryParam("next"))}, oidcLoginTTL); err != nil {
+		return err
+	}
+	c.SetCookie(&http.Cookie{Name: oidcStateCookie, Value: state, Path: "/oidc/", HttpOnly: true, Secure: s.cfg.SecureCookies,
+		SameSite: http.SameSiteLaxMode, MaxAge: int(oidcLoginTTL.Seconds())})
+	return c.Redirect(http.StatusSeeOther, o.oauth.AuthCodeURL(state, oidc.Nonce(nonce), oauth2.S256ChallengeOption(verifier)))
+}
+
+// oidcCallback finishes a sign-in: the state must match this browser's and
+// be unused, the code is exchanged with the PKCE verifier, and the ID
+// token's signature, issuer, audience, expiry and nonce are checked before
+// the person is recorded and gets a session.
+func (s *Server) oidcCallback(c echo.Context) error {
+	if s.oidc == nil {
+		return allot.Errorf(allot.ENotFound, "single sign-on is not configured on this server")
+	}
+	ctx := c.Request().Context()
+	q := c.QueryParams()
+	state := q.Get("state")
+	var browserState string
+	if ck, err := c.Cookie(oidcStateCookie); err == nil {
+		browserState = ck.Value
+	}
+	c.SetCookie(&http.Cookie{Name: oidcStateCookie, Value: "", Path: "/oidc/", HttpOnly: true, Secure: s.cfg.SecureCookies,
+		SameSite: http.SameSiteLaxMode, MaxAge: -1})
+	if state == "" || browserState == "" || subtle.ConstantTimeCompare([]byte(state), []byte(browserState)) != 1 {
+		return s.loginError(c, http.StatusBadRequest, "This sign-in was not started in this browser, or it has expired. Start again.")
+	}
+	// The state is used up whatever happens next.
+	login, err := s.st.TakeOIDCLogin(ctx, state)
+	if err != nil {
+		if allot.ErrorCode(err) == allot.EUnauthorized {
+			return s.loginError(c, http.StatusBadRequest, "This sign-in was already used or has expired. Start again.")
+		}
+		return err
+	}
+	if e := q.Get("error"); e != "" {
+		msg := "The identity provider did not sign you in (" + e + ")"
+		if d := q.Get("error_description"); d != "" {
+			msg += ": " + d
+		}
+		return s.loginError(c, http.StatusForbidden, msg+".")
+	}
+	code := q.Get("code")
+	if code == "" {
+		return s.loginError(c, http.StatusBadRequest, "The identity provider sent no authorization code.")
+	}
+	o, err := s.oidc.get(ctx)
+	if err != nil {
+		return s.loginError(c, http.StatusBadGateway, "Single sign-on is unavailable: "+err.Error())
+	}
+	tok, err := o.oauth.Exchange(ctx, code, oauth2.VerifierOption(login.Verifier))
+	if err != nil {
+		s.log.Warn("OIDC code exchange failed", "err", err)
+		return s.loginError(c, http.StatusBadRequest, "The identity provider refused the sign-in code: "+exchangeError(err))
+	}
+	raw, ok := tok.Extra("id_token").(string)
+	if !ok || raw == "" {
+		return s.loginError(c, http.StatusBadGateway, "The identity provider sent no ID token.")
+	}
+	idt, err := o.verifier.Verify(ctx, raw)
+	if err != nil {
+		s.log.Warn("OIDC ID token rejected", "err", err)
+		return s.loginError(c, http.StatusBadRequest, "The ID token failed verification: "+err.Error())
+	}
+	if subtle.ConstantTimeCompare([]byte(idt.Nonce), []byte(login.Nonce)) != 1 {
+		return s.loginError(c, http.StatusBadRequest, "The ID token does not belong to this sign-in (nonce mismatch). Start again.")
+	}
+	u, err := s.oidcUser(ctx, o, idt, tok)
+	if err != nil {
+		return s.loginError(c, http.StatusForbidden, err.Error())
+	}
+	unknown, err := s.st.UpsertOIDCUser(ctx, u)
+	if err != nil {
+		if allot.ErrorCode(err) == allot.EInternal || allot.ErrorCode(err) == allot.EUnavailable {
+			return err
+		}
+		return s.loginError(c, http.StatusConflict, "Your account could not be recorded: "+allot.ErrorMessage(err))
+	}
+	if len(unknown) > 0 {
+		s.log.Warn("OIDC groups name teams Allot does not know", "user", u.Email, "teams", unknown)
+	}
+	s.log.Info("signed in with OIDC", "user", u.Email, "subject", u.OIDCSubject, "admin", u.Admin, "finance", u.Finance, "teams", len(u.Memberships))
+	if err := s.startSession(c, u.ID); err != nil {
+		return err
+	}
+	return c.Redirect(http.StatusSeeOther, safeNext(login.Next))
+}
+
+// exchangeError is the provider's error code and description, when it sent
+// them.
+func exchangeError(err error) string {
+	var re *oauth2.RetrieveError
+	if errors.As(err, &re) && re.ErrorCode != "" {
+		if re.ErrorDescription != "" {
+			return re.ErrorCode + ": " + re.ErrorDescription
+		}
+		return re.ErrorCode
+	}
+	return "the token request failed"
+}
+
+// oidcUser maps the ID token's claims (and userinfo's, when the ID token
+// lacks the groups claim) to a user.
+func (s *Server) oidcUser(ctx context.Context, o *oidcClient, idt *oidc.IDToken, tok *oauth2.Token) (*allot.User, error) {
+	var claims map[string]any
+	if err := idt.Claims(&claims); err != nil {
+		return nil, fmt.Errorf("the ID token's claims cannot be read: %v", err)
+	}
+	if _, ok := claims[o.cfg.Claims.GroupsClaim]; !ok {
+		info, err := o.provider.UserInfo(ctx, oauth2.StaticTokenSource(tok))
+		if err == nil && info.Subject == idt.Subject {
+			var more map[string]any
+			if info.Claims(&more) == nil {
+				for k, v := range more {
+					if _, have := claims[k]; !have {
+						claims[k] = v
+					}
+				}
+			}
+		}
+	}
+	str := func(k string) string { v, _ := claims[k].(string); return strings.TrimSpace(v) }
+	email := str("email")
+	if email == "" {
+		return nil, errors.New("the identity provider sent no email address: ask for the email scope")
+	}
+	if v, ok := claims["email_verified"].(bool); ok && !v {
+		return nil, errors.New("your email address is not verified at the identity provider")
+	}
+	name := str("name")
+	if name == "" {
+		name = str("preferred_username")
+	}
+	if name == "" {
+		name = email
+	}
+	var groups []string
+	switch g := claims[o.cfg.Claims.GroupsClaim].(type) {
+	case []any:
+		for _, x := range g {
+			if s, ok := x.(string); ok {
+				groups = append(groups, s)
+			}
+		}
+	case string:
+		groups = strings.FieldsFunc(g, func(r rune) bool { return r == ',' || r == ' ' })
+	}
+	u := &allot.User{OIDCSubject: idt.Subject, Email: email, Name: name}
+	u.Admin, u.Finance, u.Memberships = o.cfg.Claims.Map(groups)
+	return u, nil
+}
+
+// startSession logs userID in on this browser, ending the session it had
+// (a new session secret at every login).
+func (s *Server) startSession(c echo.Context, userID int64) error {
+	if ck, err := c.Cookie(sessionCookie); err == nil && ck.Value != "" {
+		if err := s.st.DeleteSession(c.Request().Context(), ck.Value); err != nil {
+			return err
+		}
+	}
+	secret, err := s.st.CreateSession(c.Request().Context(), userID, s.cfg.SessionTTL)
+	if err != nil {
+		return err
+	}
+	c.SetCookie(&http.Cookie{Name: sessionCookie, Value: secret, Path: "/", HttpOnly: true, Secure: s.cfg.SecureCookies,
+		SameSite: http.SameSiteLaxMode, Expires: time.Now().Add(s.cfg.SessionTTL)})
+	return nil
+}
+
+// endSessionURL is where logout sends the browser when the provider has
+// an end-session endpoint (RP-initiated logout), or "".
+func (s *Server) endSessionURL(ctx context.Context) string {
+	if s.oidc == nil {
+		return ""
+	}
+	o, err := s.oidc.get(ctx)
+	if err != nil || o.endSession == "" {
+		return ""
+	}
+	u, err := url.Parse(o.endSession)
+	if err != nil {
+		return ""
+	}
+	back, err := url.Parse(o.cfg.RedirectURL)
+	if err != nil {
+		return ""
+	}
+	back.Path, back.RawQuery = "/login", ""
+	q := u.Query()
+	q.Set("client_id", o.cfg.ClientID)
+	q.Set("post_logout_redirect_uri", back.String())
+	u.RawQuery = q.Encode()
+	return u.String()
+}

@@ -1,0 +1,199 @@
+package web
+
+import (
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/store"
+	"github.com/allotlabs/allot/views"
+	"github.com/labstack/echo/v4"
+)
+
+// parseExpiry reads a token expiry: empty (never), an RFC 3339 time, or a
+// date (valid until the end of that day, UTC).
+func parseExpiry(s string) (time.Time, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339, s); err == nil {
+		return t, nil
+	}
+	if d, err := time.Parse(time.DateOnly, s); err == nil {
+		return d.AddDate(0, 0, 1).Add(-time.Second), nil // the end of that day
+	}
+	return time.Time{}, (allot.FieldErrors{"expires_at": "must be a date (2026-12-31) or an RFC 3339 time (2026-12-31T18:00:00Z)"}).Err()
+}
+
+func tokenStatus(t *store.APIToken, now time.Time) string {
+	switch {
+	case !t.RevokedAt.IsZero():
+		return "revoked"
+	case !t.Active(now):
+		return "expired"
+	}
+	return "active"
+}
+
+// tokensPage lists the caller's tokens and offers a form for a new one.
+func (s *Server) tokensPage(c echo.Context) error {
+	return s.renderTokens(c, http.StatusOK, views.Tokens{})
+}
+
+func (s *Server) renderTokens(c echo.Context, status int, t views.Tokens) error {
+	u, err := currentUser(c)
+	if err != nil {
+		return err
+	}
+	list, err := s.st.ListAPITokens(c.Request().Context(), u.ID)
+	if err != nil {
+		return err
+	}
+	now := s.st.Now()
+	t.Page = s.page(c, "API tokens")
+	t.MinDate = now.UTC().Format(time.DateOnly)
+	for i := range list {
+		tk := &list[i]
+		row := views.TokenRow{ID: tk.ID, Name: tk.Name, Prefix: tk.Prefix, Created: fmtTime(tk.CreatedAt), LastUsed: fmtTime(tk.LastUsedAt),
+			Expires: "never", Status: tokenStatus(tk, now), Active: tk.Active(now)}
+		if !tk.ExpiresAt.IsZero() {
+			row.Expires = fmtTime(tk.ExpiresAt)
+		}
+		t.Tokens = append(t.Tokens, row)
+	}
+	return render(c, status, views.TokensView(t))
+}
+
+// createTokenForm makes a token from the form and shows its secret once.
+func (s *Server) createTokenForm(c echo.Context) error {
+	u, err := currentUser(c)
+	if err != nil {
+		return err
+	}
+	name, expires := c.FormValue("name"), c.FormValue("expires")
+	exp, err := parseExpiry(expires)
+	var secret string
+	var tok store.APIToken
+	if err == nil {
+		secret, tok, err = s.st.CreateAPITokenExpiring(c.Request().Context(), u.ID, name, exp)
+	}
+	if f := allot.Fields(err); f != nil {
+		return s.renderTokens(c, http.StatusUnprocessableEntity, views.Tokens{Name: name, Expires: expires, Errors: f})
+	}
+	if err != nil {
+		return err
+	}
+	return s.renderTokens(c, http.StatusCreated, views.Tokens{NewSecret: secret, NewName: tok.Name})
+}
+
+// revokeTokenForm revokes one of the caller's tokens.
+func (s *Server) revokeTokenForm(c echo.Context) error {
+	u, err := currentUser(c)
+	if err != nil {
+		return err
+	}
+	id, err := strconv.ParseInt(c.Param("id"), 10, 64)
+	if err != nil {
+		return allot.Errorf(allot.ENotFound, "no API token %q", c.Param("id"))
+	}
+	if _, err := s.st.RevokeAPIToken(c.Request().Context(), id, &allot.User{ID: u.ID, Email: u.Email}); err != nil {
+		return err
+	}
+	return redirect(c, "/tokens")
+}
+
+// TokenJSON is an API token as the API shows it; Token (the secret) is
+// only in the answer to its creation.
+type TokenJSON struct {
+	ID         int64      `json:"id"`
+	Name       string     `json:"name"`
+	Prefix     string     `json:"prefix"`
+	Status     string     `json:"status"` // active, expired, revoked
+	CreatedAt  time.Time  `json:"created_at"`
+	LastUsedAt *time.Time `json:"last_used_at"`
+	ExpiresAt  *time.Time `json:"expires_at"`
+	RevokedAt  *time.Time `json:"revoked_at"`
+	Token      string     `json:"token,omitempty"`
+}
+
+// TokenList is the body of GET /api/v1/tokens.
+type TokenList struct {
+	Tokens []TokenJSON `json:"tokens"`
+}
+
+// TokenRequest is the body of POST /api/v1/tokens.
+type TokenRequest struct {
+	Name string `json:"name"`
+	// ExpiresAt is an RFC 3339 time or a date; empty: never.
+	ExpiresAt string `json:"expires_at"`
+}
+
+func tokenJSON(t *store.APIToken, now time.Time) TokenJSON {
+	opt := func(v time.Time) *time.Time {
+		if v.IsZero() {
+			return nil
+		}
+		return &v
+	}
+	return TokenJSON{ID: t.ID, Name: t.Name, Prefix: t.Prefix, Status: tokenStatus(t, now), CreatedAt: t.CreatedAt,
+		LastUsedAt: opt(t.LastUsedAt), ExpiresAt: opt(t.ExpiresAt), RevokedAt: opt(t.RevokedAt)}
+}
+
+func (s *Server) apiListTokens(c echo.Context) error {
+	u, err := currentUser(c)
+	if err != nil {
+		return err
+	}
+	list, err := s.st.ListAPITokens(c.Request().Context(), u.ID)
+	if err != nil {
+		return err
+	}
+	out := TokenList{Tokens: []TokenJSON{}}
+	for i := range list {
+		out.Tokens = append(out.Tokens, tokenJSON(&list[i], s.st.Now()))
+	}
+	return writeJSON(c, http.StatusOK, out)
+}
+
+func (s *Server) apiCreateToken(c echo.Context) error {
+	u, err := currentUser(c)
+	if err != nil {
+		return err
+	}
+	var req TokenRequest
+	if err := decodeStrict(c.Request().Body, &req); err != nil {
+		return err
+	}
+	exp, err := parseExpiry(req.ExpiresAt)
+	if err != nil {
+		return err
+	}
+	secret, tok, err := s.st.CreateAPITokenExpiring(c.Request().Context(), u.ID, req.Name, exp)
+	if err != nil {
+		return err
+	}
+	out := tokenJSON(&tok, s.st.Now())
+	out.Token = secret
+	c.Response().Header().Set("Location", "/api/v1/tokens/"+strconv.FormatInt(tok.ID, 10))
+	return writeJSON(c, http.StatusCreated, out)
+}
+
+// apiRevokeToken revokes a token: the caller's own, or anyone's for an
+// admin. Someone else's token is 404 to others, as if it did not exist.
+func (s *Server) apiRevokeToken(c echo.Context) error {
+	u, err := currentUser(c)
+	if err != nil {
+		return err
+	}
+	id, err := strconv.ParseInt(c.Param("id"), 10, 64)
+	if err != nil {
+		return allot.Errorf(allot.ENotFound, "no API token %q", c.Param("id"))
+	}
+	if _, err := s.st.RevokeAPIToken(c.Request().Context(), id, u); err != nil {
+		return err
+	}
+	return c.NoContent(http.StatusNoContent)
+}
