@@ -3,8 +3,6 @@ package web
 import (
 	"net"
 	"net/http"
-	"net/url"
-	"strings"
 	"time"
 
 	"github.com/allotlabs/allot/internal/allot"
@@ -66,14 +64,8 @@ func (s *Server) apiSetWebhook(c echo.Context) error {
 	if err := decodeStrict(c.Request().Body, &body); err != nil {
 		return err
 	}
-	if body.URL != "" {
-		p, err := url.Parse(body.URL)
-		if err != nil || (p.Scheme != "https" && p.Scheme != "http") || p.Host == "" {
-			return (allot.FieldErrors{"url": "must be an http(s) URL, e.g. https://hooks.slack.com/services/…"}).Err()
-		}
-		if host := p.Hostname(); host == "localhost" || strings.HasSuffix(host, ".localhost") || isPrivateIP(host) {
-			return (allot.FieldErrors{"url": "must not point at this machine or a private network address"}).Err()
-		}
+	if msg := webhookProblem(body.URL); msg != "" {
+		return (allot.FieldErrors{"url": msg}).Err()
 	}
 	if err := s.st.SetTeamWebhook(c.Request().Context(), team, body.URL); err != nil {
 		return err
