@@ -233,6 +233,20 @@ func parseJobFilter(c echo.Context, u *allot.User) (store.JobFilter, error) {
 		}
 		f.State = state
 	}
+	if t := c.QueryParam("tier"); t != "" {
+		tier, ok := allot.ParseTier(t)
+		if !ok {
+			errs.Add("tier", "must be 1, 2, 3, 4 or preemptible, not %q", t)
+		}
+		f.Tier = tier
+	}
+	f.NameContains = strings.TrimSpace(c.QueryParam("q"))
+	if len(f.NameContains) > 128 {
+		errs.Add("q", "must be at most 128 characters")
+	}
+	if mine := c.QueryParam("mine"); mine == "1" || mine == "true" || c.QueryParam("user") == "me" {
+		f.UserID = u.ID
+	}
 	for name, dst := range map[string]*int64{"before": &f.BeforeID} {
 		if v := c.QueryParam(name); v != "" {
 			n, err := strconv.ParseInt(v, 10, 64)
@@ -327,11 +341,15 @@ func (s *Server) loadJob(c echo.Context, u *allot.User) (allot.Job, error) {
 }
 
 func (s *Server) apiGetJob(c echo.Context) error {
-	_, j, err := s.visibleJob(c)
+	u, j, err := s.visibleJob(c)
 	if err != nil {
 		return err
 	}
-	return writeJSON(c, http.StatusOK, toJSON(&j))
+	x, err := s.jobExplain(c, u, &j)
+	if err != nil {
+		return err
+	}
+	return writeJSON(c, http.StatusOK, jobDetailJSON(&j, x))
 }
 
 // JobLogJSON is the body of GET /api/v1/jobs/{id}/log.

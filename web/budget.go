@@ -2,11 +2,14 @@ package web
 
 import (
 	"fmt"
+	"math"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/scheduler"
 	"github.com/allotlabs/allot/internal/store"
 	"github.com/allotlabs/allot/views"
 	"github.com/labstack/echo/v4"
@@ -26,6 +29,17 @@ type BudgetJSON struct {
 	Cost           string            `json:"cost"`
 	Currency       string            `json:"currency"`
 	Alerts         []AlertJSON       `json:"alerts"`
+	// ByKind is this month's usage by job type: the tier the jobs ran as
+	// and the GPU type they held.
+	ByKind []KindHoursJSON `json:"by_tier_and_gpu_type"`
+	kinds  []store.KindUsage
+}
+
+// KindHoursJSON is one job type's GPU-hours.
+type KindHoursJSON struct {
+	Tier     string `json:"tier"`
+	GPUType  string `json:"gpu_type"`
+	GPUHours string `json:"gpu_hours"`
 }
 
 // UserHoursJSON is one user's GPU-hours.
@@ -133,6 +147,14 @@ func (s *Server) teamBudget(c echo.Context) (BudgetJSON, *store.TeamUsage, error
 		cum += d.GPUSeconds
 		out.Daily = append(out.Daily, DayHoursJSON{Day: d.Day.Format("2006-01-02"), GPUHours: allot.Hours(d.GPUSeconds), Cumulative: allot.Hours(cum)})
 	}
+	kinds, err := s.st.TeamUsageByKind(c.Request().Context(), team, usage.Month, usage.UpTo)
+	if err != nil {
+		return out, nil, err
+	}
+	out.ByKind, out.kinds = []KindHoursJSON{}, kinds
+	for _, k := range kinds {
+		out.ByKind = append(out.ByKind, KindHoursJSON{Tier: string(k.Tier), GPUType: k.GPUType, GPUHours: allot.Hours(k.GPUSeconds)})
+	}
 	alerts, err := s.st.BudgetAlerts(c.Request().Context(), []string{team}, 20)
 	if err != nil {
 		return out, nil, err
@@ -209,5 +231,143 @@ func (s *Server) teamPage(c echo.Context) error {
 	for _, a := range b.Alerts {
 		p.Alerts = append(p.Alerts, a.Message)
 	}
+	if err := s.teamExtras(c, &p, b, usage); err != nil {
+		return err
+	}
 	return render(c, http.StatusOK, views.TeamBudgetView(p))
+}
+
+// FairShareJSON is the body of GET /api/v1/fairshare: every team's
+// standing, like Slurm's sshare, computed by the scheduler core from the
+// inputs a scheduling cycle reads (team weights, decayed usage).
+type FairShareJSON struct {
+	HalfLifeS int64              `json:"half_life_s"`
+	Teams     []FairShareRowJSON `json:"teams"`
+	Method    string             `json:"method"`
+}
+
+// FairShareRowJSON is one team's line.
+type FairShareRowJSON struct {
+	Team           string     `json:"team"`
+	RawShares      int        `json:"raw_shares"`
+	NormShares     float64    `json:"norm_shares"`
+	RawUsageGPUSec float64    `json:"raw_usage_gpu_seconds"`
+	EffectiveUsage float64    `json:"effective_usage"`
+	FairShare      float64    `json:"fair_share"`
+	UsageAsOf      *time.Time `json:"usage_as_of"`
+}
+
+const fairShareMethod = "Raw shares = the team's fair-share weight; norm shares S = weight ÷ Σ weights; raw usage = the team's GPU-seconds, " +
+	"decayed with the policy's half-life (updated every minute); effective usage U = raw usage ÷ Σ raw usage; fair-share factor F = 2^(−U/S). " +
+	"These are the scheduler core's own numbers: the same function a scheduling cycle runs, on the same inputs."
+
+// fairShare computes every team's standing with the scheduler core.
+func (s *Server) fairShare(c echo.Context) (FairShareJSON, error) {
+	ctx := c.Request().Context()
+	in, err := s.st.TeamShareInputs(ctx)
+	if err != nil {
+		return FairShareJSON{}, err
+	}
+	p, err := s.st.CurrentPolicy(ctx)
+	if err != nil {
+		return FairShareJSON{}, err
+	}
+	snap := scheduler.Snapshot{}
+	for _, t := range in {
+		snap.Teams = append(snap.Teams, scheduler.Team{Name: t.Team, Weight: float64(t.Weight), Usage: t.UsageGPUSec})
+	}
+	plan := scheduler.Schedule(snap, s.st.Now(), scheduler.Policy{})
+	out := FairShareJSON{HalfLifeS: int64(p.HalfLife / time.Second), Method: fairShareMethod, Teams: []FairShareRowJSON{}}
+	byTeam := map[string]scheduler.TeamShare{}
+	for _, sh := range plan.Shares {
+		byTeam[sh.Team] = sh
+	}
+	for _, t := range in {
+		sh := byTeam[t.Team]
+		out.Teams = append(out.Teams, FairShareRowJSON{Team: t.Team, RawShares: t.Weight, NormShares: sh.NormShares, RawUsageGPUSec: math.Round(sh.RawUsage),
+			EffectiveUsage: sh.EffectiveUsage, FairShare: sh.FairShare, UsageAsOf: timePtr(t.UsageAsOf)})
+	}
+	return out, nil
+}
+
+func (s *Server) apiFairShare(c echo.Context) error {
+	f, err := s.fairShare(c)
+	if err != nil {
+		return err
+	}
+	return writeJSON(c, http.StatusOK, f)
+}
+
+// teamExtras adds the team page's usage by job type and user, alert
+// history, right-sizing findings and fair-share standing.
+func (s *Server) teamExtras(c echo.Context, p *views.TeamBudget, b BudgetJSON, usage *store.TeamUsage) error {
+	ctx := c.Request().Context()
+	u, err := currentUser(c)
+	if err != nil {
+		return err
+	}
+	total := usage.UsedGPUSeconds
+	p.KindChart = views.BarChart{ID: "chart-kind", Title: "GPU-hours this month by tier as run and GPU type"}
+	for _, k := range b.kinds {
+		pct := "—"
+		if total > 0 {
+			pct = strconv.FormatFloat(float64(k.GPUSeconds)*100/float64(total), 'f', 1, 64) + " %"
+		}
+		p.ByKind = append(p.ByKind, views.KindRow{Tier: string(k.Tier), GPUType: k.GPUType, GPUHours: allot.Hours(k.GPUSeconds), Pct: pct})
+		p.KindChart.Bars = append(p.KindChart.Bars, views.Bar{Label: "tier " + string(k.Tier) + " · " + k.GPUType, Text: allot.Hours(k.GPUSeconds) + " GPU-h",
+			Parts: []views.BarPart{{Value: float64(k.GPUSeconds), Class: "b-tier-" + string(k.Tier)}}})
+	}
+	p.UserChart = views.BarChart{ID: "chart-users", Title: "GPU-hours this month by user"}
+	for _, x := range usage.ByUser {
+		p.UserChart.Bars = append(p.UserChart.Bars, views.Bar{Label: x.User, Text: allot.Hours(x.GPUSeconds) + " GPU-h",
+			Parts: []views.BarPart{{Value: float64(x.GPUSeconds), Class: "b-alloc"}}})
+	}
+
+	alerts, err := s.st.BudgetAlerts(ctx, []string{b.Team}, 24)
+	if err != nil {
+		return err
+	}
+	p.AlertsNote = "Budget alerts fire once a month at the warning and demotion thresholds, to the team's webhook and here."
+	if len(alerts) == 0 {
+		p.AlertsNote = "No budget alert has fired for this team. " + p.AlertsNote
+	}
+	for _, a := range alerts {
+		p.AlertHistory = append(p.AlertHistory, fmt.Sprintf("%s · %d %%: %s", fmtTime(a.FiredAt), a.ThresholdPct, a.Message))
+	}
+
+	scope, who, err := rightSizingScope(u, b.Team)
+	if err != nil {
+		return err
+	}
+	rep, err := s.st.RightSizing(ctx, usage.Month, usage.UpTo, scope)
+	if err != nil {
+		return err
+	}
+	p.FindingsScope = who + ", " + usage.Month.Format("January 2006")
+	p.FindingsURL = "/rightsizing?period=month&team=" + b.Team
+	// The largest savings first; the full report has the rest.
+	const maxFindings = 20
+	if n := len(rep.Jobs); n > maxFindings {
+		p.FindingsScope += fmt.Sprintf(": the %d jobs with the largest savings of %d flagged", maxFindings, n)
+		rep.Jobs = rep.Jobs[:maxFindings]
+	}
+	for _, j := range rep.Jobs {
+		for _, f := range j.Flags {
+			p.Findings = append(p.Findings, views.RightSizingJob{JobID: j.JobID, JobURL: fmt.Sprintf("/jobs/%d", j.JobID), Name: j.Name, Team: j.Team,
+				User: j.User, GPUType: j.GPUType, GPUs: j.GPUs, GPUHours: gpuHours(j.GPUSeconds), MeanUtil: pct(j.MeanUtilPct),
+				Cost: j.Cost.Decimal(), Rule: f.Rule, Suggestion: f.Suggestion, Savings: f.Savings.Decimal()})
+		}
+	}
+
+	fs, err := s.fairShare(c)
+	if err != nil {
+		return err
+	}
+	for _, t := range fs.Teams {
+		p.FairShare = append(p.FairShare, views.FairShareRow{Team: t.Team, RawShares: t.RawShares, NormShares: strconv.FormatFloat(t.NormShares, 'f', 4, 64),
+			RawUsage: strconv.FormatFloat(t.RawUsageGPUSec/3600, 'f', 1, 64), EffectiveUsage: strconv.FormatFloat(t.EffectiveUsage, 'f', 4, 64),
+			FairShare: strconv.FormatFloat(t.FairShare, 'f', 4, 64), This: t.Team == b.Team})
+	}
+	p.FairShareNote = fairShareMethod + fmt.Sprintf(" Half-life now: %s.", allot.FormatDuration(time.Duration(fs.HalfLifeS)*time.Second))
+	return nil
 }

@@ -2,12 +2,15 @@ package web
 
 import (
 	"fmt"
+	"math"
 	"net/http"
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/billing"
 	"github.com/allotlabs/allot/internal/store"
 	"github.com/allotlabs/allot/views"
 	"github.com/labstack/echo/v4"
@@ -43,10 +46,15 @@ func (s *Server) jobsPage(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	l := views.JobsList{Page: s.page(c, "Jobs"), Teams: teams, Team: f.Team, State: string(f.State), CanSubmit: u.Admin || len(u.Memberships) > 0}
+	l := views.JobsList{Page: s.page(c, "Jobs"), Teams: teams, Team: f.Team, State: string(f.State), CanSubmit: u.Admin || len(u.Memberships) > 0,
+		Tier: string(f.Tier), Query: f.NameContains, Mine: f.UserID != 0}
 	for _, st := range allot.JobStates {
 		l.States = append(l.States, views.Option{Value: string(st), Label: string(st)})
 	}
+	for _, t := range allot.Tiers {
+		l.Tiers = append(l.Tiers, views.Option{Value: string(t), Label: "tier " + string(t)})
+	}
+	l.Filtered = describeFilter(f)
 	for i := range jobs {
 		l.Rows = append(l.Rows, jobRow(&jobs[i]))
 	}
@@ -71,12 +79,19 @@ func (s *Server) jobPage(c echo.Context) error {
 	d := views.JobDetail{Page: s.page(c, j.Name), Job: jobRow(&j), Command: allot.JoinCommand(j.Command), WorkDir: j.WorkDir,
 		GPUsPerNode: j.GPUsPerNode, Checkpointable: j.Checkpointable, Demoted: j.Demoted, Started: fmtTime(j.StartedAt), Ended: fmtTime(j.EndedAt),
 		Priority:  strconv.FormatFloat(j.Priority, 'f', 0, 64),
-		Breakdown: fmt.Sprintf("class %d · fair share %.3f · size %.3f · age %.3f", j.Breakdown.Class, j.Breakdown.FairShare, j.Breakdown.Size, j.Breakdown.Age),
 		CanCancel: (j.State == allot.JobPending || j.State == allot.JobRunning) && (u.Admin || u.ID == j.UserID || u.LeadOf(j.Team))}
 	if j.ExitCode != nil {
 		d.ExitCode = strconv.Itoa(*j.ExitCode)
 	}
 	d.Live = j.State == allot.JobPending || j.State == allot.JobRunning
+	x, err := s.jobExplain(c, u, &j)
+	if err != nil {
+		return err
+	}
+	explainView(&d, &j, x)
+	if u.CanSubmitFor(j.Team) {
+		d.ResubmitURL = fmt.Sprintf("/jobs/new?copy=%d", j.ID)
+	}
 	d.Segment, d.Preemptions, d.EndReason, d.RunAs = j.Segment, j.Preemptions, j.EndReason, string(j.RunAs)
 	if d.Log, err = s.st.JobLog(c.Request().Context(), j.ID); err != nil {
 		return err
@@ -90,6 +105,49 @@ func (s *Server) jobPage(c echo.Context) error {
 		d.Env = append(d.Env, views.Option{Value: k, Label: j.Env[k]})
 	}
 	return render(c, http.StatusOK, views.JobDetailView(d))
+}
+
+// copyValues fills the submit form from j's spec. A job demoted for budget
+// is copied as asked (the budget check runs again); one whose tier is
+// preemptible stays preemptible.
+func copyValues(j *allot.Job) views.JobFormValues {
+	keys := make([]string, 0, len(j.Env))
+	for k := range j.Env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	env := make([]string, len(keys))
+	for i, k := range keys {
+		env[i] = k + "=" + j.Env[k]
+	}
+	v := views.JobFormValues{Name: j.Name, Team: j.Team, Tier: string(j.Tier), GPUs: strconv.Itoa(j.GPUs), GPUType: j.GPUType,
+		TimeLimit: allot.FormatDuration(j.TimeLimit), Command: allot.JoinCommand(j.Command), Env: strings.Join(env, "\n"), WorkDir: j.WorkDir,
+		Checkpointable: j.Checkpointable, Preemptible: j.Preemptible && !j.Demoted}
+	if j.GPUsPerNode > 0 {
+		v.GPUsPerNode = strconv.Itoa(j.GPUsPerNode)
+	}
+	return v
+}
+
+// describeFilter says in words which filters the jobs list applies.
+func describeFilter(f store.JobFilter) string {
+	var parts []string
+	if f.Team != "" {
+		parts = append(parts, "team "+f.Team)
+	}
+	if f.State != "" {
+		parts = append(parts, string(f.State)+" jobs")
+	}
+	if f.Tier != "" {
+		parts = append(parts, "tier "+string(f.Tier))
+	}
+	if f.NameContains != "" {
+		parts = append(parts, fmt.Sprintf("names containing %q", f.NameContains))
+	}
+	if f.UserID != 0 {
+		parts = append(parts, "only your jobs")
+	}
+	return strings.Join(parts, ", ")
 }
 
 // formSpec parses the submit form. Problems that stop a field from being
@@ -171,9 +229,26 @@ func (s *Server) newJobPage(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	f, err := s.jobForm(c, u, views.JobFormValues{Tier: "3", GPUs: "1", TimeLimit: "4h"})
+	v := views.JobFormValues{Tier: "3", GPUs: "1", TimeLimit: "4h"}
+	title := ""
+	if id := c.QueryParam("copy"); id != "" {
+		// Resubmit as a copy: the form pre-filled from the job's spec; what
+		// is submitted is a new job.
+		c.SetParamNames("id")
+		c.SetParamValues(id)
+		j, err := s.loadJob(c, u)
+		if err != nil {
+			return err
+		}
+		v = copyValues(&j)
+		title = fmt.Sprintf("Copy of job %d: check the values and submit to create a new job.", j.ID)
+	}
+	f, err := s.jobForm(c, u, v)
 	if err != nil {
 		return err
+	}
+	if title != "" {
+		f.Flash = title
 	}
 	return render(c, http.StatusOK, views.JobFormView(f))
 }
@@ -248,4 +323,398 @@ func (s *Server) cancelJobForm(c echo.Context) error {
 		return err
 	}
 	return redirect(c, fmt.Sprintf("/jobs/%d", j.ID))
+}
+
+// jobExplanation is what the job page and GET /api/v1/jobs/{id} explain
+// beyond the job's own row.
+type jobExplanation struct {
+	Now      time.Time
+	Policy   allot.Policy
+	Segments []store.RunSegment
+	// Queue and the start estimate, for pending jobs.
+	Queue      *store.QueuePosition
+	ETA        time.Time // zero: unknown
+	ETAUnknown string    // why, when unknown
+	Cost       billing.Total
+	Currency   string
+	Util       []store.GPUUtilPoint
+}
+
+// etaMethod explains the start estimate (shown on the page and in the API).
+const etaMethod = "Estimate: the earliest time enough GPUs that this job may use (its GPU type, nodes that are up, on-premise for tiers 1–2; " +
+	"one node, or whole nodes of one interconnect domain for a multi-node job) are free, counting each running job as ending at its time limit. " +
+	"It assumes the jobs ahead of it in the queue do not take those GPUs first, so with jobs ahead it is a lower bound; preemption can make it earlier."
+
+// jobExplain loads the timeline, queue position, start estimate, cost so
+// far and utilization of j.
+func (s *Server) jobExplain(c echo.Context, u *allot.User, j *allot.Job) (jobExplanation, error) {
+	ctx := c.Request().Context()
+	x := jobExplanation{Now: s.st.Now().UTC()}
+	var err error
+	if x.Policy, err = s.st.CurrentPolicy(ctx); err != nil {
+		return x, err
+	}
+	if x.Segments, err = s.st.JobSegments(ctx, j.ID); err != nil {
+		return x, err
+	}
+	if j.State == allot.JobPending {
+		q, err := s.st.QueuePositionOf(ctx, j)
+		if err != nil {
+			return x, err
+		}
+		x.Queue = &q
+		loads, err := s.st.NodeLoads(ctx)
+		if err != nil {
+			return x, err
+		}
+		x.ETA, x.ETAUnknown = estimateStart(j, loads, x.Now)
+	}
+	card, err := s.st.RateCard(ctx)
+	if err != nil {
+		return x, err
+	}
+	x.Currency = card.Currency()
+	segs, err := s.st.JobUsageSegments(ctx, j.ID, x.Now)
+	if err != nil {
+		return x, err
+	}
+	if len(segs) > 0 {
+		pieces, err := billing.Split(card, segs)
+		if err != nil {
+			return x, err
+		}
+		lines, err := billing.Lines(pieces)
+		if err != nil {
+			return x, err
+		}
+		sum, err := billing.Totals(lines)
+		if err != nil {
+			return x, err
+		}
+		x.Cost = sum.Total
+	}
+	if x.Util, err = s.st.JobGPUUtil(ctx, j.ID); err != nil {
+		return x, err
+	}
+	return x, nil
+}
+
+// estimateStart is the earliest instant at which, by the running jobs'
+// time limits, enough GPUs that j may use are free (see etaMethod). It
+// returns a zero time and why when no node that is up can ever hold j.
+func estimateStart(j *allot.Job, loads []store.NodeLoad, now time.Time) (time.Time, string) {
+	eligible := func(n *store.NodeLoad) bool {
+		return n.State == "up" && (j.GPUType == "" || n.GPUType == j.GPUType) && (!j.Tier.Production() || n.Site == allot.SiteOnPrem)
+	}
+	// freeAt is when k GPUs of n are free (k ≤ n.GPUs).
+	freeAt := func(n *store.NodeLoad, k int) time.Time {
+		missing := k - (n.GPUs - len(n.Frees))
+		if missing <= 0 {
+			return now
+		}
+		t := n.Frees[missing-1]
+		if t.Before(now) {
+			return now // past its limit: the agent is stopping it
+		}
+		return t
+	}
+	var best time.Time
+	try := func(t time.Time) {
+		if best.IsZero() || t.Before(best) {
+			best = t
+		}
+	}
+	perNode := j.GPUsPerNode
+	single := perNode == 0 || perNode >= j.GPUs
+	if single {
+		for i := range loads {
+			if n := &loads[i]; eligible(n) && n.GPUs >= j.GPUs {
+				try(freeAt(n, j.GPUs))
+			}
+		}
+	}
+	// Multi-node: whole nodes of one domain (the scheduler's rule), taken
+	// in the order they free up.
+	domains := map[string][]time.Time{}
+	caps := map[string][]int{}
+	for i := range loads {
+		n := &loads[i]
+		if !eligible(n) || n.Domain == "" || (perNode > 0 && n.GPUs < perNode) {
+			continue
+		}
+		domains[n.Domain] = append(domains[n.Domain], freeAt(n, n.GPUs))
+		caps[n.Domain] = append(caps[n.Domain], n.GPUs)
+	}
+	if perNode == 0 || perNode < j.GPUs {
+		for d, ts := range domains {
+			idx := make([]int, len(ts))
+			for i := range idx {
+				idx[i] = i
+			}
+			sort.Slice(idx, func(a, b int) bool { return ts[idx[a]].Before(ts[idx[b]]) })
+			got := 0
+			for _, i := range idx {
+				if perNode > 0 {
+					got += perNode
+				} else {
+					got += caps[d][i]
+				}
+				if got >= j.GPUs {
+					try(ts[i])
+					break
+				}
+			}
+		}
+	}
+	if best.IsZero() {
+		what := "GPUs"
+		if j.GPUType != "" {
+			what = j.GPUType + " GPUs"
+		}
+		return time.Time{}, fmt.Sprintf("unknown: no node that is up has enough %s for this job (%d GPUs%s), so no running job's end frees them", what, j.GPUs,
+			map[bool]string{true: ", on-premise", false: ""}[j.Tier.Production()])
+	}
+	return best, ""
+}
+
+// PriorityFactorJSON is one row of the sprio-like breakdown: the factor in
+// 0..1, its weight in the policy and the points it gives (weight × factor).
+type PriorityFactorJSON struct {
+	Name   string  `json:"name"`
+	Factor float64 `json:"factor"`
+	Weight int     `json:"weight"`
+	Points float64 `json:"points"`
+}
+
+// QueueJSON is a pending job's queue position and start estimate.
+type QueueJSON struct {
+	Position       int        `json:"position"`
+	Of             int        `json:"of"`
+	AheadGPUHours  string     `json:"ahead_gpu_hours"`
+	EstimatedStart *time.Time `json:"estimated_start"` // null: unknown
+	Unknown        string     `json:"estimate_unknown_because,omitempty"`
+	Method         string     `json:"estimate_method"`
+}
+
+// CostJSON is what a job has cost so far, by the billing rules.
+type CostJSON struct {
+	Amount   string `json:"amount"`
+	Charges  string `json:"charges"`
+	Credits  string `json:"preemption_credits"`
+	GPUHours string `json:"gpu_hours"`
+	Currency string `json:"currency"`
+	UpTo     string `json:"up_to"`
+}
+
+// RunJSON is one run segment.
+type RunJSON struct {
+	Segment     int        `json:"segment"`
+	Nodes       []string   `json:"nodes"`
+	GPUs        int        `json:"gpus"`
+	Start       time.Time  `json:"start"`
+	End         *time.Time `json:"end"`
+	StopReason  string     `json:"stop_reason"`
+	PreemptedBy int64      `json:"preempted_by,omitempty"`
+}
+
+// GPUUtilJSON is one GPU's mean utilization over [at, at + width_s).
+type GPUUtilJSON struct {
+	GPU     string    `json:"gpu"`
+	At      time.Time `json:"at"`
+	WidthS  int64     `json:"width_s"`
+	UtilPct float64   `json:"util_pct"`
+}
+
+// JobDetailJSON is the body of GET /api/v1/jobs/{id}: the job and what its
+// page explains.
+type JobDetailJSON struct {
+	JobJSON
+	PriorityFactors []PriorityFactorJSON `json:"priority_factors"`
+	Queue           *QueueJSON           `json:"queue"`
+	Cost            CostJSON             `json:"cost_so_far"`
+	Runs            []RunJSON            `json:"runs"`
+	GPUUtil         []GPUUtilJSON        `json:"gpu_util"`
+}
+
+func priorityFactors(j *allot.Job, p allot.Policy) []PriorityFactorJSON {
+	b := j.Breakdown
+	pts := func(w int, f float64) float64 { return math.Round(float64(w)*f*10) / 10 }
+	return []PriorityFactorJSON{
+		{Name: "fair-share", Factor: b.FairShare, Weight: p.WeightFairShare, Points: pts(p.WeightFairShare, b.FairShare)},
+		{Name: "size", Factor: b.Size, Weight: p.WeightSize, Points: pts(p.WeightSize, b.Size)},
+		{Name: "age", Factor: b.Age, Weight: p.WeightAge, Points: pts(p.WeightAge, b.Age)},
+	}
+}
+
+func money(micros int64, currency string) string {
+	return allot.Money{Micros: micros, Currency: currency}.Decimal()
+}
+
+func jobDetailJSON(j *allot.Job, x jobExplanation) JobDetailJSON {
+	out := JobDetailJSON{JobJSON: toJSON(j), PriorityFactors: priorityFactors(j, x.Policy), Runs: []RunJSON{}, GPUUtil: []GPUUtilJSON{},
+		Cost: CostJSON{Amount: money(x.Cost.Amount, x.Currency), Charges: money(x.Cost.Charges, x.Currency), Credits: money(x.Cost.Credits, x.Currency),
+			GPUHours: gpuHours(x.Cost.GPUSeconds), Currency: x.Currency, UpTo: x.Now.Format(time.RFC3339)}}
+	if x.Queue != nil {
+		q := &QueueJSON{Position: x.Queue.Position, Of: x.Queue.Of, AheadGPUHours: gpuHours(x.Queue.AheadGPUSeconds), Method: etaMethod, Unknown: x.ETAUnknown}
+		if !x.ETA.IsZero() {
+			t := x.ETA.UTC()
+			q.EstimatedStart = &t
+		}
+		out.Queue = q
+	}
+	for _, r := range x.Segments {
+		out.Runs = append(out.Runs, RunJSON{Segment: r.Segment, Nodes: r.Nodes, GPUs: r.GPUs, Start: r.Start, End: timePtr(r.End),
+			StopReason: r.StopReason, PreemptedBy: r.PreemptedBy})
+	}
+	for _, p := range x.Util {
+		out.GPUUtil = append(out.GPUUtil, GPUUtilJSON{GPU: p.GPU, At: p.At, WidthS: int64(p.Width / time.Second), UtilPct: round1(p.UtilPct)})
+	}
+	return out
+}
+
+// timeline turns the job and its run segments into the steps of its life.
+func timeline(j *allot.Job, segs []store.RunSegment, now time.Time) []views.TimelineEvent {
+	ev := []views.TimelineEvent{{At: fmtTime(j.SubmittedAt), Kind: "submitted", What: "Submitted",
+		Detail: fmt.Sprintf("by %s, tier %s, %d GPUs", j.User, j.Tier, j.GPUs)}}
+	for i, r := range segs {
+		nodes := strings.Join(r.Nodes, ", ")
+		ev = append(ev, views.TimelineEvent{At: fmtTime(r.Start), Kind: "started", What: fmt.Sprintf("Run %d started", r.Segment),
+			Detail: fmt.Sprintf("%d GPUs on %s", r.GPUs, nodes)})
+		last := i == len(segs)-1
+		switch {
+		case r.End.IsZero():
+			ev = append(ev, views.TimelineEvent{At: "now", Kind: "running", What: fmt.Sprintf("Run %d running", r.Segment),
+				Detail: "for " + allot.FormatDuration(now.Sub(r.Start).Round(time.Second))})
+		case strings.Contains(r.StopReason, "preempted"):
+			d := "requeued with its original submit time"
+			if r.PreemptedBy > 0 {
+				d = fmt.Sprintf("by job %d; ", r.PreemptedBy) + d
+			}
+			ev = append(ev, views.TimelineEvent{At: fmtTime(r.End), Kind: "preempted", What: fmt.Sprintf("Run %d preempted", r.Segment), Detail: d})
+		case !last || j.State == allot.JobPending:
+			why := r.StopReason
+			if why == "" {
+				why = "its node was lost"
+			}
+			ev = append(ev, views.TimelineEvent{At: fmtTime(r.End), Kind: "requeued", What: fmt.Sprintf("Run %d stopped, requeued", r.Segment), Detail: why})
+		default:
+			if j.EndedAt.IsZero() {
+				ev = append(ev, views.TimelineEvent{At: fmtTime(r.End), Kind: "ended", What: fmt.Sprintf("Run %d released its GPUs", r.Segment), Detail: r.StopReason})
+			}
+		}
+	}
+	if !j.EndedAt.IsZero() {
+		d := j.EndReason
+		if j.ExitCode != nil {
+			d = strings.TrimPrefix(strings.Join([]string{d, fmt.Sprintf("exit code %d", *j.ExitCode)}, "; "), "; ")
+		}
+		ev = append(ev, views.TimelineEvent{At: fmtTime(j.EndedAt), Kind: "ended", What: "Ended: " + string(j.State), Detail: d})
+	} else if j.State == allot.JobPending {
+		ev = append(ev, views.TimelineEvent{At: "now", Kind: "pending", What: "Waiting in the queue",
+			Detail: "for " + allot.FormatDuration(now.Sub(j.SubmittedAt).Round(time.Second))})
+	}
+	return ev
+}
+
+// utilChart draws each GPU's utilization over the job's life.
+func utilChart(j *allot.Job, pts []store.GPUUtilPoint, now time.Time) views.LineChart {
+	c := views.LineChart{ID: "chart-util", Title: "GPU utilization of this job, percent, per GPU", YUnit: "%", YMax: 100}
+	from, to := j.StartedAt, j.EndedAt
+	if to.IsZero() {
+		to = now
+	}
+	for _, p := range pts {
+		if from.IsZero() || p.At.Before(from) {
+			from = p.At
+		}
+		if e := p.At.Add(p.Width); e.After(to) {
+			to = e
+		}
+	}
+	if from.IsZero() || !to.After(from) {
+		return c
+	}
+	c.XMin, c.XMax = float64(from.Unix()), float64(to.Unix())
+	classes := []string{"s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8"}
+	idx := map[string]int{}
+	for _, p := range pts {
+		i, ok := idx[p.GPU]
+		if !ok {
+			i = len(c.Series)
+			idx[p.GPU] = i
+			c.Series = append(c.Series, views.ChartSeries{Name: "GPU " + p.GPU, Class: classes[i%len(classes)]})
+		}
+		s := &c.Series[i]
+		// A gap longer than two buckets breaks the line (between run segments).
+		if n := len(s.Points); n > 0 && float64(p.At.Unix())-s.Points[n-1].X > 2*p.Width.Seconds() {
+			s.Points = append(s.Points, views.ChartPoint{X: s.Points[n-1].X + 1, Y: views.NoValue})
+		}
+		s.Points = append(s.Points, views.ChartPoint{X: float64(p.At.Add(p.Width / 2).Unix()), Y: p.UtilPct})
+	}
+	span := to.Sub(from)
+	step := []time.Duration{time.Minute, 5 * time.Minute, 15 * time.Minute, time.Hour, 3 * time.Hour, 6 * time.Hour, 24 * time.Hour, 7 * 24 * time.Hour}
+	st := step[len(step)-1]
+	for _, d := range step {
+		if span/d <= 6 {
+			st = d
+			break
+		}
+	}
+	layout := "15:04"
+	if st >= 24*time.Hour {
+		layout = "Jan 2"
+	}
+	for t := from.Truncate(st).Add(st); t.Before(to); t = t.Add(st) {
+		c.XTicks = append(c.XTicks, views.ChartTick{At: float64(t.Unix()), Label: t.UTC().Format(layout)})
+	}
+	return c
+}
+
+// explainView fills the job page's explanations.
+func explainView(d *views.JobDetail, j *allot.Job, x jobExplanation) {
+	d.Timeline = timeline(j, x.Segments, x.Now)
+	total := 0.0
+	for _, f := range priorityFactors(j, x.Policy) {
+		meaning := map[string]string{
+			"fair-share": "2^(−U/S): the team's share of decayed cluster usage U against its normalized share S",
+			"size":       "GPUs ÷ cluster GPUs",
+			"age":        "wait ÷ " + allot.FormatDuration(x.Policy.MaxAge) + ", capped at 1",
+		}[f.Name]
+		d.Factors = append(d.Factors, views.PriorityFactor{Name: f.Name, Factor: strconv.FormatFloat(f.Factor, 'f', 4, 64), Weight: strconv.Itoa(f.Weight),
+			Points: strconv.FormatFloat(f.Points, 'f', 1, 64), Meaning: meaning})
+		total += f.Points
+	}
+	d.Factors = append(d.Factors, views.PriorityFactor{Name: "total", Points: strconv.FormatFloat(math.Round(total), 'f', 0, 64),
+		Meaning: "the sum; jobs of the same class are ordered by it, highest first"})
+	class := j.Breakdown.Class
+	if class == 0 {
+		class = j.Tier.Class()
+	}
+	d.ClassText = fmt.Sprintf("Class %d (tier %s) comes before priority: every job of a lower class number goes first. "+
+		"Factors as of the last scheduling cycle that looked at this job; before the first cycle they are all 0.", class, j.Tier)
+	if x.Queue != nil {
+		q := &views.QueueInfo{Position: x.Queue.Position, Of: x.Queue.Of, AheadGPUHours: trimHours(gpuHours(x.Queue.AheadGPUSeconds)), ETAMethod: etaMethod}
+		switch {
+		case x.ETA.IsZero():
+			q.ETA = x.ETAUnknown
+		case !x.ETA.After(x.Now) && x.Queue.Position == 1:
+			q.ETA = "now: enough GPUs are free; it starts at the next scheduling cycle unless a reservation holds them"
+		case !x.ETA.After(x.Now):
+			q.ETA = fmt.Sprintf("GPUs are free now, but %d job(s) ahead of it may take them first", x.Queue.Position-1)
+		case x.Queue.Position == 1:
+			q.ETA = fmt.Sprintf("about %s (in %s)", fmtTime(x.ETA), allot.FormatDuration(x.ETA.Sub(x.Now).Round(time.Minute)))
+		default:
+			q.ETA = fmt.Sprintf("not before %s (in %s); %d job(s) ahead of it may start first", fmtTime(x.ETA),
+				allot.FormatDuration(x.ETA.Sub(x.Now).Round(time.Minute)), x.Queue.Position-1)
+		}
+		d.Queue = q
+	}
+	d.Util = utilChart(j, x.Util, x.Now)
+	d.UtilNote = "Per GPU, as sampled by the agents: averaged into up to 60 buckets while the raw samples are kept, hourly from the metering rollup after that."
+	d.Cost = strings.TrimSpace(money(x.Cost.Amount, x.Currency) + " " + x.Currency)
+	d.CostNote = fmt.Sprintf("%s GPU-hours × the GPU type's rate × the multiplier of the tier it ran as, priced per hour like the bill", trimHours(gpuHours(x.Cost.GPUSeconds)))
+	if x.Cost.Credits != 0 {
+		d.CostNote += fmt.Sprintf("; includes a preemption credit of %s", money(x.Cost.Credits, x.Currency))
+	}
+	d.CostNote += "; up to " + fmtTime(x.Now) + "."
 }

@@ -238,3 +238,76 @@ func seedQueue(ctx context.Context, st *store.Store, users map[string]*allot.Use
 	}
 	return nil
 }
+
+// SeedActivity adds a week of recent activity to a seeded demo so the
+// dashboards have something true to draw: finished jobs of every team and
+// tier on the T4 nodes (gpu13–gpu16, which the month's history leaves free)
+// over the last 7 days, each having waited in the queue a tier-typical
+// time; hourly utilization rollups for the finished work of the last 8
+// days (store.SeedDemoMetering: some jobs run low, some leave GPUs idle,
+// some would fit a T4); and the teams' decayed fair-share usage from all
+// history. Each team's recent jobs add about 5 % of its monthly budget.
+// `allot dev` runs it after Seed; tests call it when they need history.
+func SeedActivity(ctx context.Context, st *store.Store) error {
+	now := st.Now().UTC()
+	teams, err := st.ListTeams(ctx)
+	if err != nil {
+		return err
+	}
+	members := map[string][]*allot.User{}
+	for _, p := range people {
+		if p.team == "" {
+			continue
+		}
+		u, err := st.UserByEmail(ctx, p.email)
+		if err != nil {
+			return fmt.Errorf("seeding activity: %w", err)
+		}
+		members[p.team] = append(members[p.team], &u)
+	}
+	type kind struct {
+		tier allot.TierID
+		wait time.Duration
+	}
+	kinds := []kind{{allot.Tier3, 25 * time.Minute}, {allot.Tier4, 70 * time.Minute}, {allot.Tier2, 3 * time.Minute},
+		{allot.TierPreemptible, 2 * time.Hour}, {allot.Tier1, time.Minute}}
+	names := []string{"eval", "sweep", "nightly", "hpo-trial", "incident-retrain"}
+	start := now.Add(-7 * 24 * time.Hour).Truncate(time.Hour)
+	k := 0
+	for ti, t := range teams {
+		// About 5 % of the budget over 7 days, in 4-GPU jobs on one T4 node.
+		node := fmt.Sprintf("gpu%02d", 13+ti%4)
+		perDay := time.Duration(float64(t.MonthlyBudgetGPUHours) * 0.05 / 7 / 4 * float64(time.Hour)).Round(time.Minute)
+		perDay = min(max(perDay, 10*time.Minute), 10*time.Hour)
+		for d := 0; d < 7; d++ {
+			for half := 0; half < 2; half++ {
+				s := start.Add(time.Duration(d)*24*time.Hour + time.Duration(half)*12*time.Hour + time.Duration(ti)*time.Hour)
+				e := s.Add(perDay / 2)
+				if !e.Before(now.Add(-time.Hour)) {
+					continue
+				}
+				kd := kinds[k%len(kinds)]
+				u := members[t.Slug][k%len(members[t.Slug])]
+				gpus := []int{0, 1, 2, 3}
+				if half == 1 {
+					gpus = []int{4, 5, 6, 7}
+				}
+				spec := allot.JobSpec{Name: fmt.Sprintf("%s-%s-%d", t.Slug, names[k%len(names)], k+1), Team: t.Slug, Tier: kd.tier, GPUs: 4,
+					GPUType: "T4", TimeLimit: 12 * time.Hour, Command: []string{"python", "train.py", "--config", names[k%len(names)] + ".yaml"}}
+				wait := kd.wait + time.Duration(k%5)*kd.wait/4
+				if err := st.RecordFinishedJob(ctx, u, spec, allot.JobCompleted, s.Add(-wait), s, e, node, gpus); err != nil {
+					return fmt.Errorf("seeding activity of %s: %w", t.Slug, err)
+				}
+				k++
+			}
+		}
+	}
+	if err := st.SeedDemoMetering(ctx, now.Add(-8*24*time.Hour), now); err != nil {
+		return err
+	}
+	p, err := st.CurrentPolicy(ctx)
+	if err != nil {
+		return err
+	}
+	return st.BackfillTeamUsage(ctx, p.HalfLife)
+}

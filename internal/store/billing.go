@@ -54,6 +54,16 @@ func (s *Store) RateCard(ctx context.Context) (*billing.RateCard, error) {
 // Demoted or preemptible jobs bill as preemptible; a segment ended by
 // preemption carries PreemptedAt for the preemption credit.
 func (s *Store) UsageSegments(ctx context.Context, from, to, upTo time.Time) ([]billing.Segment, error) {
+	return s.usageSegments(ctx, "", from, to, upTo)
+}
+
+// JobUsageSegments is UsageSegments for one job's whole life up to upTo:
+// what it has cost so far, by the same rules as the bill.
+func (s *Store) JobUsageSegments(ctx context.Context, jobID int64, upTo time.Time) ([]billing.Segment, error) {
+	return s.usageSegments(ctx, " AND a.job_id = $4", time.Unix(0, 0).UTC(), upTo, upTo, jobID)
+}
+
+func (s *Store) usageSegments(ctx context.Context, filter string, args ...any) ([]billing.Segment, error) {
 	rows, err := s.db.Query(ctx, `
 		SELECT a.job_id, a.segment, j.team, u.email, t.cost_center,
 			CASE WHEN j.run_as <> '' THEN j.run_as WHEN j.preemptible THEN 'preemptible' ELSE j.tier END,
@@ -65,10 +75,10 @@ func (s *Store) UsageSegments(ctx context.Context, from, to, upTo time.Time) ([]
 		JOIN users u ON u.id = j.user_id
 		JOIN teams t ON t.slug = j.team
 		JOIN nodes n ON n.name = a.node
-		WHERE a.started_at < least($2, $3) AND coalesce(a.released_at, 'infinity'::timestamptz) > $1
+		WHERE a.started_at < least($2, $3) AND coalesce(a.released_at, 'infinity'::timestamptz) > $1`+filter+`
 		GROUP BY a.job_id, a.segment, j.team, u.email, t.cost_center, j.run_as, j.preemptible, j.tier, n.gpu_type, a.node,
 			a.started_at, a.released_at, j.checkpointable
-		ORDER BY a.job_id, a.segment, a.node, a.started_at`, from, to, upTo)
+		ORDER BY a.job_id, a.segment, a.node, a.started_at`, args...)
 	if err != nil {
 		return nil, mapErr("loading usage", err)
 	}

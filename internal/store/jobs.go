@@ -241,12 +241,15 @@ func (s *Store) GetJob(ctx context.Context, id int64) (allot.Job, error) {
 
 // JobFilter selects jobs for ListJobs. Zero fields match everything.
 type JobFilter struct {
-	Teams    []string // restrict to these teams; nil = all teams
-	Team     string
-	State    allot.JobState
-	UserID   int64
-	BeforeID int64 // for paging: only jobs with id < BeforeID
-	Limit    int   // default 100, at most 1000; negative: no limit (internal use)
+	Teams  []string // restrict to these teams; nil = all teams
+	Team   string
+	State  allot.JobState
+	UserID int64
+	Tier   allot.TierID // as submitted
+	// NameContains matches a substring of the name, case-insensitively.
+	NameContains string
+	BeforeID     int64 // for paging: only jobs with id < BeforeID
+	Limit        int   // default 100, at most 1000; negative: no limit (internal use)
 }
 
 // ListJobs returns jobs matching f, newest first.
@@ -268,6 +271,12 @@ func (s *Store) ListJobs(ctx context.Context, f JobFilter) ([]allot.Job, error) 
 	}
 	if f.UserID != 0 {
 		add("j.user_id = $%d", f.UserID)
+	}
+	if f.Tier != "" {
+		add("j.tier = $%d", string(f.Tier))
+	}
+	if f.NameContains != "" {
+		add(`j.name ILIKE '%%' || $%d || '%%' ESCAPE '\'`, strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`).Replace(f.NameContains))
 	}
 	if f.BeforeID > 0 {
 		add("j.id < $%d", f.BeforeID)
