@@ -11,6 +11,7 @@ import (
 
 	"github.com/allotlabs/allot/internal/agentproto"
 	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/health"
 	"github.com/allotlabs/allot/internal/store"
 	"github.com/labstack/echo/v4"
 )
@@ -98,12 +99,15 @@ func (s *Server) agentHeartbeat(c echo.Context) error {
 		return err
 	}
 	samples := make([]store.GPUSample, 0, len(hb.GPUs))
+	readings := make([]health.GPU, 0, len(hb.GPUs))
 	f := allot.FieldErrors{}
 	for _, g := range hb.GPUs {
-		if g.Index < 0 || g.Index >= allot.MaxGPUsPerNode || g.UtilPct < 0 || g.UtilPct > 100 || g.MemUsedMiB < 0 || g.MemTotalMiB < 0 {
-			f.Add("gpus", "GPU %d: index must be 0..63, util 0..100, memory not negative", g.Index)
+		if g.Index < 0 || g.Index >= allot.MaxGPUsPerNode || g.UtilPct < 0 || g.UtilPct > 100 || g.MemUsedMiB < 0 || g.MemTotalMiB < 0 ||
+			g.ECCDoubleVol < 0 || g.ECCSingleVol < 0 || len(g.XIDs) > 64 {
+			f.Add("gpus", "GPU %d: index must be 0..63, util 0..100, memory and ECC counts not negative, at most 64 XIDs", g.Index)
 			continue
 		}
+		readings = append(readings, health.GPU{Index: g.Index, ECCDBE: g.ECCDoubleVol, XIDs: g.XIDs, Throttle: g.ThrottleReasons})
 		samples = append(samples, store.GPUSample{Index: g.Index, UtilPct: g.UtilPct, TempC: g.TempC, PowerW: g.PowerW, MemUsedMiB: g.MemUsedMiB,
 			MemTotalMiB: g.MemTotalMiB, ECCSingle: g.ECCSingleVol, ECCDouble: g.ECCDoubleVol, XIDs: g.XIDErrors, ThrottleReasons: g.ThrottleReasons})
 	}
@@ -120,6 +124,19 @@ func (s *Server) agentHeartbeat(c echo.Context) error {
 	}
 	if err := s.st.RecordJobStats(c.Request().Context(), node, stats); err != nil {
 		return err
+	}
+	if state != allot.NodeDown {
+		out, err := s.st.EvaluateHealth(c.Request().Context(), node, readings, hb.Health)
+		if err != nil {
+			return err
+		}
+		if len(out.Fired) > 0 {
+			s.log.Warn("node health rules fired", "node", node, "events", out.Fired, "state", out.State, "requeued", out.Requeued)
+		}
+		if out.Changed {
+			s.trigger(c)
+		}
+		state = out.State
 	}
 	return writeJSON(c, http.StatusOK, agentproto.HeartbeatReply{NodeState: state})
 }

@@ -2,15 +2,23 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
+	"text/tabwriter"
+	"time"
 
 	"github.com/allotlabs/allot/internal/agent"
 	"github.com/allotlabs/allot/internal/allot"
 	"github.com/allotlabs/allot/internal/store"
+	"github.com/allotlabs/allot/web"
 )
 
 // cmdNodeToken is `allot node-token create NAME`: an admin command that
@@ -109,8 +117,9 @@ func startDevAgents(ctx context.Context, m *Main, log *slog.Logger) (func(), err
 			mem = 15360
 		}
 		a := agent.New(agent.Config{Server: m.URL(), Token: tok, Hostname: n.Name, Domain: n.Domain, HeartbeatInterval: m.HeartbeatInterval,
-			Backend: agent.NewFake(agent.FakeOptions{GPUs: n.GPUCount, Model: n.GPUType, MemoryMiB: mem, Hostname: n.Name}),
-			Logger:  log.With("node", n.Name), ShutdownGrace: 5e9})
+			Backend: agent.NewFake(agent.FakeOptions{GPUs: n.GPUCount, Model: n.GPUType, MemoryMiB: mem, Hostname: n.Name,
+				FaultFile: DevFaultFile(n.Name)}),
+			Logger: log.With("node", n.Name), ShutdownGrace: 5e9})
 		go func() {
 			if err := a.Run(actx); err != nil && actx.Err() == nil {
 				log.Error("agent stopped", "node", n.Name, "err", err)
@@ -124,4 +133,115 @@ func startDevAgents(ctx context.Context, m *Main, log *slog.Logger) (func(), err
 			<-done
 		}
 	}, nil
+}
+
+// DevFaultFile is where `allot dev` agents read injected GPU faults, e.g.
+// echo '{"gpus":[{"index":0,"ecc_dbe":1}]}' > $TMPDIR/allot-dev-faults/gpu03.json
+func DevFaultFile(node string) string {
+	return filepath.Join(os.TempDir(), "allot-dev-faults", node+".json")
+}
+
+// cmdNode is `allot node list|drain|undrain`: admin node operations over
+// the JSON API.
+func cmdNode(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("node", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	def := os.Getenv("ALLOT_URL")
+	if def == "" {
+		def = "http://localhost:8080"
+	}
+	server := fs.String("server", def, "Allot server URL (env ALLOT_URL)")
+	token := fs.String("token", os.Getenv("ALLOT_TOKEN"), "API token (env ALLOT_TOKEN)")
+	reason := fs.String("reason", "", "drain: why (required)")
+	requeue := fs.Bool("requeue", false, "drain: also stop the node's running jobs with the policy's grace and requeue them")
+	note := fs.String("note", "", "undrain: why the node is fit again (required)")
+	usage := func() int {
+		fmt.Fprintln(stderr, "usage: allot node list | drain NAME --reason R [--requeue] | undrain NAME --note N")
+		return 2
+	}
+	// Flags may come before and after the verb and the name.
+	var pos []string
+	for rest := args; ; {
+		if err := fs.Parse(rest); err != nil {
+			return 2
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		pos = append(pos, fs.Arg(0))
+		rest = fs.Args()[1:]
+	}
+	if len(pos) == 0 {
+		return usage()
+	}
+	type call struct{ method, path, body string }
+	var c call
+	switch {
+	case pos[0] == "list" && len(pos) == 1:
+		c = call{"GET", "/api/v1/nodes", ""}
+	case pos[0] == "drain" && len(pos) == 2:
+		b, _ := json.Marshal(web.DrainJSON{Reason: *reason, Requeue: *requeue})
+		c = call{"POST", "/api/v1/nodes/" + url.PathEscape(pos[1]) + "/drain", string(b)}
+	case pos[0] == "undrain" && len(pos) == 2:
+		b, _ := json.Marshal(web.UndrainJSON{Note: *note})
+		c = call{"POST", "/api/v1/nodes/" + url.PathEscape(pos[1]) + "/undrain", string(b)}
+	default:
+		return usage()
+	}
+	req, err := http.NewRequest(c.method, strings.TrimRight(*server, "/")+c.path, strings.NewReader(c.body))
+	if err != nil {
+		fmt.Fprintf(stderr, "allot node: %v\n", err)
+		return 2
+	}
+	req.Header.Set("Authorization", "Bearer "+*token)
+	req.Header.Set("Accept", "application/json")
+	if c.body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+	if err != nil {
+		fmt.Fprintf(stderr, "allot node: %v\n", err)
+		return 1
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	if resp.StatusCode >= 300 {
+		var p web.Problem
+		if json.Unmarshal(body, &p) == nil && p.Detail != "" {
+			msg := p.Detail
+			for k, v := range p.Errors {
+				msg += fmt.Sprintf("; %s: %s", k, v)
+			}
+			fmt.Fprintf(stderr, "allot node %s: %s\n", pos[0], msg)
+		} else {
+			fmt.Fprintf(stderr, "allot node %s: %s\n", pos[0], resp.Status)
+		}
+		return 1
+	}
+	if pos[0] == "list" {
+		var out struct {
+			Nodes []web.NodeJSON `json:"nodes"`
+		}
+		if err := json.Unmarshal(body, &out); err != nil {
+			fmt.Fprintf(stderr, "allot node list: %v\n", err)
+			return 1
+		}
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "NODE\tSTATE\tGPUS\tSITE\tJOBS\tEVENTS\tREASON")
+		for _, n := range out.Nodes {
+			fmt.Fprintf(tw, "%s\t%s\t%d× %s\t%s\t%d\t%d\t%s\n", n.Name, n.State, n.GPUs, n.GPUType, n.Site, n.RunningJobs, n.OpenEvents, n.Reason)
+		}
+		tw.Flush()
+		return 0
+	}
+	var out struct {
+		Node     web.NodeJSON `json:"node"`
+		Requeued []int64      `json:"requeued"`
+	}
+	json.Unmarshal(body, &out) //nolint:errcheck
+	fmt.Fprintf(stdout, "node %s is %s\n", out.Node.Name, out.Node.State)
+	if len(out.Requeued) > 0 {
+		fmt.Fprintf(stdout, "requeueing jobs %v\n", out.Requeued)
+	}
+	return 0
 }

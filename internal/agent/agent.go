@@ -53,6 +53,12 @@ type Config struct {
 	LogTail        int           // lines of each job's output kept locally, default 200
 	// HTTPClient overrides the client's transport (tests); Timeout must be 0.
 	HTTPClient *http.Client
+	// HealthCmd is the node's health check program (--health-cmd), run
+	// every HealthInterval (default 60s) with a timeout of the interval (at
+	// most 5 minutes): a non-zero exit, a timeout or a failure to start
+	// reports the node unhealthy with its output. "" = none.
+	HealthCmd      string
+	HealthInterval time.Duration
 }
 
 func (c *Config) defaults() {
@@ -89,6 +95,9 @@ func (c *Config) defaults() {
 	if c.LogTail <= 0 {
 		c.LogTail = 200
 	}
+	if c.HealthInterval <= 0 {
+		c.HealthInterval = 60 * time.Second
+	}
 }
 
 // DefaultBaseEnv returns PATH, HOME, LANG, USER and TMPDIR from the
@@ -118,17 +127,24 @@ type Agent struct {
 
 	mu   sync.Mutex
 	jobs map[agentproto.LeaseRef]*job
+
+	// XID counts per GPU that the server has accepted in a heartbeat.
+	xidMu   sync.Mutex
+	xidSent map[int]int64
+	// health is the last failed health check's report ("" = passing).
+	health atomic.Pointer[string]
 }
 
 // New returns an agent for cfg. Nothing happens until Run.
 func New(cfg Config) *Agent {
 	cfg.defaults()
 	a := &Agent{
-		cfg:    cfg,
-		log:    cfg.Logger.With("component", "agent", "host", cfg.Hostname),
-		client: agentproto.NewClient(cfg.Server, cfg.Token),
-		jobs:   make(map[agentproto.LeaseRef]*job),
-		gpuSet: make(map[int]bool),
+		cfg:     cfg,
+		log:     cfg.Logger.With("component", "agent", "host", cfg.Hostname),
+		client:  agentproto.NewClient(cfg.Server, cfg.Token),
+		jobs:    make(map[agentproto.LeaseRef]*job),
+		gpuSet:  make(map[int]bool),
+		xidSent: make(map[int]int64),
 	}
 	if cfg.HTTPClient != nil {
 		a.client.HTTP = cfg.HTTPClient
@@ -175,6 +191,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	wg.Go(func() { a.registrar(ctx) })
 	wg.Go(func() { a.heartbeatLoop(ctx) })
 	wg.Go(func() { a.ordersLoop(ctx) })
+	if a.cfg.HealthCmd != "" {
+		wg.Go(func() { a.healthLoop(ctx) })
+	}
 	outCtx, stopOut := context.WithCancel(context.WithoutCancel(ctx))
 	outDone := make(chan struct{})
 	go func() { a.out.run(outCtx); close(outDone) }()
@@ -325,6 +344,9 @@ func (a *Agent) heartbeatLoop(ctx context.Context) {
 		}
 		hb := a.heartbeat()
 		rep, err := a.client.Heartbeat(ctx, hb)
+		if err == nil {
+			a.xidsDelivered(hb)
+		}
 		switch {
 		case ctx.Err() != nil:
 			return
@@ -366,7 +388,32 @@ func (a *Agent) heartbeat() agentproto.Heartbeat {
 	if hb.GPUs == nil {
 		hb.GPUs = []agentproto.GPUMetrics{}
 	}
+	// Only the XIDs the server has not accepted yet.
+	a.xidMu.Lock()
+	for i := range hb.GPUs {
+		m := &hb.GPUs[i]
+		n := m.XIDErrors - a.xidSent[m.Index]
+		switch {
+		case n <= 0:
+			m.XIDs = nil
+		case int(n) < len(m.XIDs):
+			m.XIDs = m.XIDs[len(m.XIDs)-int(n):]
+		}
+	}
+	a.xidMu.Unlock()
+	if h := a.health.Load(); h != nil {
+		hb.Health = *h
+	}
 	return hb
+}
+
+// xidsDelivered records the XID counts of an accepted heartbeat.
+func (a *Agent) xidsDelivered(hb agentproto.Heartbeat) {
+	a.xidMu.Lock()
+	defer a.xidMu.Unlock()
+	for _, m := range hb.GPUs {
+		a.xidSent[m.Index] = m.XIDErrors
+	}
 }
 
 func (a *Agent) ordersLoop(ctx context.Context) {

@@ -2,8 +2,11 @@ package agent
 
 import (
 	"crypto/sha256"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
+	"os"
 	"sync"
 	"time"
 
@@ -35,6 +38,41 @@ type FakeOptions struct {
 	Hostname  string // seeds the UUIDs and metric phases
 	// Now is the clock the metric curves follow; default time.Now.
 	Now func() time.Time
+	// FaultFile, when set, is re-read at every reading: it injects faults
+	// into a running agent (see Faults). A missing file means no faults.
+	FaultFile string
+}
+
+// Faults is the JSON of a fake backend's fault file, e.g.
+//
+//	{"gpus": [{"index": 3, "ecc_dbe": 1}, {"index": 5, "xids": [79]}, {"index": 6, "throttle": 64}, {"index": 7, "missing": true}]}
+//
+// ECC totals, throttle reasons and missing are set as written (removing a
+// GPU's entry clears them); xids is the list of XID events ever injected:
+// entries beyond those already seen are new events.
+type Faults struct {
+	GPUs []GPUFault `json:"gpus"`
+}
+
+// GPUFault is one GPU's injected faults.
+type GPUFault struct {
+	Index    int    `json:"index"`
+	ECCSBE   int64  `json:"ecc_sbe,omitempty"`
+	ECCDBE   int64  `json:"ecc_dbe,omitempty"`
+	XIDs     []int  `json:"xids,omitempty"`
+	Throttle uint64 `json:"throttle,omitempty"`
+	Missing  bool   `json:"missing,omitempty"` // fallen off the bus: absent from readings
+}
+
+// xidRingSize bounds the XID codes a backend remembers per GPU.
+const xidRingSize = 64
+
+func pushXID(ring []int, code int) []int {
+	ring = append(ring, code)
+	if len(ring) > xidRingSize {
+		ring = ring[len(ring)-xidRingSize:]
+	}
+	return ring
 }
 
 // Fake is a GPU backend without GPUs: N identical devices whose metrics
@@ -51,7 +89,13 @@ type Fake struct {
 	dbe      []int64
 	xids     []int64
 	lastXID  []int
+	xidRing  [][]int
 	throttle []uint64
+	missing  []bool
+	// fileXIDs counts the XIDs of each GPU taken from the fault file.
+	fileXIDs  []int
+	faultErr  error
+	faultSeen bool
 }
 
 // NewFake returns a fake backend.
@@ -74,7 +118,10 @@ func NewFake(opts FakeOptions) *Fake {
 		dbe:      make([]int64, opts.GPUs),
 		xids:     make([]int64, opts.GPUs),
 		lastXID:  make([]int, opts.GPUs),
+		xidRing:  make([][]int, opts.GPUs),
 		throttle: make([]uint64, opts.GPUs),
+		missing:  make([]bool, opts.GPUs),
+		fileXIDs: make([]int, opts.GPUs),
 	}
 	for i := range opts.GPUs {
 		peers := make([]int, 0, opts.GPUs-1)
@@ -115,8 +162,12 @@ func (f *Fake) Metrics(busy map[int]bool) ([]agentproto.GPUMetrics, error) {
 	t := float64(f.opts.Now().UnixNano()) / 1e9
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	out := make([]agentproto.GPUMetrics, len(f.gpus))
+	f.readFaultsLocked()
+	out := make([]agentproto.GPUMetrics, 0, len(f.gpus))
 	for i, g := range f.gpus {
+		if f.missing[i] {
+			continue
+		}
 		h := sha256.Sum256([]byte(g.UUID))
 		phase := float64(h[0]) / 256 * 2 * math.Pi
 		s := math.Sin(2*math.Pi*t/60 + phase)     // one cycle a minute
@@ -138,10 +189,70 @@ func (f *Fake) Metrics(busy map[int]bool) ([]agentproto.GPUMetrics, error) {
 		m.ECCDoubleVol = f.dbe[i]
 		m.XIDErrors = f.xids[i]
 		m.LastXID = f.lastXID[i]
+		m.XIDs = append([]int(nil), f.xidRing[i]...)
 		m.ThrottleReasons = f.throttle[i]
-		out[i] = m
+		out = append(out, m)
 	}
 	return out, nil
+}
+
+// readFaultsLocked applies the fault file, if any. A file that cannot be
+// parsed keeps the previous faults (FaultError says why).
+func (f *Fake) readFaultsLocked() {
+	if f.opts.FaultFile == "" {
+		return
+	}
+	b, err := os.ReadFile(f.opts.FaultFile)
+	var fl Faults
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		if !f.faultSeen {
+			return // never had faults from the file: leave Set* alone
+		}
+	case err != nil:
+		f.faultErr = err
+		return
+	default:
+		if err := json.Unmarshal(b, &fl); err != nil {
+			f.faultErr = fmt.Errorf("fault file %s: %w", f.opts.FaultFile, err)
+			return
+		}
+	}
+	f.faultErr = nil
+	f.faultSeen = true
+	for i := range f.gpus {
+		f.sbe[i], f.dbe[i], f.throttle[i], f.missing[i] = 0, 0, 0, false
+	}
+	for _, g := range fl.GPUs {
+		if g.Index < 0 || g.Index >= len(f.gpus) {
+			f.faultErr = fmt.Errorf("fault file %s: GPU %d does not exist (have %d)", f.opts.FaultFile, g.Index, len(f.gpus))
+			continue
+		}
+		i := g.Index
+		f.sbe[i], f.dbe[i], f.throttle[i], f.missing[i] = g.ECCSBE, g.ECCDBE, g.Throttle, g.Missing
+		for _, code := range g.XIDs[min(f.fileXIDs[i], len(g.XIDs)):] {
+			f.xids[i]++
+			f.lastXID[i] = code
+			f.xidRing[i] = pushXID(f.xidRing[i], code)
+		}
+		f.fileXIDs[i] = max(f.fileXIDs[i], len(g.XIDs))
+	}
+}
+
+// FaultError reports why the fault file was last refused (nil when fine).
+func (f *Fake) FaultError() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.faultErr
+}
+
+// SetMissing makes GPU index vanish from (or return to) the readings, as
+// a GPU that fell off the bus.
+func (f *Fake) SetMissing(index int, missing bool) {
+	f.check(index)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.missing[index] = missing
 }
 
 func round1(v float64) float64 { return math.Round(v*10) / 10 }
@@ -178,6 +289,7 @@ func (f *Fake) InjectXID(index, code int) {
 	defer f.mu.Unlock()
 	f.xids[index]++
 	f.lastXID[index] = code
+	f.xidRing[index] = pushXID(f.xidRing[index], code)
 }
 
 // SetThrottle sets GPU index's clocks-event (throttle) reason bitmask, as

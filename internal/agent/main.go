@@ -24,6 +24,14 @@ import (
 // SIGKILL; reason "agent_shutdown"), reports their exits and exits. To keep
 // jobs across an agent upgrade, drain the node first.
 func Main(args []string, stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return MainContext(ctx, args, stdout, stderr)
+}
+
+// MainContext is Main until ctx ends instead of a signal (tests run the
+// agent's command line in-process with it).
+func MainContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("allot agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	server := fs.String("server", os.Getenv("ALLOT_URL"), "Allot server base URL (env ALLOT_URL)")
@@ -37,6 +45,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	heartbeat := fs.Duration("heartbeat", 10*time.Second, "heartbeat interval (the server may override it)")
 	metricsAddr := fs.String("metrics-addr", ":9400", `listen address of /metrics (dcgm-exporter format); "" disables`)
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	healthCmd := fs.String("health-cmd", "", "health check program run every --health-interval; a non-zero exit reports the node unhealthy with its output")
+	healthEvery := fs.Duration("health-interval", 60*time.Second, "how often --health-cmd runs (also its timeout, at most 5m)")
+	fakeFaults := fs.String("fake-faults", "", `fake backend: JSON file of injected faults, re-read at every reading, e.g. {"gpus":[{"index":3,"ecc_dbe":1}]}`)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: allot agent --server URL --token TOKEN [flags]")
 		fmt.Fprintln(stderr, "Runs the node agent: registers this node's GPUs and runs the jobs Allot places here.")
@@ -67,6 +78,17 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if *heartbeat <= 0 {
 		return bad("--heartbeat must be positive, got %s", *heartbeat)
 	}
+	if *healthEvery <= 0 {
+		return bad("--health-interval must be positive, got %s", *healthEvery)
+	}
+	if *healthCmd != "" {
+		if st, err := os.Stat(*healthCmd); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
+			return bad("--health-cmd %s is not an executable file", *healthCmd)
+		}
+	}
+	if *fakeFaults != "" && *gpu != "fake" {
+		return bad("--fake-faults needs --gpu fake")
+	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		return bad("--log-level %q: use debug, info, warn or error", *logLevel)
@@ -87,7 +109,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		if *fakeMem <= 0 {
 			return bad("--fake-memory-mib must be positive, got %d", *fakeMem)
 		}
-		backend = NewFake(FakeOptions{GPUs: *fakeGPUs, Model: *fakeModel, MemoryMiB: *fakeMem, Hostname: *hostname})
+		backend = NewFake(FakeOptions{GPUs: *fakeGPUs, Model: *fakeModel, MemoryMiB: *fakeMem, Hostname: *hostname, FaultFile: *fakeFaults})
 	case "nvml":
 		b, err := NewNVML()
 		if err != nil {
@@ -104,10 +126,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	a := New(Config{
 		Server: *server, Token: *token, Hostname: *hostname, Domain: *domain,
 		Backend: backend, HeartbeatInterval: *heartbeat, Logger: logger,
+		HealthCmd: *healthCmd, HealthInterval: *healthEvery,
 	})
-
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 
 	if *metricsAddr != "" {
 		ln, err := net.Listen("tcp", *metricsAddr)

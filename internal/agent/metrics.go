@@ -17,6 +17,7 @@ var dcgmLabels = []string{"gpu", "UUID", "device", "modelName", "Hostname", "job
 type dcgmCollector struct {
 	a                                                       *Agent
 	util, fbUsed, fbFree, temp, power, xid, sbe, dbe, thrtl *prometheus.Desc
+	healthFailed                                            *prometheus.Desc
 }
 
 func newDCGMCollector(a *Agent) *dcgmCollector {
@@ -32,11 +33,13 @@ func newDCGMCollector(a *Agent) *dcgmCollector {
 		sbe:    d("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "Total number of single-bit volatile ECC errors."),
 		dbe:    d("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of double-bit volatile ECC errors."),
 		thrtl:  d("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "Current clock throttle reasons (bitmask)."),
+		healthFailed: prometheus.NewDesc("allot_agent_health_check_failed", "1 while the node's --health-cmd fails, else 0.",
+			[]string{"Hostname"}, nil),
 	}
 }
 
 func (c *dcgmCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.util, c.fbUsed, c.fbFree, c.temp, c.power, c.xid, c.sbe, c.dbe, c.thrtl} {
+	for _, d := range []*prometheus.Desc{c.util, c.fbUsed, c.fbFree, c.temp, c.power, c.xid, c.sbe, c.dbe, c.thrtl, c.healthFailed} {
 		ch <- d
 	}
 }
@@ -46,6 +49,11 @@ func (c *dcgmCollector) Collect(ch chan<- prometheus.Metric) {
 	if a.cfg.Backend == nil {
 		return
 	}
+	failed := 0.0
+	if a.HealthReport() != "" {
+		failed = 1
+	}
+	ch <- prometheus.MustNewConstMetric(c.healthFailed, prometheus.GaugeValue, failed, a.cfg.Hostname)
 	busy, owner := a.busyGPUs()
 	ms, err := a.cfg.Backend.Metrics(busy)
 	if err != nil {

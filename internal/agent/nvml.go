@@ -26,6 +26,7 @@ type nvmlBackend struct {
 	mu      sync.Mutex
 	xids    []int64
 	lastXID []int
+	xidRing [][]int
 	closed  bool
 }
 
@@ -86,6 +87,7 @@ func NewNVML() (GPUBackend, error) {
 	}
 	b.xids = make([]int64, len(b.devs))
 	b.lastXID = make([]int, len(b.devs))
+	b.xidRing = make([][]int, len(b.devs))
 	b.watchXIDs()
 	return b, nil
 }
@@ -132,6 +134,7 @@ func (b *nvmlBackend) watchXIDs() {
 			b.mu.Lock()
 			b.xids[i]++
 			b.lastXID[i] = int(data.EventData)
+			b.xidRing[i] = pushXID(b.xidRing[i], int(data.EventData))
 			b.mu.Unlock()
 		}
 	})
@@ -145,9 +148,14 @@ func (b *nvmlBackend) Metrics(map[int]bool) ([]agentproto.GPUMetrics, error) {
 	if b.closed {
 		return nil, fmt.Errorf("nvml backend is closed")
 	}
-	out := make([]agentproto.GPUMetrics, len(b.devs))
+	out := make([]agentproto.GPUMetrics, 0, len(b.devs))
 	for i, d := range b.devs {
 		m := agentproto.GPUMetrics{Index: i, UUID: b.inv.GPUs[i].UUID}
+		// A GPU that fell off the bus (XID 79) answers GPU_IS_LOST: it is
+		// left out of the readings, so the server sees it missing.
+		if _, ret := d.GetUUID(); ret == nvml.ERROR_GPU_IS_LOST {
+			continue
+		}
 		if u, ret := d.GetUtilizationRates(); ret == nvml.SUCCESS {
 			m.UtilPct = float64(u.Gpu)
 		}
@@ -174,7 +182,8 @@ func (b *nvmlBackend) Metrics(map[int]bool) ([]agentproto.GPUMetrics, error) {
 		}
 		m.XIDErrors = b.xids[i]
 		m.LastXID = b.lastXID[i]
-		out[i] = m
+		m.XIDs = append([]int(nil), b.xidRing[i]...)
+		out = append(out, m)
 	}
 	return out, nil
 }

@@ -86,6 +86,9 @@ type GPUMetrics struct {
 	ThrottleReasons uint64  `json:"throttle_reasons"`   // NVML clocks-event reason bitmask
 	XIDErrors       int64   `json:"xid_errors"`         // count of XID events since agent start
 	LastXID         int     `json:"last_xid,omitempty"` // DCGM_FI_DEV_XID_ERRORS: the last XID seen
+	// XIDs are the XID codes seen since the previous heartbeat the server
+	// accepted (at most 64, oldest first).
+	XIDs []int `json:"xids,omitempty"`
 }
 
 // JobStats are a running job's process statistics.
@@ -105,8 +108,9 @@ type Heartbeat struct {
 	Time time.Time    `json:"time"`
 	GPUs []GPUMetrics `json:"gpus"`
 	Jobs []JobStats   `json:"jobs"`
-	// Health is the output of the node's health-check command when it
-	// failed, "" when healthy.
+	// Health is the output of the node's health-check command (--health-cmd)
+	// when it failed, "" when it passed or none is configured. GPUs missing
+	// from the node's inventory are the ones absent from GPUs.
 	Health string `json:"health,omitempty"`
 }
 

@@ -73,3 +73,39 @@ type Allocation struct {
 
 // Active reports whether the allocation still holds its GPUs.
 func (a *Allocation) Active() bool { return a.ReleasedAt.IsZero() }
+
+// Why a node is draining or drained.
+const (
+	DrainByAdmin  = "admin"  // an admin drained it
+	DrainByHealth = "health" // a health rule drained it
+)
+
+// NodeLabels are an admin's key=value labels on a node.
+type NodeLabels map[string]string
+
+var labelKeyRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9._/-]{0,62}[a-z0-9])?$`)
+
+// Validate checks the labels: at most 32, keys lower-case (letters, digits,
+// ". _ / -"), values up to 128 printable characters.
+func (l NodeLabels) Validate() error {
+	f := FieldErrors{}
+	if len(l) > 32 {
+		f.Add("labels", "at most 32 labels")
+	}
+	for k, v := range l {
+		if !labelKeyRE.MatchString(k) {
+			f.Add("labels."+k, "label keys are lower-case letters, digits and . _ / - (at most 64)")
+			continue
+		}
+		if len(v) > 128 {
+			f.Add("labels."+k, "must be at most 128 characters")
+		}
+		for _, r := range v {
+			if r < 0x20 || r == 0x7f {
+				f.Add("labels."+k, "must not contain control characters")
+				break
+			}
+		}
+	}
+	return f.Err()
+}

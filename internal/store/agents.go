@@ -110,8 +110,8 @@ func (s *Store) RegisterNode(ctx context.Context, node string, inv NodeInventory
 		_, err := tx.db.Exec(ctx, `
 			UPDATE nodes SET hostname = $2, agent_version = $3, gpu_backend = $4, driver_version = $5, registered_at = $6,
 				last_heartbeat = $6, gpu_count = $7, domain = CASE WHEN $8 = '' THEN domain ELSE $8 END,
-				state = CASE WHEN state = 'down' THEN 'up' ELSE state END,
-				state_reason = CASE WHEN state = 'down' THEN '' ELSE state_reason END
+				state = CASE WHEN state <> 'down' THEN state WHEN drain_source <> '' THEN 'drained' ELSE 'up' END,
+				state_reason = CASE WHEN state <> 'down' THEN state_reason ELSE drain_reason END
 			WHERE name = $1`, node, inv.Hostname, inv.AgentVersion, inv.Backend, inv.Driver, now, len(inv.GPUs), inv.Domain)
 		if err != nil {
 			return mapErr("registering node", err)
@@ -547,15 +547,15 @@ func (s *Store) releaseAllocations(ctx context.Context, jobID int64, segment int
 // finishSegment settles a job after one of its leases exited.
 func (s *Store) finishSegment(ctx context.Context, r LeaseRef, ex LeaseExit) (bool, error) {
 	var open []string
-	var preempted bool
+	var preempted, drained bool
 	var firstBad int
 	var badReason string
 	err := s.db.QueryRow(ctx, `
 		SELECT coalesce(array_agg(node) FILTER (WHERE state <> 'exited'), '{}'),
-			coalesce(bool_or(stop_reason = 'preempted'), false),
+			coalesce(bool_or(stop_reason = 'preempted'), false), coalesce(bool_or(stop_reason = 'drain'), false),
 			coalesce((array_agg(exit_code ORDER BY exited_at) FILTER (WHERE state = 'exited' AND exit_code <> 0))[1], 0),
 			coalesce((array_agg(coalesce(nullif(exit_reason, ''), nullif(stop_reason, ''), '')) FILTER (WHERE state = 'exited' AND (exit_code <> 0 OR exit_reason <> '')))[1], '')
-		FROM leases WHERE job_id = $1 AND segment = $2`, r.JobID, r.Segment).Scan(&open, &preempted, &firstBad, &badReason)
+		FROM leases WHERE job_id = $1 AND segment = $2`, r.JobID, r.Segment).Scan(&open, &preempted, &drained, &firstBad, &badReason)
 	if err != nil {
 		return false, mapErr("settling job", err)
 	}
@@ -570,7 +570,7 @@ func (s *Store) finishSegment(ctx context.Context, r LeaseRef, ex LeaseExit) (bo
 	now := s.Now()
 	if len(open) > 0 {
 		// A gang member ended on its own: stop the others.
-		if !preempted && (ex.ExitCode != 0 || ex.Reason != "") {
+		if !preempted && !drained && (ex.ExitCode != 0 || ex.Reason != "") {
 			if err := s.requestStop(ctx, r.JobID, r.Segment, "gang_member_failed", 30*time.Second); err != nil {
 				return false, err
 			}
@@ -578,6 +578,9 @@ func (s *Store) finishSegment(ctx context.Context, r LeaseRef, ex LeaseExit) (bo
 		return false, nil
 	}
 	switch {
+	case drained && !preempted:
+		_, err = s.db.Exec(ctx, `UPDATE jobs SET state = 'pending', updated_at = $2,
+			pending_reason = 'requeued: its node was drained; waiting for the next scheduling cycle' WHERE id = $1`, r.JobID, now)
 	case preempted:
 		_, err = s.db.Exec(ctx, `UPDATE jobs SET state = 'pending', preemptions = preemptions + 1, updated_at = $2,
 			pending_reason = 'requeued after preemption; waiting for the next scheduling cycle' WHERE id = $1`, r.JobID, now)

@@ -77,7 +77,7 @@ func (s *Store) LogDelivery(ctx context.Context, team, url string, attempt int, 
 	if status != 0 {
 		code = &status
 	}
-	_, err := s.db.Exec(ctx, `INSERT INTO webhook_deliveries (team, url, attempt, status_code, error, at) VALUES ($1, $2, $3, $4, $5, $6)`,
+	_, err := s.db.Exec(ctx, `INSERT INTO webhook_deliveries (team, url, attempt, status_code, error, at) VALUES (nullif($1, ''), $2, $3, $4, $5, $6)`,
 		team, url, attempt, code, errMsg, s.Now())
 	return mapErr("logging webhook delivery", err)
 }

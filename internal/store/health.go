@@ -1,0 +1,487 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/health"
+	"github.com/jackc/pgx/v5"
+)
+
+// HealthOutcome is what one heartbeat's health evaluation did.
+type HealthOutcome struct {
+	State    string  // the node's state afterwards
+	Fired    []int64 // new health events
+	Requeued []int64 // jobs asked to stop and go back to the queue
+	Changed  bool    // the node's state changed (worth a scheduling cycle)
+}
+
+// healthSampleWindow is how much GPU history before a rule started to
+// hold is copied into its event.
+const healthSampleWindow = 10 * time.Minute
+
+// maxHealthOutput bounds the stored output of a failed --health-cmd.
+const maxHealthOutput = 4096
+
+// EvaluateHealth applies the policy's health rules to one heartbeat of
+// node (call it after Heartbeat). In one transaction it keeps each rule's
+// "since" state, records an event (with the GPU history that triggered it)
+// and an admin notification for every rule that starts firing, drains the
+// node (drain, drain-and-requeue: its running jobs are stopped with the
+// policy's grace and requeued), closes events whose condition cleared,
+// finishes draining when the node's jobs are gone, and undrains a node a
+// health rule drained once it has passed its checks for the policy's
+// AutoUndrainAfter. Every state change is audited (actor "system").
+func (s *Store) EvaluateHealth(ctx context.Context, node string, gpus []health.GPU, check string) (HealthOutcome, error) {
+	if len(check) > maxHealthOutput {
+		check = check[:maxHealthOutput]
+	}
+	check = strings.ToValidUTF8(check, "?")
+	// Most heartbeats change nothing: a read-only pass without a
+	// transaction settles them; the first write it would make sends the
+	// evaluation into a transaction that locks the node and does it all.
+	out, err := s.evaluateHealth(ctx, node, gpus, check, false)
+	if err != errHealthWrite {
+		return out, err
+	}
+	err = s.InTx(ctx, func(tx *Store) error {
+		var err error
+		out, err = tx.evaluateHealth(ctx, node, gpus, check, true)
+		return err
+	})
+	return out, err
+}
+
+// errHealthWrite stops a read-only evaluation that has something to write.
+var errHealthWrite = errors.New("health evaluation needs a write")
+
+func (s *Store) evaluateHealth(ctx context.Context, node string, gpus []health.GPU, check string, write bool) (HealthOutcome, error) {
+	var out HealthOutcome
+	lock := ""
+	if write {
+		lock = " FOR UPDATE OF nodes"
+	}
+	err := func(tx *Store) error {
+		now := tx.Now()
+		// One read for the node: its state, the GPUs it registered, the
+		// rules holding and the open events.
+		var state, source, oldOutput string
+		var okSince *time.Time
+		var expected []int
+		var holding []string
+		var holdingSince []time.Time
+		var open []string
+		var busy, hasPolicy bool
+		var graceS, undrainS int64
+		var p allot.Policy // the policy's health part, read with the node
+		err := tx.db.QueryRow(ctx, `
+			SELECT state, drain_source, health_ok_since, health_output,
+				coalesce((SELECT array_agg(gpu_index ORDER BY gpu_index) FROM node_gpus WHERE node = $1), '{}'),
+				coalesce((SELECT array_agg(rule ORDER BY rule) FROM node_health_state WHERE node = $1), '{}'),
+				coalesce((SELECT array_agg(since ORDER BY rule) FROM node_health_state WHERE node = $1), '{}'),
+				coalesce((SELECT array_agg(rule_name) FROM health_events WHERE node = $1 AND resolved_at IS NULL), '{}'),
+				EXISTS (SELECT 1 FROM leases WHERE node = $1 AND state <> 'exited'),
+				pv.version IS NOT NULL, coalesce(pv.health_rules, '[]'), coalesce(pv.grace_period_s, 0), coalesce(pv.auto_undrain_after_s, 0)
+			FROM nodes LEFT JOIN (SELECT version, health_rules, grace_period_s, auto_undrain_after_s FROM policy_versions ORDER BY version DESC LIMIT 1) pv ON true
+			WHERE name = $1`+lock, node).Scan(&state, &source, &okSince, &oldOutput, &expected, &holding, &holdingSince, &open, &busy,
+			&hasPolicy, &p.HealthRules, &graceS, &undrainS)
+		if err != nil {
+			return mapErr("evaluating node health", err)
+		}
+		out.State = state
+		if state == allot.NodeDown {
+			return nil
+		}
+		if hasPolicy {
+			p.GracePeriod, p.AutoUndrainAfter = time.Duration(graceS)*time.Second, time.Duration(undrainS)*time.Second
+		} else {
+			p = allot.DefaultPolicy()
+		}
+		since := make(map[string]time.Time, len(holding))
+		for i, r := range holding {
+			since[r] = holdingSince[i]
+		}
+		res := health.Evaluate(p.HealthRules, health.Report{At: now, GPUs: gpus, Expected: expected, HealthCheck: check}, since)
+
+		// Keep the state of the rules that hold (written only when it changed).
+		changed := len(res.Since) != len(since)
+		for n, t := range res.Since {
+			if old, ok := since[n]; !ok || !old.Equal(t) {
+				changed = true
+			}
+		}
+		names, starts := make([]string, 0, len(res.Since)), make([]time.Time, 0, len(res.Since))
+		for n, t := range res.Since {
+			names, starts = append(names, n), append(starts, t)
+		}
+		if changed {
+			if !write {
+				return errHealthWrite
+			}
+			if _, err := tx.db.Exec(ctx, `DELETE FROM node_health_state WHERE node = $1 AND rule <> ALL($2)`, node, names); err != nil {
+				return mapErr("saving health state", err)
+			}
+			if _, err := tx.db.Exec(ctx, `INSERT INTO node_health_state (node, rule, since) SELECT $1, r, s FROM unnest($2::text[], $3::timestamptz[]) AS u(r, s)
+				ON CONFLICT (node, rule) DO UPDATE SET since = excluded.since`, node, names, starts); err != nil {
+				return mapErr("saving health state", err)
+			}
+		}
+		// Events whose rule no longer holds are resolved.
+		isOpen := map[string]bool{}
+		resolve := false
+		for _, n := range open {
+			if _, holds := res.Since[n]; holds {
+				isOpen[n] = true
+			} else {
+				resolve = true
+			}
+		}
+		if resolve {
+			if !write {
+				return errHealthWrite
+			}
+			if _, err := tx.db.Exec(ctx, `UPDATE health_events SET resolved_at = $3 WHERE node = $1 AND resolved_at IS NULL AND rule_name <> ALL($2)`,
+				node, names, now); err != nil {
+				return mapErr("resolving health events", err)
+			}
+		}
+		for _, f := range res.Firing() {
+			if isOpen[f.Rule.Name] {
+				continue // fired before and still holds: one event per episode
+			}
+			if !write {
+				return errHealthWrite
+			}
+			before := state
+			var requeued []int64
+			switch f.Rule.Action {
+			case allot.HealthDrain, allot.HealthDrainAndRequeue:
+				if state == allot.NodeUp {
+					reason := fmt.Sprintf("health rule %s: %s", f.Rule.Name, f.Detail)
+					if state, err = tx.startDrain(ctx, node, allot.DrainByHealth, reason, now); err != nil {
+						return err
+					}
+					source = allot.DrainByHealth
+				}
+				if f.Rule.Action == allot.HealthDrainAndRequeue {
+					if requeued, err = tx.requeueNodeJobs(ctx, node, p.GracePeriod); err != nil {
+						return err
+					}
+				}
+			}
+			id, err := tx.recordHealthEvent(ctx, node, f, state, requeued, now)
+			if err != nil {
+				return err
+			}
+			out.Fired = append(out.Fired, id)
+			out.Requeued = append(out.Requeued, requeued...)
+			verb := map[string]string{allot.HealthWarn: "warning", allot.HealthDrain: "drained", allot.HealthDrainAndRequeue: "drained, jobs requeued"}[f.Rule.Action]
+			msg := fmt.Sprintf("Node %s: health rule %s (%s) fired: %s. Action: %s; node is %s.", node, f.Rule.Name, f.Rule.Severity, f.Detail, verb, state)
+			if len(requeued) > 0 {
+				msg += fmt.Sprintf(" Jobs requeued with %s grace: %v.", p.GracePeriod, requeued)
+			}
+			if err := tx.Notify(ctx, Notification{Kind: "health." + strings.ReplaceAll(f.Rule.Action, "-", "_"), Severity: f.Rule.Severity,
+				Subject: "node:" + node, Link: "/nodes/" + node, Message: msg}); err != nil {
+				return err
+			}
+			if state != before {
+				out.Changed = true
+				if err := tx.auditNodeState(ctx, allot.ActorSystem, "node.drain", node, before, state,
+					fmt.Sprintf("health rule %s (%s): %s", f.Rule.Name, f.Rule.Severity, f.Detail), map[string]any{"event": id, "requeued": requeued}); err != nil {
+					return err
+				}
+			}
+		}
+		// Passing the drain rules since…
+		oldOK := okSince
+		switch {
+		case !res.Passing:
+			okSince = nil
+		case okSince == nil:
+			okSince = &now
+		}
+		if (oldOK == nil) != (okSince == nil) || oldOutput != check {
+			if !write {
+				return errHealthWrite
+			}
+			if _, err := tx.db.Exec(ctx, `UPDATE nodes SET health_ok_since = $2, health_output = $3 WHERE name = $1`, node, okSince, check); err != nil {
+				return mapErr("saving node health", err)
+			}
+		}
+		// Auto-undrain a node a health rule drained once it passed long enough.
+		if p.AutoUndrainAfter > 0 && source == allot.DrainByHealth && okSince != nil && now.Sub(*okSince) >= p.AutoUndrainAfter &&
+			(state == allot.NodeDraining || state == allot.NodeDrained) {
+			if !write {
+				return errHealthWrite
+			}
+			note := fmt.Sprintf("passed its health checks for %s (policy: undrain automatically after %s)", now.Sub(*okSince).Round(time.Second), p.AutoUndrainAfter)
+			if err := tx.undrain(ctx, allot.ActorSystem, node, state, note); err != nil {
+				return err
+			}
+			if err := tx.Notify(ctx, Notification{Kind: "node.undrain", Severity: "info", Subject: "node:" + node, Link: "/nodes/" + node,
+				Message: fmt.Sprintf("Node %s was undrained automatically: it %s.", node, note)}); err != nil {
+				return err
+			}
+			state, out.Changed = allot.NodeUp, true
+		}
+		if state == allot.NodeDraining && (write || !busy) {
+			if !write {
+				return errHealthWrite
+			}
+			drained, err := tx.finishDrain(ctx, node, now)
+			if err != nil {
+				return err
+			}
+			if drained {
+				state = allot.NodeDrained
+			}
+		}
+		out.State = state
+		return nil
+	}(s)
+	return out, err
+}
+
+// startDrain moves an up node to draining (drained at once when it runs
+// nothing) and returns the new state.
+func (s *Store) startDrain(ctx context.Context, node, source, reason string, now time.Time) (string, error) {
+	var state string
+	err := s.db.QueryRow(ctx, `
+		UPDATE nodes SET state = CASE WHEN EXISTS (SELECT 1 FROM leases WHERE node = $1 AND state <> 'exited') THEN 'draining' ELSE 'drained' END,
+			state_reason = $3, drain_source = $2, drain_reason = $3,
+			drained_at = CASE WHEN EXISTS (SELECT 1 FROM leases WHERE node = $1 AND state <> 'exited') THEN NULL ELSE $4::timestamptz END
+		WHERE name = $1 RETURNING state`, node, source, reason, now).Scan(&state)
+	return state, mapErr("draining node", err)
+}
+
+// finishDrain marks a draining node drained once no lease is open on it.
+func (s *Store) finishDrain(ctx context.Context, node string, now time.Time) (bool, error) {
+	tag, err := s.db.Exec(ctx, `UPDATE nodes SET state = 'drained', drained_at = $2
+		WHERE name = $1 AND state = 'draining' AND NOT EXISTS (SELECT 1 FROM leases WHERE node = $1 AND state <> 'exited')`, node, now)
+	if err != nil {
+		return false, mapErr("finishing drain", err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// FinishDrains marks every draining node whose jobs are gone drained and
+// returns them.
+func (s *Store) FinishDrains(ctx context.Context) ([]string, error) {
+	rows, err := s.db.Query(ctx, `UPDATE nodes n SET state = 'drained', drained_at = $1
+		WHERE state = 'draining' AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.node = n.name AND l.state <> 'exited') RETURNING name`, s.Now())
+	if err != nil {
+		return nil, mapErr("finishing drains", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	return out, mapErr("finishing drains", err)
+}
+
+// requeueNodeJobs asks every job running on node to stop with grace
+// (SIGTERM, grace, SIGKILL, as a preemption) and go back to the queue. A
+// gang's other nodes stop too. It returns the jobs.
+func (s *Store) requeueNodeJobs(ctx context.Context, node string, grace time.Duration) ([]int64, error) {
+	rows, err := s.db.Query(ctx, `SELECT j.id, j.segment FROM jobs j
+		WHERE j.state = 'running' AND EXISTS (SELECT 1 FROM leases l WHERE l.job_id = j.id AND l.segment = j.segment AND l.node = $1 AND l.state <> 'exited')
+		ORDER BY j.id FOR UPDATE`, node)
+	if err != nil {
+		return nil, mapErr("requeueing jobs of node", err)
+	}
+	refs, err := pgx.CollectRows(rows, scanLeaseRef)
+	if err != nil {
+		return nil, mapErr("requeueing jobs of node", err)
+	}
+	var ids []int64
+	for _, r := range refs {
+		if err := s.requestStop(ctx, r.JobID, r.Segment, StopDrain, grace); err != nil {
+			return nil, err
+		}
+		if _, err := s.db.Exec(ctx, `UPDATE jobs SET pending_reason = $2 WHERE id = $1`, r.JobID,
+			"being requeued: node "+node+" is draining"); err != nil {
+			return nil, mapErr("requeueing jobs of node", err)
+		}
+		ids = append(ids, r.JobID)
+	}
+	return ids, nil
+}
+
+// StopDrain is the stop reason of jobs requeued off a draining node.
+const StopDrain = "drain"
+
+func (s *Store) recordHealthEvent(ctx context.Context, node string, f health.Finding, state string, requeued []int64, now time.Time) (int64, error) {
+	rule, _ := json.Marshal(f.Rule)
+	gpus := f.GPUs
+	if gpus == nil {
+		gpus = []int{}
+	}
+	if requeued == nil {
+		requeued = []int64{}
+	}
+	var id int64
+	err := s.db.QueryRow(ctx, `
+		INSERT INTO health_events (node, at, since, rule, rule_name, metric, value, gpus, detail, severity, action, node_state, requeued)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) RETURNING id`,
+		node, now, f.Since, rule, f.Rule.Name, f.Rule.Metric, f.Value, gpus, f.Detail, f.Rule.Severity, f.Rule.Action, state, requeued).Scan(&id)
+	if err != nil {
+		return 0, mapErr("recording health event", err)
+	}
+	// The evidence: this node's GPU readings from a while before the
+	// condition started until now.
+	_, err = s.db.Exec(ctx, `
+		INSERT INTO health_event_samples (event_id, gpu_index, at, util_pct, temp_c, power_w, ecc_dbe_vol, throttle_reasons, xid_errors)
+		SELECT $1, gpu_index, at, util_pct, temp_c, power_w, ecc_dbe_vol, throttle_reasons, xid_errors
+		FROM gpu_samples WHERE node = $2 AND at >= $3 AND at <= $4`, id, node, f.Since.Add(-healthSampleWindow), now)
+	return id, mapErr("recording health event samples", err)
+}
+
+func (s *Store) auditNodeState(ctx context.Context, actor, action, node, before, after, note string, extra map[string]any) error {
+	b, _ := json.Marshal(map[string]any{"state": before})
+	am := map[string]any{"state": after}
+	for k, v := range extra {
+		am[k] = v
+	}
+	a, _ := json.Marshal(am)
+	return s.Audit(ctx, &allot.AuditEntry{Actor: actor, Action: action, Object: "node:" + node, Before: b, After: a, Note: note})
+}
+
+// undrain brings a draining or drained node back up and audits it.
+// Open health events are acknowledged (they do not fire again while their
+// condition keeps holding; a new fault does).
+func (s *Store) undrain(ctx context.Context, actor, node, before, note string) error {
+	if _, err := s.db.Exec(ctx, `UPDATE nodes SET state = 'up', state_reason = '', drain_source = '', drain_reason = '', drained_at = NULL WHERE name = $1`, node); err != nil {
+		return mapErr("undraining node", err)
+	}
+	if _, err := s.db.Exec(ctx, `UPDATE health_events SET acknowledged_by = $2, acknowledged_at = $3 WHERE node = $1 AND acknowledged_at IS NULL`,
+		node, actor, s.Now()); err != nil {
+		return mapErr("undraining node", err)
+	}
+	return s.auditNodeState(ctx, actor, "node.undrain", node, before, allot.NodeUp, note, nil)
+}
+
+// Notification is a message for the admins: shown in the portal and sent
+// to the admin webhook.
+type Notification struct {
+	ID       int64
+	At       time.Time
+	Kind     string // e.g. health.drain, health.warn, node.undrain
+	Severity string // info, warning, critical
+	Subject  string // e.g. node:gpu01
+	Link     string // portal page
+	Message  string
+	ReadAt   *time.Time
+	ReadBy   string
+}
+
+// Notify stores a notification for the admins (the admin webhook gets it
+// from DeliverNotifications).
+func (s *Store) Notify(ctx context.Context, n Notification) error {
+	if n.Severity == "" {
+		n.Severity = "info"
+	}
+	_, err := s.db.Exec(ctx, `INSERT INTO notifications (at, kind, severity, subject, link, message) VALUES ($1, $2, $3, $4, $5, $6)`,
+		s.Now(), n.Kind, n.Severity, n.Subject, n.Link, n.Message)
+	return mapErr("storing notification", err)
+}
+
+// Notifications returns the newest notifications (unread only when
+// unread is set).
+func (s *Store) Notifications(ctx context.Context, unread bool, limit int) ([]Notification, error) {
+	rows, err := s.db.Query(ctx, `SELECT id, at, kind, severity, subject, link, message, read_at, read_by FROM notifications
+		WHERE NOT $1 OR read_at IS NULL ORDER BY at DESC, id DESC LIMIT $2`, unread, limit)
+	if err != nil {
+		return nil, mapErr("loading notifications", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Notification, error) {
+		var n Notification
+		return n, r.Scan(&n.ID, &n.At, &n.Kind, &n.Severity, &n.Subject, &n.Link, &n.Message, &n.ReadAt, &n.ReadBy)
+	})
+	return out, mapErr("loading notifications", err)
+}
+
+// MarkNotificationsRead marks every unread notification read by who.
+func (s *Store) MarkNotificationsRead(ctx context.Context, who string) (int64, error) {
+	tag, err := s.db.Exec(ctx, `UPDATE notifications SET read_at = $2, read_by = $1 WHERE read_at IS NULL`, who, s.Now())
+	return tag.RowsAffected(), mapErr("marking notifications read", err)
+}
+
+// DeliverNotifications hands each notification not yet sent to deliver
+// (with the admin webhook URL) and marks it sent, in one transaction with
+// deliver's work (deliver enqueues the webhook job on the same
+// transaction). Without an admin webhook they are marked sent unsent.
+func (s *Store) DeliverNotifications(ctx context.Context, deliver func(tx pgx.Tx, url string, n Notification) error) (int, error) {
+	count := 0
+	err := s.InPgxTx(ctx, func(tx pgx.Tx, st *Store) error {
+		url, err := st.AdminWebhook(ctx)
+		if err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, `SELECT id, at, kind, severity, subject, link, message FROM notifications
+			WHERE webhook_sent_at IS NULL ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED`)
+		if err != nil {
+			return mapErr("loading notifications", err)
+		}
+		ns, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Notification, error) {
+			var n Notification
+			return n, r.Scan(&n.ID, &n.At, &n.Kind, &n.Severity, &n.Subject, &n.Link, &n.Message)
+		})
+		if err != nil {
+			return mapErr("loading notifications", err)
+		}
+		for _, n := range ns {
+			if url != "" {
+				if err := deliver(tx, url, n); err != nil {
+					return err
+				}
+				count++
+			}
+			if _, err := tx.Exec(ctx, `UPDATE notifications SET webhook_sent_at = $2 WHERE id = $1`, n.ID, st.Now()); err != nil {
+				return mapErr("marking notification sent", err)
+			}
+		}
+		return nil
+	})
+	return count, err
+}
+
+// AdminWebhook returns the cluster's admin webhook URL ("" if none).
+func (s *Store) AdminWebhook(ctx context.Context) (string, error) {
+	var url string
+	err := s.db.QueryRow(ctx, `SELECT admin_webhook_url FROM cluster_settings`).Scan(&url)
+	return url, mapErr("loading admin webhook", err)
+}
+
+// SetAdminWebhook sets (or clears, with "") the admin webhook and audits it.
+func (s *Store) SetAdminWebhook(ctx context.Context, actor, url string) error {
+	if url != "" && !strings.HasPrefix(url, "https://") && !strings.HasPrefix(url, "http://") {
+		return (allot.FieldErrors{"url": "must be an http:// or https:// URL"}).Err()
+	}
+	return s.InTx(ctx, func(tx *Store) error {
+		old, err := tx.AdminWebhook(ctx)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.db.Exec(ctx, `UPDATE cluster_settings SET admin_webhook_url = $1`, url); err != nil {
+			return mapErr("setting admin webhook", err)
+		}
+		b, _ := json.Marshal(map[string]string{"url": old})
+		a, _ := json.Marshal(map[string]string{"url": url})
+		return tx.Audit(ctx, &allot.AuditEntry{Actor: actor, Action: "settings.admin_webhook", Object: "cluster", Before: b, After: a})
+	})
+}
+
+// AdminDeliveries returns the admin webhook's delivery log, newest first.
+func (s *Store) AdminDeliveries(ctx context.Context, limit int) ([]Delivery, error) {
+	rows, err := s.db.Query(ctx, `SELECT '', url, attempt, status_code, error, at FROM webhook_deliveries WHERE team IS NULL ORDER BY id DESC LIMIT $1`, limit)
+	if err != nil {
+		return nil, mapErr("loading deliveries", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Delivery, error) {
+		var d Delivery
+		return d, r.Scan(&d.Team, &d.URL, &d.Attempt, &d.Status, &d.Error, &d.At)
+	})
+	return out, mapErr("loading deliveries", err)
+}
