@@ -19,6 +19,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/burst"
 	"github.com/allotlabs/allot/internal/scheduler"
 )
 
@@ -40,6 +42,38 @@ type options struct {
 	cycle, ckptInterval                                             time.Duration
 	progress                                                        bool
 	cpuProfile                                                      string
+	// --burst: replay allot once more with cloud burst ("allot+burst").
+	burst                    bool
+	burstDelay, burstHorizon time.Duration
+	burstGPUs, burstMax      int
+	burstType                string
+	burstRate, burstBudget   allot.Money
+}
+
+// ModeAllotBurst labels the extra replay of --burst: ModeAllot with
+// cloud burst.
+const ModeAllotBurst scheduler.Mode = "allot+burst"
+
+// moneyFlag parses a decimal amount in USD (or "2.5 EUR").
+type moneyFlag struct{ m *allot.Money }
+
+func (v moneyFlag) String() string {
+	if v.m == nil {
+		return ""
+	}
+	return v.m.Decimal()
+}
+
+func (v moneyFlag) Set(s string) error {
+	m, err := allot.ParseMoney(s, "USD")
+	if err != nil {
+		return err
+	}
+	if m.Micros < 0 {
+		return errors.New("must not be negative")
+	}
+	*v.m = m
+	return nil
 }
 
 // Main runs `allot sim` with args (without the subcommand name) and returns
@@ -82,6 +116,7 @@ func main(args []string, stdout, stderr io.Writer, sched ScheduleFunc) int {
 		fmt.Fprintf(stderr, "allot sim: %v\n", err)
 		return 1
 	}
+	fillBurstSaved(setup.modes, results)
 	if o.jsonOut != "-" {
 		writeTable(stdout, setup, results)
 	}
@@ -137,7 +172,9 @@ func (v secondsOrDuration) Set(s string) error {
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
-	o := &options{cycle: 10 * time.Second, ckptInterval: 30 * time.Minute}
+	def := allot.DefaultPolicy()
+	o := &options{cycle: 10 * time.Second, ckptInterval: 30 * time.Minute,
+		burstRate: allot.Money{Micros: 1_400_000, Currency: "USD"}, burstBudget: allot.Money{Currency: "USD"}}
 	fs := flag.NewFlagSet("allot sim", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -164,6 +201,16 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Float64Var(&o.ckptFraction, "checkpointable", 0.5, "fraction of jobs (seeded hash of the id) that checkpoint, 0..1")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the replays to this file (for developers)")
 	fs.BoolVar(&o.progress, "progress", false, "draw a progress bar on stderr even when it is not a terminal")
+	fs.BoolVar(&o.burst, "burst", false, "also replay allot with cloud burst (row allot+burst; the policy's thresholds: request above 50 pending GPU-h with a mean wait over 2 h, release idle nodes below 20 GPU-h) and report burst GPU-hours, cost and the wait saved against allot")
+	fs.Var(secondsOrDuration{&o.burstDelay}, "burst-delay", "provisioning delay of burst nodes (virtual time)")
+	o.burstDelay = 5 * time.Minute
+	fs.Var(secondsOrDuration{&o.burstHorizon}, "burst-horizon", "planning horizon: nodes requested = ceil(pending GPU-h / (GPUs per node × horizon))")
+	o.burstHorizon = 4 * time.Hour
+	fs.IntVar(&o.burstGPUs, "burst-gpus", 8, "GPUs per burst node (1..64)")
+	fs.IntVar(&o.burstMax, "burst-max-nodes", def.BurstMaxNodes, "burst nodes alive at most (the policy's BurstMaxNodes)")
+	fs.StringVar(&o.burstType, "burst-gpu-type", "A100-spot", "GPU type of burst nodes (trace jobs ask for any type)")
+	fs.Var(moneyFlag{&o.burstRate}, "burst-rate", "price of a burst GPU-hour (spot), e.g. 1.40 or \"1.40 USD\"")
+	fs.Var(moneyFlag{&o.burstBudget}, "burst-budget", "burst budget for the whole replay (0 = no cap)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, err
@@ -190,6 +237,12 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, fmt.Errorf("--checkpointable %v: want 0..1", o.ckptFraction)
 	case o.ckptInterval <= 0:
 		return nil, errors.New("--checkpoint-interval: want > 0")
+	case o.burst && (o.burstGPUs < 1 || o.burstGPUs > 64):
+		return nil, fmt.Errorf("--burst-gpus %d: want 1..64", o.burstGPUs)
+	case o.burst && o.burstMax < 0:
+		return nil, fmt.Errorf("--burst-max-nodes %d: want ≥ 0", o.burstMax)
+	case o.burst && o.burstHorizon <= 0:
+		return nil, errors.New("--burst-horizon: want > 0")
 	}
 	return o, nil
 }
@@ -241,6 +294,12 @@ func load(o *options) (*setup, error) {
 	if st.modes, err = parseModes(o.policies); err != nil {
 		return nil, err
 	}
+	if o.burst {
+		if !slices.Contains(st.modes, scheduler.ModeAllot) {
+			return nil, errors.New("--burst compares allot with and without burst: --policy must include allot")
+		}
+		st.modes = append(st.modes, ModeAllotBurst)
+	}
 	if st.mix, err = ParseTierMix(o.tierMix); err != nil {
 		return nil, fmt.Errorf("--%v", err)
 	}
@@ -291,7 +350,16 @@ func load(o *options) (*setup, error) {
 func (st *setup) config(o *options, m scheduler.Mode) Config {
 	p := scheduler.DefaultPolicy()
 	p.Mode = m
+	var bc *BurstConfig
+	if m == ModeAllotBurst {
+		p.Mode = scheduler.ModeAllot
+		th := burst.FromPolicy(allot.DefaultPolicy())
+		th.MaxNodes, th.MonthlyBudget = o.burstMax, o.burstBudget
+		bc = &BurstConfig{Shape: burst.Shape{GPUType: o.burstType, GPUs: o.burstGPUs, Rate: o.burstRate}, Thresholds: th,
+			Horizon: o.burstHorizon, Delay: o.burstDelay}
+	}
 	return Config{
+		Burst:              bc,
 		Nodes:              st.nodes,
 		GPUsPerNode:        o.gpusPerNode,
 		DomainNodes:        o.domainNodes,
@@ -406,6 +474,7 @@ func writeTable(w io.Writer, st *setup, rs []*Result) {
 			f3(r.JainFairness), f0(worst), strconv.Itoa(r.Cycles), f0(r.CycleMeanUS), f0(r.CycleP99US), f2(r.SimWallS)})
 	}
 	markdown(w, rows)
+	writeBurst(w, st, rs)
 
 	fmt.Fprintln(w, "\nby tier: mean / p95 / p99 wait (s), share ratio")
 	rows = [][]string{{"policy"}}
@@ -557,4 +626,41 @@ func writeWaits(path string, modes []scheduler.Mode, rs []*Result) error {
 		return fmt.Errorf("--waits: %w", err)
 	}
 	return nil
+}
+
+// fillBurstSaved sets the wait burst saved: allot's waits minus
+// allot+burst's, over the same jobs.
+func fillBurstSaved(modes []scheduler.Mode, rs []*Result) {
+	base, with := -1, -1
+	for i, m := range modes {
+		switch m {
+		case scheduler.ModeAllot:
+			base = i
+		case ModeAllotBurst:
+			with = i
+		}
+	}
+	if base < 0 || with < 0 || rs[with].Burst == nil {
+		return
+	}
+	b, r := rs[base], rs[with].Burst
+	w := rs[with]
+	r.WaitMeanSavedS = b.WaitMeanS - w.WaitMeanS
+	r.WaitP95SavedS = b.WaitP95S - w.WaitP95S
+	r.WaitP99SavedS = b.WaitP99S - w.WaitP99S
+	// Job-seconds of waiting saved over the jobs that ran in both.
+	r.JobHoursSaved = (b.WaitMeanS*float64(b.Jobs-b.Dropped) - w.WaitMeanS*float64(w.Jobs-w.Dropped)) / 3600
+}
+
+func writeBurst(w io.Writer, st *setup, rs []*Result) {
+	for i, m := range st.modes {
+		if m != ModeAllotBurst || rs[i].Burst == nil {
+			continue
+		}
+		b := rs[i].Burst
+		fmt.Fprintf(w, "\nburst (allot+burst against allot): %d requests, %d nodes provisioned (at most %d alive), %d releases\n",
+			b.Requests, b.Nodes, b.MaxAlive, b.Releases)
+		fmt.Fprintf(w, "burst GPU-hours %s, cost %s; wait saved: mean %s s, p95 %s s, p99 %s s; %s job-hours of waiting saved\n",
+			f2(b.GPUHours), b.Cost, f0(b.WaitMeanSavedS), f0(b.WaitP95SavedS), f0(b.WaitP99SavedS), f0(b.JobHoursSaved))
+	}
 }

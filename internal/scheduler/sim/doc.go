@@ -68,6 +68,20 @@
 // period is counted as lost work: the model does not assume a checkpoint on
 // SIGTERM, which makes it conservative.)
 //
+// # Cloud burst
+//
+// With --burst, allot is replayed a second time as "allot+burst" with
+// Config.Burst: every virtual minute the live worker's rule (burst.Decide,
+// the same function) sees the pending jobs; a request's nodes (site cloud,
+// --burst-gpu-type, --burst-gpus GPUs, Domain "") come up --burst-delay
+// later; idle nodes the rule releases go down at once. Burst node time is
+// priced exactly at --burst-rate per GPU-hour from arrival to release (or
+// the end of the replay). The JSON of allot+burst has a "burst" object:
+// requests, nodes_provisioned, releases, max_alive, gpu_hours, cost, and
+// the wait saved against the allot replay (wait_mean_saved_s,
+// wait_p95_saved_s, wait_p99_saved_s, job_hours_of_wait_saved). Utilization
+// and the fair-share baselines stay relative to the on-premise GPUs.
+//
 // # Metrics (per policy; the JSON keys)
 //
 //   - jobs: jobs in the replayed trace; dropped: those that can never run (a

@@ -51,6 +51,8 @@ type Config struct {
 	// (for tests that check the skipping changes nothing).
 	EveryEvent bool
 	Progress   *atomic.Int64
+	// Burst models cloud burst (ModeAllot only; nil = none).
+	Burst *BurstConfig
 }
 
 // Group is a per-tier or per-team breakdown.
@@ -95,6 +97,8 @@ type Result struct {
 	DroppedNeverStartable int              `json:"-"` // of Dropped: stuck at the end, not filtered up front
 	// JobWaits has one record per job that ran, in trace order (--waits).
 	JobWaits []JobWait `json:"-"`
+	// Burst is what cloud burst did (Config.Burst).
+	Burst *BurstResult `json:"burst,omitempty"`
 }
 
 // JobWait is one job's wait, for per-job analysis (allot sim --waits).
@@ -231,6 +235,7 @@ type state struct {
 	teamPend  []int // pending jobs per team
 	progress  *atomic.Int64
 	waterBuf  []int
+	burst     *burstState // nil without Config.Burst
 }
 
 // Run replays trace (sorted by Submit) under cfg and returns the metrics.
@@ -260,11 +265,23 @@ func Run(cfg Config, trace []TraceJob) (*Result, error) {
 	if s.sched == nil {
 		s.sched = scheduler.Schedule
 	}
+	if cfg.Burst != nil {
+		if cfg.Policy.Mode != scheduler.ModeAllot {
+			return nil, fmt.Errorf("%s: burst is modelled for the allot policy only", cfg.Policy.Mode)
+		}
+		if cfg.Burst.Shape.GPUs < 1 || cfg.Burst.Shape.GPUs > 64 {
+			return nil, fmt.Errorf("burst nodes of %d GPUs: want 1..64", cfg.Burst.Shape.GPUs)
+		}
+		s.burst = newBurstState(*cfg.Burst)
+	}
 	s.build(trace)
 	if err := s.loop(); err != nil {
 		return nil, fmt.Errorf("%s: %w", cfg.Policy.Mode, err)
 	}
 	r := s.result()
+	if s.burst != nil {
+		r.Burst = s.burstFinish()
+	}
 	r.SimWallS = time.Since(wall).Seconds()
 	return r, nil
 }
@@ -402,10 +419,19 @@ func (s *state) loop() error {
 				next, tick = t, true
 			}
 		}
+		btick := false
+		if s.burst != nil {
+			busy := len(s.events) > 0 || s.nextIn < len(s.jobs) || len(s.running) > 0
+			if t := s.burst.next(s.now, len(s.pending), busy); t < next {
+				next, btick, tick = t, true, false
+			} else if t == next {
+				btick = true
+			}
+		}
 		if next == time.Duration(math.MaxInt64) {
 			break
 		}
-		if !tick && s.nextIn >= len(s.jobs) && len(s.events) == 0 {
+		if !tick && !btick && s.nextIn >= len(s.jobs) && len(s.events) == 0 {
 			break
 		}
 		s.advance(next)
@@ -436,6 +462,10 @@ func (s *state) loop() error {
 			s.nextIn++
 			evented = true
 		}
+		// 2b. burst nodes coming up; the burst rule on its ticks.
+		if btick && s.burstStep() {
+			evented = true
+		}
 		// 3. schedule.
 		if len(s.pending) == 0 {
 			continue
@@ -449,7 +479,7 @@ func (s *state) loop() error {
 		if err := s.cycle(); err != nil {
 			return err
 		}
-		if !s.startedAny && len(s.events) == 0 && s.nextIn >= len(s.jobs) && len(s.running) == 0 {
+		if !s.startedAny && len(s.events) == 0 && s.nextIn >= len(s.jobs) && len(s.running) == 0 && (s.burst == nil || len(s.burst.inflight) == 0) {
 			// An empty cluster and no future events: what is still pending
 			// can never start.
 			for _, p := range s.pending {
@@ -719,8 +749,8 @@ func (s *state) start(st scheduler.Start) error {
 			return fmt.Errorf("job %d placed on unknown node %d", st.JobID, sl.Node)
 		}
 		for _, g := range sl.GPUs {
-			if g < 0 || g >= s.cfg.GPUsPerNode {
-				return fmt.Errorf("job %d placed on GPU %d of node %d, which has %d", st.JobID, g, sl.Node, s.cfg.GPUsPerNode)
+			if g < 0 || g >= s.nodes[sl.Node].GPUs {
+				return fmt.Errorf("job %d placed on GPU %d of node %d, which has %d", st.JobID, g, sl.Node, s.nodes[sl.Node].GPUs)
 			}
 			if s.used[sl.Node]&(1<<g) != 0 {
 				return fmt.Errorf("job %d placed on GPU %d of node %d, which is in use", st.JobID, g, sl.Node)
