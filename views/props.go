@@ -54,6 +54,13 @@ type JobsList struct {
 	State     string
 	CanSubmit bool
 	Alerts    []string // this month's budget alerts of the user's teams
+	// More filters; all of them stay in the URL (a GET form).
+	Tiers []Option
+	Tier  string
+	Query string // name contains
+	Mine  bool
+	// Filtered says which filters are on, in words ("" for none).
+	Filtered string
 }
 
 // JobDetail is a job's own page.
@@ -70,7 +77,6 @@ type JobDetail struct {
 	Ended          string
 	ExitCode       string
 	Priority       string
-	Breakdown      string
 	CanCancel      bool
 	Live           bool // pending or running: the page refreshes itself
 	Segment        int
@@ -78,6 +84,37 @@ type JobDetail struct {
 	EndReason      string
 	RunAs          string
 	Log            []string
+	// What the job page explains (see web/jobs.go for the methods).
+	Timeline    []TimelineEvent
+	Factors     []PriorityFactor
+	ClassText   string
+	Queue       *QueueInfo // pending jobs only
+	Util        LineChart
+	UtilNote    string
+	Cost        string
+	CostNote    string
+	ResubmitURL string // "" when the viewer may not submit for the team
+}
+
+// TimelineEvent is one step of a job's life.
+type TimelineEvent struct {
+	At     string
+	Kind   string // submitted, started, preempted, requeued, ended, running
+	What   string
+	Detail string
+}
+
+// PriorityFactor is one row of the sprio-like breakdown.
+type PriorityFactor struct {
+	Name, Factor, Weight, Points, Meaning string
+}
+
+// QueueInfo is a pending job's place in the queue and start estimate.
+type QueueInfo struct {
+	Position, Of  int
+	AheadGPUHours string
+	ETA           string // "unknown" when it cannot be estimated
+	ETAMethod     string
 }
 
 // JobForm is the submit form with its current values and errors.
@@ -103,11 +140,18 @@ type Quota struct {
 	Message string
 }
 
-// Login is the dev persona picker.
+// Login is the login page: single sign-on when configured, and the dev
+// persona picker in development mode.
 type Login struct {
 	Page
 	Personas []Persona
 	Message  string
+	// SSO offers "Sign in with SSO" (OIDC is configured).
+	SSO bool
+	// Next is the local path to go to after logging in.
+	Next string
+	// Error says why the last sign-in failed.
+	Error string
 }
 
 // Persona is one demo identity on the dev login page.
@@ -167,4 +211,31 @@ type TeamBudget struct {
 	ByJobType, ByUser                 []Option // Value: name, Label: GPU-hours
 	Alerts                            []string
 	Chart                             BurnDown
+	// Usage this month by job type (tier as run × GPU type) and by user.
+	ByKind       []KindRow
+	KindChart    BarChart
+	UserChart    BarChart
+	AlertsNote   string
+	AlertHistory []string // every month's alerts, newest first, with when they fired
+	// Right-sizing findings of the team this month (the viewer's own jobs
+	// for engineers, as on the right-sizing page).
+	Findings      []RightSizingJob
+	FindingsScope string
+	FindingsURL   string
+	// Fair-share standing of every team, like sshare.
+	FairShare     []FairShareRow
+	FairShareNote string
+}
+
+// KindRow is one job type's usage.
+type KindRow struct {
+	Tier, GPUType, GPUHours, Pct string
+}
+
+// FairShareRow is one team's sshare-like line.
+type FairShareRow struct {
+	Team                                                      string
+	RawShares                                                 int
+	NormShares, RawUsage, EffectiveUsage, FairShare, UsageAge string
+	This                                                      bool
 }

@@ -27,6 +27,11 @@ func (s *Server) routes() {
 	r(get, "/login", s.loginPage, RulePublic)
 	r(post, "/login/dev", s.devLogin, RulePublic)
 	r(post, "/logout", s.logout, RulePublic)
+	r(get, "/login/oidc", s.oidcStart, RulePublic)
+	r(get, "/oidc/callback", s.oidcCallback, RulePublic)
+	r(get, "/tokens", s.tokensPage, RuleUser)
+	r(post, "/tokens", s.createTokenForm, RuleUser)
+	r(post, "/tokens/:id/revoke", s.revokeTokenForm, RuleUser)
 
 	// Jobs.
 	r(get, "/jobs", s.jobsPage, RuleUser)
@@ -34,7 +39,7 @@ func (s *Server) routes() {
 	r(post, "/jobs", s.submitJobForm, RuleSubmitter)
 	r(post, "/jobs/quota", s.quotaPreview, RuleSubmitter)
 	r(get, "/jobs/:id", s.jobPage, RuleUser)
-	r(post, "/jobs/:id/cancel", s.cancelJobForm, RuleUser)
+	r(post, "/jobs/:id/cancel", s.cancelJobForm, RuleSubmitter)
 
 	// Teams, reports, chargeback.
 	r(get, "/teams/:team", s.teamPage, RuleTeamMember)
@@ -43,14 +48,37 @@ func (s *Server) routes() {
 	r(post, "/finance/close", s.closeMonthForm, RuleFinance)
 
 	// Cluster dashboard.
+	r(get, "/cluster", s.clusterPage, RuleUser)
 
 	// Admin.
+	r(get, "/admin", s.adminPage, RuleAdmin)
+	r(get, "/admin/tiers", s.adminTiersPage, RuleAdmin)
+	r(post, "/admin/tiers/:tier", s.adminTierForm, RuleAdmin)
+	r(get, "/admin/rates", s.adminRatesPage, RuleAdmin)
+	r(post, "/admin/rates/:gpu_type", s.adminRateForm, RuleAdmin)
+	r(get, "/admin/teams", s.adminTeamsPage, RuleAdmin)
+	r(post, "/admin/teams", s.adminTeamForm, RuleAdmin)
+	r(post, "/admin/teams/:team", s.adminTeamForm, RuleAdmin)
+	r(get, "/admin/policy", s.adminPolicyPage, RuleAdmin)
+	r(post, "/admin/policy", s.adminPolicyForm, RuleAdmin)
+	r(get, "/admin/audit", s.auditPage, RuleAdmin)
+	r(get, "/admin/versions", s.versionsPage, RuleAdmin)
 
 	// Policy docs.
+	r(get, "/docs", s.docsPage, RuleUser)
 
 	// Health and nodes.
+	r(get, "/nodes", s.nodesPage, RuleUser)
+	r(post, "/nodes/notifications/read", s.readNotificationsForm, RuleAdmin)
+	r(get, "/nodes/:name", s.nodePage, RuleUser)
+	r(post, "/nodes/:name/drain", s.drainNodeForm, RuleAdmin)
+	r(post, "/nodes/:name/undrain", s.undrainNodeForm, RuleAdmin)
+	r(post, "/nodes/:name/labels", s.nodeLabelsForm, RuleAdmin)
+	r(get, "/admin/health", s.healthRulesPage, RuleAdmin)
+	r(post, "/admin/health", s.healthRulesForm, RuleAdmin)
 
 	// Cloud burst.
+	r(get, "/burst", s.burstPage, RuleUser)
 
 	// JSON API.
 	const api = "/api/v1"
@@ -58,7 +86,7 @@ func (s *Server) routes() {
 	r(post, api+"/jobs", s.apiSubmitJob, RuleSubmitter)
 	r(get, api+"/jobs", s.apiListJobs, RuleUser)
 	r(get, api+"/jobs/:id", s.apiGetJob, RuleUser)
-	r(post, api+"/jobs/:id/cancel", s.apiCancelJob, RuleUser)
+	r(post, api+"/jobs/:id/cancel", s.apiCancelJob, RuleSubmitter)
 	r(get, api+"/jobs/:id/log", s.apiJobLog, RuleUser)
 	r(get, api+"/alerts", s.apiAlerts, RuleUser)
 	r(get, api+"/teams/:team/budget", s.apiTeamBudget, RuleTeamMember)
@@ -68,7 +96,35 @@ func (s *Server) routes() {
 	r(get, api+"/chargeback", s.apiChargeback, RuleLeadOrFinance)
 	r(get, api+"/chargeback.csv", s.apiChargebackCSV, RuleLeadOrFinance)
 	r(post, api+"/chargeback/:month/close", s.apiCloseMonth, RuleFinance)
+	r(get, api+"/cluster", s.apiCluster, RuleUser)
+	r(get, api+"/fairshare", s.apiFairShare, RuleUser)
 	// (API: cluster, admin, tokens, health, burst go here, grouped.)
+	r(get, api+"/burst", s.apiBurst, RuleUser)
+	r(get, api+"/tokens", s.apiListTokens, RuleUser)
+	r(post, api+"/tokens", s.apiCreateToken, RuleUser)
+	r(del, api+"/tokens/:id", s.apiRevokeToken, RuleUser)
+	// API: admin policy editing, audit (admin); the policy in force (everyone).
+	r(get, api+"/policy", s.apiGetPolicy, RuleUser)
+	r(put, api+"/policy", s.apiPutPolicy, RuleAdmin)
+	r(get, api+"/policy/versions", s.apiPolicyVersions, RuleAdmin)
+	r(get, api+"/tiers", s.apiListTiers, RuleUser)
+	r(put, api+"/tiers/:tier", s.apiUpdateTier, RuleAdmin)
+	r(get, api+"/rates", s.apiRates, RuleUser)
+	r(put, api+"/rates/:gpu_type", s.apiSetRate, RuleAdmin)
+	r(get, api+"/teams", s.apiListTeams, RuleAdmin)
+	r(post, api+"/teams", s.apiCreateTeam, RuleAdmin)
+	r(put, api+"/teams/:team", s.apiUpdateTeam, RuleAdmin)
+	r(get, api+"/audit", s.apiAudit, RuleAdmin)
+	r(get, api+"/audit.csv", s.apiAuditCSV, RuleAdmin)
+	// API: nodes and health.
+	r(get, api+"/nodes", s.apiListNodes, RuleUser)
+	r(get, api+"/nodes/:name", s.apiGetNode, RuleUser)
+	r(post, api+"/nodes/:name/drain", s.apiDrainNode, RuleAdmin)
+	r(post, api+"/nodes/:name/undrain", s.apiUndrainNode, RuleAdmin)
+	r(put, api+"/nodes/:name/labels", s.apiSetNodeLabels, RuleAdmin)
+	r(get, api+"/health/rules", s.apiHealthRules, RuleUser)
+	r(put, api+"/health/rules", s.apiSetHealthRules, RuleAdmin)
+	r(get, api+"/notifications", s.apiNotifications, RuleAdmin)
 	r(anyMethod, api+"/*", s.apiNotFound, RulePublic)
 
 	// Node agents (node tokens, checked by the handlers).
@@ -80,5 +136,5 @@ func (s *Server) routes() {
 	r(post, ag+"/jobs/started", s.agentStarted, RuleNode)
 	r(post, ag+"/jobs/exited", s.agentExited, RuleNode)
 	r(post, ag+"/jobs/log", s.agentLog, RuleNode)
-	r(anyMethod, ag+"/*", s.apiNotFound, RuleNode)
+	r(anyMethod, ag+"/*", s.apiNotFound, RulePublic) // a 404, whoever asks
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/jobs"
 	"github.com/allotlabs/allot/internal/metric"
 	"github.com/allotlabs/allot/internal/store"
 	"github.com/labstack/echo/v4"
@@ -40,6 +41,12 @@ type Config struct {
 	HeartbeatInterval time.Duration
 	// Rollup brings the charge lines up to date (before a month closes).
 	Rollup func(ctx context.Context) error
+	// OIDC is the single sign-on configuration (oidc.go); empty Issuer:
+	// no SSO.
+	OIDC OIDCConfig
+	// Burst is the worker's cloud-burst configuration, shown on /burst
+	// (the page shows the rule's live inputs whether or not burst is on).
+	Burst jobs.BurstConfig
 }
 
 // Server serves the portal and the API.
@@ -51,6 +58,7 @@ type Server struct {
 	http     *metric.HTTP
 	log      *slog.Logger
 	st       *store.Store
+	oidc     *oidcClient // nil without SSO
 }
 
 const (
@@ -79,6 +87,9 @@ func New(cfg Config) *Server {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	s := &Server{cfg: cfg, notifier: cfg.Notifier, e: e, http: metric.NewHTTP(cfg.Registry), log: cfg.Logger, st: cfg.Store}
+	if cfg.OIDC.Enabled() {
+		s.oidc = newOIDCClient(cfg.OIDC)
+	}
 	e.HTTPErrorHandler = s.handleError
 	e.Use(s.observe, middleware.Recover(), middleware.BodyLimit("1M"), middleware.SecureWithConfig(middleware.SecureConfig{
 		XSSProtection: "0", ContentTypeNosniff: "nosniff", XFrameOptions: "DENY", ReferrerPolicy: "same-origin",
@@ -93,6 +104,8 @@ func New(cfg Config) *Server {
 		CookieSecure:   cfg.SecureCookies,
 		CookieSameSite: http.SameSiteLaxMode,
 		ContextKey:     ctxCSRF,
+		// A missing token is refused like a wrong one: 403.
+		ErrorHandler: func(error, echo.Context) error { return middleware.ErrCSRFInvalid },
 	}))
 	e.Use(s.authenticate)
 	s.routes()

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/allotlabs/allot/internal/jobs"
@@ -34,6 +35,11 @@ type Config struct {
 	HeartbeatInterval time.Duration
 	// CheckpointRoot is where checkpointable jobs get ALLOT_CHECKPOINT_DIR.
 	CheckpointRoot string
+	// OIDC is single sign-on (empty Issuer: none). An empty RedirectURL is
+	// the server's own URL + /oidc/callback.
+	OIDC web.OIDCConfig
+	// Burst configures cloud burst in the worker (off without a provider).
+	Burst jobs.BurstConfig
 }
 
 // Main is one running Allot process: HTTP server and/or River worker over
@@ -42,6 +48,8 @@ type Main struct {
 	Config
 	Pool  *pgxpool.Pool
 	Store *store.Store
+	// Server is the portal and API (nil without Addr).
+	Server *web.Server
 
 	ln       net.Listener
 	http     *http.Server
@@ -103,7 +111,7 @@ func (m *Main) Run(ctx context.Context) error {
 	if m.Worker {
 		m.river, err = jobs.NewClient(jobs.Config{Pool: pool, Store: m.Store, Logger: m.Logger, Registry: m.Registry,
 			CycleInterval: m.CycleInterval, HeartbeatInterval: m.HeartbeatInterval, CheckpointRoot: m.CheckpointRoot,
-			AllowPrivateWebhooks: m.DevMode})
+			AllowPrivateWebhooks: m.DevMode, Burst: m.Burst})
 		if err != nil {
 			return err
 		}
@@ -115,14 +123,25 @@ func (m *Main) Run(ctx context.Context) error {
 		return err
 	}
 	if m.Addr != "" {
-		srv := web.New(web.Config{Store: m.Store, Logger: m.Logger, Registry: m.Registry, DevMode: m.DevMode,
+		m.ln, err = net.Listen("tcp", m.Addr)
+		if err != nil {
+			return fmt.Errorf("listening on %s: %w", m.Addr, err)
+		}
+		oidcCfg := m.OIDC
+		if oidcCfg.Enabled() && oidcCfg.RedirectURL == "" {
+			oidcCfg.RedirectURL = m.URL() + "/oidc/callback"
+		}
+		srv := web.New(web.Config{OIDC: oidcCfg, SecureCookies: strings.HasPrefix(oidcCfg.RedirectURL, "https://"),
+			Store: m.Store, Logger: m.Logger, Registry: m.Registry, DevMode: m.DevMode, Burst: m.Burst,
 			OnJobEvent: m.Trigger, HeartbeatInterval: m.HeartbeatInterval,
 			Rollup: func(ctx context.Context) error { _, err := jobs.Rollup(ctx, m.Store, m.Store.Now()); return err }})
+		m.Server = srv
 		bg, stop := context.WithCancel(context.Background())
 		m.stopBg, m.bgDone = stop, make(chan struct{})
 		m.serverID = fmt.Sprintf("%s-%d-%d", hostname(), os.Getpid(), time.Now().UnixNano())
 		if err := m.Store.AnnounceServer(ctx, m.serverID); err != nil {
 			stop()
+			m.ln.Close()
 			return err
 		}
 		m.triggers = make(chan struct{}, 1)
@@ -147,10 +166,6 @@ func (m *Main) Run(ctx context.Context) error {
 				}
 			}
 		}()
-		m.ln, err = net.Listen("tcp", m.Addr)
-		if err != nil {
-			return fmt.Errorf("listening on %s: %w", m.Addr, err)
-		}
 		m.http = &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
 		m.http.RegisterOnShutdown(srv.Notifier().Close)
 		m.served = make(chan error, 1)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/allotlabs/allot/internal/demo"
 	"github.com/allotlabs/allot/internal/devdb"
+	"github.com/allotlabs/allot/internal/oidcdev"
 )
 
 const devTokenName = "dev persona token"
@@ -34,6 +35,9 @@ func devMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	dataDir := fs.String("data-dir", ".allot/pgdata", "where a private PostgreSQL keeps its data when one must be started")
 	noAgents := fs.Bool("no-agents", false, "do not start the 16 in-process agents with fake GPUs")
 	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL to use as is (default: env DATABASE_URL; unset: find or start one)")
+	noOIDC := fs.Bool("no-oidc", false, "do not start the development OIDC provider (with ALLOT_OIDC_ISSUER set, that provider is used instead)")
+	oidcPassword := fs.String("oidc-password", "demo", "password of the development OIDC provider's users noah, nadia, finn and ada")
+	bf := addBurstFlags(fs, "local")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -54,16 +58,45 @@ func devMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	cpRoot, _ := filepath.Abs(filepath.Join(filepath.Dir(*dataDir), "checkpoints"))
 	m := &Main{Config: Config{DatabaseURL: url, Addr: *addr, Worker: true, Migrate: true, DevMode: true, Logger: log, CheckpointRoot: cpRoot}}
+	// Single sign-on: the company's provider when ALLOT_OIDC_* says so,
+	// else a development provider with the demo personas.
+	var idp *oidcdev.Server
+	if m.OIDC, err = oidcFlags(flag.NewFlagSet("env", flag.ContinueOnError))(); err != nil {
+		fmt.Fprintf(stderr, "allot dev: %v\n", err)
+		return 2
+	}
+	if !m.OIDC.Enabled() && !*noOIDC {
+		if idp, m.OIDC, err = devOIDC(*oidcPassword); err != nil {
+			fmt.Fprintf(stderr, "allot dev: %v\n", err)
+			return 1
+		}
+		defer idp.Close()
+	}
+	local := newLocalBurst(m, slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	defer local.Close()
+	if m.Burst, err = bf.config(local); err != nil {
+		fmt.Fprintf(stderr, "allot dev: %v\n", err)
+		return 2
+	}
 	if err := m.Run(ctx); err != nil {
 		fmt.Fprintf(stderr, "allot dev: %v\n", err)
 		m.Close()
 		return 1
+	}
+	if idp != nil {
+		idp.Register(oidcdev.Client{ID: m.OIDC.ClientID, Secret: m.OIDC.ClientSecret, RedirectURIs: []string{m.URL() + "/oidc/callback"}})
 	}
 	defer m.Close()
 	n, err := m.Store.CountTeams(ctx)
 	if err == nil && n == 0 {
 		log.Info("seeding the demo organisation")
 		err = demo.Seed(ctx, m.Store)
+		if err == nil {
+			err = demo.SeedActivity(ctx, m.Store)
+		}
+	}
+	if err == nil && m.Burst.Provider != nil {
+		err = ensureBurstGPUType(ctx, m.Store, m.Burst.GPUType)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "allot dev: %v\n", err)
@@ -79,7 +112,19 @@ func devMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	var tokens strings.Builder
 	fmt.Fprintf(stdout, "\nAllot is running at %s (database: %s, %s)\n", m.URL(), db.Source, redactURL(url))
-	fmt.Fprintf(stdout, "Open %s/login and pick a persona.\n\nAPI tokens (new at every start):\n", m.URL())
+	fmt.Fprintf(stdout, "Open %s/login and pick a persona", m.URL())
+	switch {
+	case idp != nil:
+		fmt.Fprintf(stdout, ", or \"Sign in with SSO\" through the development OIDC provider at %s:\n", idp.Issuer())
+		for _, u := range oidcdev.DemoUsers(*oidcPassword) {
+			fmt.Fprintf(stdout, "  %-6s password %-6s groups %s\n", u.Username, u.Password, strings.Join(u.Groups, ", "))
+		}
+	case m.OIDC.Enabled():
+		fmt.Fprintf(stdout, ", or \"Sign in with SSO\" through %s.\n", m.OIDC.Issuer)
+	default:
+		fmt.Fprintln(stdout, ".")
+	}
+	fmt.Fprint(stdout, "\nAPI tokens (new at every start; make your own at /tokens):\n")
 	for _, p := range demo.Personas {
 		u, err := m.Store.UserByEmail(ctx, demo.PersonaEmail[p])
 		if err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/allotlabs/allot/internal/agent"
 	"github.com/allotlabs/allot/internal/scheduler/sim"
 	"github.com/allotlabs/allot/internal/store"
+	"github.com/allotlabs/allot/web"
 )
 
 func main() {
@@ -29,7 +30,7 @@ Run the system:
   dev       everything in one process with demo data (finds or starts PostgreSQL)
   server    portal and JSON API (DATABASE_URL)
   worker    River worker pool: scheduling cycles and periodic jobs (DATABASE_URL)
-  agent     node agent: runs the jobs the scheduler gives this node (--gpu nvml|fake)
+  agent     node agent: runs the jobs the scheduler gives this node (--gpu nvml|fake, --health-cmd PROG)
   migrate   apply database migrations (DATABASE_URL)
   node-token create NAME   make a node token for an agent (DATABASE_URL)
 
@@ -37,6 +38,8 @@ Use it:
   submit    submit a job:  allot submit --team nlp --tier 3 --gpus 8 --time 4h -- python train.py
   jobs      list jobs
   cancel    cancel a job:  allot cancel 42
+  token     personal API tokens: allot token create --name laptop | list | revoke ID
+  node      nodes (admin): allot node list | drain gpu03 --reason "fan" [--requeue] | undrain gpu03 --note "fixed"
 
 Measure it:
   sim       replay a job trace through the scheduler and baselines
@@ -64,14 +67,20 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return cmdJobs(args[1:], stdout, stderr)
 	case "cancel":
 		return cmdCancel(args[1:], stdout, stderr)
+	case "token":
+		return cmdToken(args[1:], stdout, stderr)
 	case "sim":
 		return sim.Main(args[1:], stdout, stderr)
 	case "test-env":
 		return cmdTestEnv(args[1:], stdout, stderr)
 	case "agent":
 		return agent.Main(args[1:], stdout, stderr)
+	case "oidc-provider": // hidden: the development OIDC provider
+		return cmdOIDCProvider(args[1:], stdout, stderr)
 	case "node-token":
 		return cmdNodeToken(args[1:], stdout, stderr)
+	case "node":
+		return cmdNode(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -98,9 +107,12 @@ func cmdServe(name string, args []string, stderr io.Writer) int {
 	dbURL := fs.String("database-url", "", "PostgreSQL URL (default: env DATABASE_URL)")
 	migrate := fs.Bool("migrate", false, "apply migrations before starting")
 	addr := ":8080"
+	var oidcConfig func() (web.OIDCConfig, error)
 	if name == "server" {
 		fs.StringVar(&addr, "addr", ":8080", "listen address")
+		oidcConfig = oidcFlags(fs)
 	}
+	bf := addBurstFlags(fs, "none") // the server shows the burst settings on /burst; the worker acts on them
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -115,8 +127,16 @@ func cmdServe(name string, args []string, stderr io.Writer) int {
 	cfg := Config{DatabaseURL: url, Migrate: *migrate, Logger: log}
 	if name == "server" {
 		cfg.Addr = addr
+		if cfg.OIDC, err = oidcConfig(); err != nil {
+			fmt.Fprintf(stderr, "allot %s: %v\n", name, err)
+			return 2
+		}
 	} else {
 		cfg.Worker = true
+	}
+	if cfg.Burst, err = bf.config(nil); err != nil {
+		fmt.Fprintf(stderr, "allot %s: %v\n", name, err)
+		return 2
 	}
 	m := &Main{Config: cfg}
 	if err := m.Run(ctx); err != nil {

@@ -77,6 +77,8 @@ type Config struct {
 	// SampleRetention is how long raw GPU samples are kept once rolled up
 	// (default 14 days).
 	SampleRetention time.Duration
+	// Burst configures cloud burst (off when Burst.Provider is nil).
+	Burst BurstConfig
 }
 
 // LostNodesArgs marks nodes that stopped sending heartbeats down.
@@ -200,6 +202,10 @@ func NewClient(cfg Config) (*river.Client[pgx.Tx], error) {
 	river.AddWorker(workers, &WeeklyReportWorker{Store: cfg.Store})
 	river.AddWorker(workers, &BudgetCheckWorker{Store: cfg.Store})
 	river.AddWorker(workers, &WebhookWorker{Store: cfg.Store, Backoff: cfg.WebhookBackoff, AllowPrivate: cfg.AllowPrivateWebhooks})
+	river.AddWorker(workers, &HealthWorker{Store: cfg.Store, Logger: cfg.Logger})
+	burster := NewBurster(cfg.Store, cfg.Logger, cfg.Burst)
+	river.AddWorker(workers, &BurstEvaluateWorker{Burster: burster})
+	river.AddWorker(workers, &BurstProviderWorker{Burster: burster})
 	client, err := river.NewClient(riverpgxv5.New(cfg.Pool), &river.Config{
 		// Pick up triggered cycles fast (submit → running latency); inserts
 		// wake the producer through LISTEN/NOTIFY, polling is the fallback.
@@ -217,6 +223,8 @@ func NewClient(cfg Config) (*river.Client[pgx.Tx], error) {
 				&river.PeriodicJobOpts{RunOnStart: true}),
 			river.NewPeriodicJob(river.PeriodicInterval(cfg.HeartbeatInterval/2),
 				func() (river.JobArgs, *river.InsertOpts) { return LostNodesArgs{}, nil }, nil),
+			river.NewPeriodicJob(river.PeriodicInterval(cfg.HeartbeatInterval),
+				func() (river.JobArgs, *river.InsertOpts) { return HealthArgs{}, nil }, nil),
 			river.NewPeriodicJob(river.PeriodicInterval(time.Minute),
 				func() (river.JobArgs, *river.InsertOpts) {
 					return DecayUsageArgs{}, &river.InsertOpts{UniqueOpts: river.UniqueOpts{ByPeriod: time.Minute}}
@@ -242,6 +250,13 @@ func NewClient(cfg Config) (*river.Client[pgx.Tx], error) {
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating River client: %w", err)
+	}
+	if cfg.Burst.Provider != nil {
+		every := burster.Config.Interval
+		client.PeriodicJobs().Add(river.NewPeriodicJob(river.PeriodicInterval(every),
+			func() (river.JobArgs, *river.InsertOpts) {
+				return BurstEvaluateArgs{}, &river.InsertOpts{UniqueOpts: river.UniqueOpts{ByPeriod: every}}
+			}, nil))
 	}
 	return client, nil
 }
