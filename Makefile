@@ -8,9 +8,12 @@ export CGO_CFLAGS := -Wno-deprecated-declarations
 run:
 	$(GO) run ./cmd/allot dev
 
-## test: checks, then all tests on the PostgreSQL `allot dev` would use
+## test: checks, then all tests on the PostgreSQL `allot dev` would use;
+## browser tests save their screenshots under $(ARTIFACTS)/screenshots
+ARTIFACTS ?= $(CURDIR)/.allot/test-artifacts
 test: check-generate vet
-	$(GO) run ./cmd/allot test-env -- $(GO) test -count=1 ./...
+	@mkdir -p $(ARTIFACTS)/screenshots
+	ALLOT_SCREENSHOTS=$(ARTIFACTS)/screenshots $(GO) run ./cmd/allot test-env -- $(GO) test -count=1 ./...
 
 ## generate: regenerate templ output (committed)
 generate:
