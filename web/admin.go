@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/a-h/templ"
 	"github.com/allotlabs/allot/internal/allot"
 	"github.com/allotlabs/allot/internal/store"
 	"github.com/allotlabs/allot/views"
@@ -57,6 +58,23 @@ func savedMessage(c echo.Context, what string) string {
 
 func savedURL(path, key string, r store.AdminResult, anchor string) string {
 	return fmt.Sprintf("%s?saved=%s&v=%d#%s", path, url.QueryEscape(key), r.Entry.PolicyVersion, anchor)
+}
+
+// formDone ends an admin form: with no error a 303 to next; with field
+// errors or a refusal the page again (422), built by page with the errors.
+func formDone(c echo.Context, err error, next string, page func(errs map[string]string) (templ.Component, error)) error {
+	if err == nil {
+		return redirect(c, next)
+	}
+	errs, err := formErrors(err)
+	if err != nil {
+		return err
+	}
+	view, err := page(errs)
+	if err != nil {
+		return err
+	}
+	return render(c, http.StatusUnprocessableEntity, view)
 }
 
 // formErrors turns a store or parse error into a form's error map: field
@@ -339,18 +357,10 @@ func (s *Server) adminTierForm(c echo.Context) error {
 	if err == nil {
 		r, err = s.updateTier(c, u, id, &p)
 	}
-	if err == nil {
-		return redirect(c, savedURL("/admin/tiers", string(id), r, "tier-"+string(id)))
-	}
-	errs, err := formErrors(err)
-	if err != nil {
-		return err
-	}
-	a, err := s.tiersView(c, &views.TierForm{ID: string(id), Values: v, Errors: errs})
-	if err != nil {
-		return err
-	}
-	return render(c, http.StatusUnprocessableEntity, views.AdminTiersView(a))
+	return formDone(c, err, savedURL("/admin/tiers", string(id), r, "tier-"+string(id)), func(errs map[string]string) (templ.Component, error) {
+		a, err := s.tiersView(c, &views.TierForm{ID: string(id), Values: v, Errors: errs})
+		return views.AdminTiersView(a), err
+	})
 }
 
 func (s *Server) apiListTiers(c echo.Context) error {
@@ -366,16 +376,12 @@ func (s *Server) apiListTiers(c echo.Context) error {
 }
 
 func (s *Server) apiUpdateTier(c echo.Context) error {
-	u, err := currentUser(c)
-	if err != nil {
-		return err
-	}
 	id, ok := allot.ParseTier(c.Param("tier"))
 	if !ok {
 		return allot.Errorf(allot.ENotFound, "no tier %q", c.Param("tier"))
 	}
-	var p TierPatchJSON
-	if err := decodeStrict(c.Request().Body, &p); err != nil {
+	u, p, err := userAndBody[TierPatchJSON](c)
+	if err != nil {
 		return err
 	}
 	r, err := s.updateTier(c, u, id, &p)
@@ -501,18 +507,10 @@ func (s *Server) adminRateForm(c echo.Context) error {
 	if err == nil {
 		r, err = s.setRate(c, u, gpuType, p)
 	}
-	if err == nil {
-		return redirect(c, savedURL("/admin/rates", gpuType, r, "rate-"+gpuType))
-	}
-	errs, err := formErrors(err)
-	if err != nil {
-		return err
-	}
-	a, err := s.ratesView(c, &views.RateForm{GPUType: gpuType, Values: v, Errors: errs})
-	if err != nil {
-		return err
-	}
-	return render(c, http.StatusUnprocessableEntity, views.AdminRatesView(a))
+	return formDone(c, err, savedURL("/admin/rates", gpuType, r, "rate-"+gpuType), func(errs map[string]string) (templ.Component, error) {
+		a, err := s.ratesView(c, &views.RateForm{GPUType: gpuType, Values: v, Errors: errs})
+		return views.AdminRatesView(a), err
+	})
 }
 
 // parseFormTime reads a datetime-local value (UTC) or RFC 3339.
@@ -545,12 +543,8 @@ func (s *Server) apiRates(c echo.Context) error {
 }
 
 func (s *Server) apiSetRate(c echo.Context) error {
-	u, err := currentUser(c)
+	u, p, err := userAndBody[RatePutJSON](c)
 	if err != nil {
-		return err
-	}
-	var p RatePutJSON
-	if err := decodeStrict(c.Request().Body, &p); err != nil {
 		return err
 	}
 	r, err := s.setRate(c, u, c.Param("gpu_type"), p)
@@ -752,22 +746,14 @@ func (s *Server) adminTeamForm(c echo.Context) error {
 			r, err = s.updateTeam(c, u, slug, &p)
 		}
 	}
-	if err == nil {
-		return redirect(c, savedURL("/admin/teams", slug, r, "team-"+slug))
-	}
-	errs, err := formErrors(err)
-	if err != nil {
-		return err
-	}
-	edited := &views.TeamForm{Values: v, Errors: errs}
-	if !create {
-		edited.Slug = slug
-	}
-	a, err := s.teamsView(c, edited)
-	if err != nil {
-		return err
-	}
-	return render(c, http.StatusUnprocessableEntity, views.AdminTeamsView(a))
+	return formDone(c, err, savedURL("/admin/teams", slug, r, "team-"+slug), func(errs map[string]string) (templ.Component, error) {
+		edited := &views.TeamForm{Values: v, Errors: errs}
+		if !create {
+			edited.Slug = slug
+		}
+		a, err := s.teamsView(c, edited)
+		return views.AdminTeamsView(a), err
+	})
 }
 
 func (s *Server) teamValues(c echo.Context, slug string) (store.TeamValues, error) {
@@ -783,12 +769,8 @@ func (s *Server) teamValues(c echo.Context, slug string) (store.TeamValues, erro
 }
 
 func (s *Server) apiCreateTeam(c echo.Context) error {
-	u, err := currentUser(c)
+	u, p, err := userAndBody[TeamJSON](c)
 	if err != nil {
-		return err
-	}
-	var p TeamJSON
-	if err := decodeStrict(c.Request().Body, &p); err != nil {
 		return err
 	}
 	r, err := s.createTeam(c, u, &p)
@@ -804,12 +786,8 @@ func (s *Server) apiCreateTeam(c echo.Context) error {
 }
 
 func (s *Server) apiUpdateTeam(c echo.Context) error {
-	u, err := currentUser(c)
+	u, p, err := userAndBody[TeamJSON](c)
 	if err != nil {
-		return err
-	}
-	var p TeamJSON
-	if err := decodeStrict(c.Request().Body, &p); err != nil {
 		return err
 	}
 	slug := c.Param("team")
@@ -1015,18 +993,10 @@ func (s *Server) adminPolicyForm(c echo.Context) error {
 	if err == nil {
 		r, err = s.updatePolicy(c, u, patch, note)
 	}
-	if err == nil {
-		return redirect(c, savedURL("/admin/policy", "policy", r, "policy"))
-	}
-	errs, err := formErrors(err)
-	if err != nil {
-		return err
-	}
-	a, err := s.policyView(c, typed, errs, note)
-	if err != nil {
-		return err
-	}
-	return render(c, http.StatusUnprocessableEntity, views.AdminPolicyView(a))
+	return formDone(c, err, savedURL("/admin/policy", "policy", r, "policy"), func(errs map[string]string) (templ.Component, error) {
+		a, err := s.policyView(c, typed, errs, note)
+		return views.AdminPolicyView(a), err
+	})
 }
 
 func (s *Server) apiGetPolicy(c echo.Context) error {

@@ -295,15 +295,8 @@ func (s *Server) apiAuditCSV(c echo.Context) error {
 		if e.PolicyVersion > 0 {
 			version = strconv.FormatInt(e.PolicyVersion, 10)
 		}
-		if err := w.Write([]string{strconv.FormatInt(e.ID, 10), e.At.UTC().Format(time.RFC3339Nano), e.Actor, e.Action, e.Object, version,
-			strings.Join(changes, "; "), string(compact(e.Before)), string(compact(e.After)), e.Note}); err != nil {
-			return err
-		}
-		if n++; n%1000 == 0 {
-			w.Flush()
-			return w.Error()
-		}
-		return nil
+		return writeStreamed(w, &n, []string{strconv.FormatInt(e.ID, 10), e.At.UTC().Format(time.RFC3339Nano), e.Actor, e.Action, e.Object, version,
+			strings.Join(changes, "; "), string(compact(e.Before)), string(compact(e.After)), e.Note})
 	})
 	if err != nil {
 		s.log.Error("audit CSV export broke off", "err", err)

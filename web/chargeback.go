@@ -252,15 +252,8 @@ func (s *Server) apiChargebackCSV(c echo.Context) error {
 		if l.Kind != string(billing.KindCharge) {
 			tier += " (" + strings.ReplaceAll(l.Kind, "_", " ") + ")"
 		}
-		if err := w.Write([]string{l.Month, l.Team, l.CostCenter, strconv.FormatInt(l.JobID, 10), l.JobName, l.User, tier, l.GPUType,
-			strconv.FormatInt(l.GPUs, 10), l.StartedAt, l.EndedAt, l.GPUHours, l.Rate, l.Multiplier, l.Amount, l.Currency, util}); err != nil {
-			return err
-		}
-		if n++; n%1000 == 0 {
-			w.Flush()
-			return w.Error()
-		}
-		return nil
+		return writeStreamed(w, &n, []string{l.Month, l.Team, l.CostCenter, strconv.FormatInt(l.JobID, 10), l.JobName, l.User, tier, l.GPUType,
+			strconv.FormatInt(l.GPUs, 10), l.StartedAt, l.EndedAt, l.GPUHours, l.Rate, l.Multiplier, l.Amount, l.Currency, util})
 	})
 	if err != nil {
 		if !started {
@@ -313,5 +306,18 @@ func (s *Server) closeMonth(c echo.Context) error {
 		return err
 	}
 	c.QueryParams().Set("month", m.String())
+	return nil
+}
+
+// writeStreamed writes record to w and, every 1000 records (n counts
+// them), flushes, so a long export streams out as it is read.
+func writeStreamed(w *csv.Writer, n *int, record []string) error {
+	if err := w.Write(record); err != nil {
+		return err
+	}
+	if *n++; *n%1000 == 0 {
+		w.Flush()
+		return w.Error()
+	}
 	return nil
 }

@@ -215,12 +215,8 @@ type LabelsJSON struct {
 }
 
 func (s *Server) apiDrainNode(c echo.Context) error {
-	u, err := currentUser(c)
+	u, in, err := userAndBody[DrainJSON](c)
 	if err != nil {
-		return err
-	}
-	var in DrainJSON
-	if err := decodeStrict(c.Request().Body, &in); err != nil {
 		return err
 	}
 	res, err := s.st.DrainNode(c.Request().Context(), u.Email, c.Param("name"), in.Reason, in.Requeue)
@@ -240,12 +236,8 @@ func (s *Server) apiDrainNode(c echo.Context) error {
 }
 
 func (s *Server) apiUndrainNode(c echo.Context) error {
-	u, err := currentUser(c)
+	u, in, err := userAndBody[UndrainJSON](c)
 	if err != nil {
-		return err
-	}
-	var in UndrainJSON
-	if err := decodeStrict(c.Request().Body, &in); err != nil {
 		return err
 	}
 	if err := s.st.UndrainNode(c.Request().Context(), u.Email, c.Param("name"), in.Note); err != nil {
@@ -260,12 +252,8 @@ func (s *Server) apiUndrainNode(c echo.Context) error {
 }
 
 func (s *Server) apiSetNodeLabels(c echo.Context) error {
-	u, err := currentUser(c)
+	u, in, err := userAndBody[LabelsJSON](c)
 	if err != nil {
-		return err
-	}
-	var in LabelsJSON
-	if err := decodeStrict(c.Request().Body, &in); err != nil {
 		return err
 	}
 	if err := s.st.SetNodeLabels(c.Request().Context(), u.Email, c.Param("name"), in.Labels, in.Note); err != nil {
@@ -291,12 +279,8 @@ func (s *Server) apiHealthRules(c echo.Context) error {
 }
 
 func (s *Server) apiSetHealthRules(c echo.Context) error {
-	u, err := currentUser(c)
+	u, in, err := userAndBody[HealthRulesJSON](c)
 	if err != nil {
-		return err
-	}
-	var in HealthRulesJSON
-	if err := decodeStrict(c.Request().Body, &in); err != nil {
 		return err
 	}
 	if in.Rules == nil {
@@ -636,22 +620,17 @@ func (s *Server) nodeFormResult(c echo.Context, name, saved string, err error, t
 	if err == nil {
 		return redirect(c, "/nodes/"+url.PathEscape(name)+"?saved="+url.QueryEscape(saved))
 	}
-	code := allot.ErrorCode(err)
-	if code != allot.EInvalid && code != allot.EConflict {
-		return err
+	errs, ferr := formErrors(err)
+	if ferr != nil {
+		return ferr
 	}
 	d, derr := s.nodeDetail(c, name)
 	if derr != nil {
 		return derr
 	}
-	d.Form = typed
-	if f := allot.Fields(err); len(f) > 0 {
-		d.Errors = f
-	} else {
-		d.Errors = map[string]string{"_form": allot.ErrorMessage(err)}
-	}
+	d.Form, d.Errors = typed, errs
 	status := http.StatusUnprocessableEntity
-	if code == allot.EConflict {
+	if allot.ErrorCode(err) == allot.EConflict {
 		status = http.StatusConflict
 	}
 	return render(c, status, views.NodeDetailView(d))

@@ -193,6 +193,20 @@ func currentUser(c echo.Context) (*allot.User, error) {
 	return nil, allot.Errorf(allot.EUnauthorized, "log in to continue")
 }
 
+// userAndBody returns the caller and the request's JSON body read into a
+// T by decodeStrict.
+func userAndBody[T any](c echo.Context) (*allot.User, T, error) {
+	var body T
+	u, err := currentUser(c)
+	if err != nil {
+		return nil, body, err
+	}
+	if err := decodeStrict(c.Request().Body, &body); err != nil {
+		return nil, body, err
+	}
+	return u, body, nil
+}
+
 func (s *Server) jobEvent(ctx context.Context) {
 	if s.cfg.OnJobEvent != nil {
 		s.cfg.OnJobEvent(ctx)

@@ -43,12 +43,17 @@ func (s *Server) tokensPage(c echo.Context) error {
 	return s.renderTokens(c, http.StatusOK, views.Tokens{})
 }
 
-func (s *Server) renderTokens(c echo.Context, status int, t views.Tokens) error {
+// callerTokens lists the caller's own API tokens.
+func (s *Server) callerTokens(c echo.Context) ([]store.APIToken, error) {
 	u, err := currentUser(c)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	list, err := s.st.ListAPITokens(c.Request().Context(), u.ID)
+	return s.st.ListAPITokens(c.Request().Context(), u.ID)
+}
+
+func (s *Server) renderTokens(c echo.Context, status int, t views.Tokens) error {
+	list, err := s.callerTokens(c)
 	if err != nil {
 		return err
 	}
@@ -95,14 +100,20 @@ func (s *Server) revokeTokenForm(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := s.revokeToken(c, &allot.User{ID: u.ID, Email: u.Email}); err != nil {
+		return err
+	}
+	return redirect(c, "/tokens")
+}
+
+// revokeToken revokes the token the path names, as by.
+func (s *Server) revokeToken(c echo.Context, by *allot.User) error {
 	id, err := strconv.ParseInt(c.Param("id"), 10, 64)
 	if err != nil {
 		return allot.Errorf(allot.ENotFound, "no API token %q", c.Param("id"))
 	}
-	if _, err := s.st.RevokeAPIToken(c.Request().Context(), id, &allot.User{ID: u.ID, Email: u.Email}); err != nil {
-		return err
-	}
-	return redirect(c, "/tokens")
+	_, err = s.st.RevokeAPIToken(c.Request().Context(), id, by)
+	return err
 }
 
 // TokenJSON is an API token as the API shows it; Token (the secret) is
@@ -143,11 +154,7 @@ func tokenJSON(t *store.APIToken, now time.Time) TokenJSON {
 }
 
 func (s *Server) apiListTokens(c echo.Context) error {
-	u, err := currentUser(c)
-	if err != nil {
-		return err
-	}
-	list, err := s.st.ListAPITokens(c.Request().Context(), u.ID)
+	list, err := s.callerTokens(c)
 	if err != nil {
 		return err
 	}
@@ -159,12 +166,8 @@ func (s *Server) apiListTokens(c echo.Context) error {
 }
 
 func (s *Server) apiCreateToken(c echo.Context) error {
-	u, err := currentUser(c)
+	u, req, err := userAndBody[TokenRequest](c)
 	if err != nil {
-		return err
-	}
-	var req TokenRequest
-	if err := decodeStrict(c.Request().Body, &req); err != nil {
 		return err
 	}
 	exp, err := parseExpiry(req.ExpiresAt)
@@ -188,11 +191,7 @@ func (s *Server) apiRevokeToken(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	id, err := strconv.ParseInt(c.Param("id"), 10, 64)
-	if err != nil {
-		return allot.Errorf(allot.ENotFound, "no API token %q", c.Param("id"))
-	}
-	if _, err := s.st.RevokeAPIToken(c.Request().Context(), id, u); err != nil {
+	if err := s.revokeToken(c, u); err != nil {
 		return err
 	}
 	return c.NoContent(http.StatusNoContent)

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/allotlabs/allot/internal/demo"
-	"github.com/allotlabs/allot/internal/store/storetest"
 )
 
 // BenchmarkChargebackCSV1M streams a 1,000,000-line chargeback CSV through
@@ -19,14 +18,8 @@ import (
 // (it must stay flat: rows are streamed, never held). -benchtime 1x.
 func BenchmarkChargebackCSV1M(b *testing.B) {
 	ctx := context.Background()
-	m := &Main{Config: Config{DatabaseURL: storetest.URL(b), Addr: "127.0.0.1:0"}}
-	if err := m.Run(ctx); err != nil {
-		b.Fatal(err)
-	}
-	defer m.Close()
-	if err := demo.Seed(ctx, m.Store); err != nil {
-		b.Fatal(err)
-	}
+	m := &Main{}
+	startSeeded(b, &m)
 	_, err := m.Pool.Exec(ctx, `
 		INSERT INTO charge_lines (line_key, month, kind, usage_hour, job_id, segment, team, cost_center, user_email, tier, gpu_type,
 			rate_from, multiplier_from, from_at, to_at, gpu_seconds, rate_micros, multiplier_bp, amount_micros, currency)
@@ -97,14 +90,8 @@ func BenchmarkChargebackCSV1M(b *testing.B) {
 // allocation rows over 12 months for the team. -benchtime 1x.
 func BenchmarkTeamDashboardYear(b *testing.B) {
 	ctx := context.Background()
-	m := &Main{Config: Config{DatabaseURL: storetest.URL(b), Addr: "127.0.0.1:0"}}
-	if err := m.Run(ctx); err != nil {
-		b.Fatal(err)
-	}
-	defer m.Close()
-	if err := demo.Seed(ctx, m.Store); err != nil {
-		b.Fatal(err)
-	}
+	m := &Main{}
+	startSeeded(b, &m)
 	for _, q := range []string{
 		`INSERT INTO jobs (name, team, user_id, tier, gpus, gpu_type, time_limit_s, command, state, submitted_at, started_at, ended_at, segment, run_as)
 			SELECT 'year-' || i, 'nlp', (SELECT id FROM users WHERE email = 'noah@example.com'), '3', 8, 'A100-80GB', 36000, '{true}', 'completed',

@@ -14,26 +14,9 @@ import (
 // engineer is refused the admin page with a clear message.
 func TestBrowserAdminChangesMultiplier(t *testing.T) {
 	e := boot(t)
-	ctx := chromium(t)
-	css := func(sel string) chromedp.CSS { return chromedp.CSS(sel) }
-	text := func(sel string) string {
-		t.Helper()
-		v, err := chromedp.Run(ctx, chromedp.Text(css(sel)))
-		if err != nil {
-			t.Fatalf("reading %s: %v", sel, err)
-		}
-		return strings.TrimSpace(v)
-	}
-	do := func(steps ...chromedp.Action[chromedp.Void]) {
-		t.Helper()
-		if err := chromedp.Do(ctx, steps...); err != nil {
-			t.Fatal(err)
-		}
-	}
-	do(chromedp.Navigate(e.url+"/login"),
-		chromedp.Click(css(`[data-testid="persona-`+demo.Admin+`"]`)),
-		chromedp.WaitVisible(css(`[data-testid="whoami"]`)),
-		chromedp.Navigate(e.url+"/admin"),
+	b := browse(t)
+	b.login(e.url+"/login", demo.Admin, `[data-testid="whoami"]`)
+	b.do(chromedp.Navigate(e.url+"/admin"),
 		chromedp.WaitVisible(css(`[data-testid="policy-version"]`)),
 		chromedp.Click(css(`[data-testid="tab-tiers"]`)),
 		chromedp.WaitVisible(css(`[data-testid="tier-form-3"]`)),
@@ -42,53 +25,53 @@ func TestBrowserAdminChangesMultiplier(t *testing.T) {
 		chromedp.Click(css(`[data-testid="save-tier-3"]`)),
 		chromedp.WaitVisible(css(`[data-testid="tier-form-3"] [data-testid="saved"]`)),
 		chromedp.ScrollIntoView(css(`[data-testid="tier-form-3"]`)))
-	screenshot(t, ctx, "admin-tiers")
-	if saved := text(`[data-testid="tier-form-3"] [data-testid="saved"]`); !strings.HasPrefix(saved, "Saved tier 3 as policy version") {
+	screenshot(t, b.ctx, "admin-tiers")
+	if saved := b.text(`[data-testid="tier-form-3"] [data-testid="saved"]`); !strings.HasPrefix(saved, "Saved tier 3 as policy version") {
 		t.Errorf("confirmation %q", saved)
 	}
 
-	do(chromedp.Click(css(`[data-testid="nav-docs"]`)), chromedp.WaitVisible(css(`[data-testid="docs-tiers"]`)))
-	screenshot(t, ctx, "docs")
-	if m := text(`[data-testid="docs-tier-3"] [data-testid="multiplier"]`); m != "×1.5" {
+	b.do(chromedp.Click(css(`[data-testid="nav-docs"]`)), chromedp.WaitVisible(css(`[data-testid="docs-tiers"]`)))
+	screenshot(t, b.ctx, "docs")
+	if m := b.text(`[data-testid="docs-tier-3"] [data-testid="multiplier"]`); m != "×1.5" {
 		t.Errorf("docs show tier 3 at %q", m)
 	}
-	if a := text(`[data-testid="docs-example-3"] td:last-child`); a != "134.40 USD" {
+	if a := b.text(`[data-testid="docs-example-3"] td:last-child`); a != "134.40 USD" {
 		t.Errorf("docs example for tier 3: %q", a)
 	}
 
-	do(chromedp.Navigate(e.url+"/admin/audit"), chromedp.WaitVisible(css(`[data-testid="audit-table"]`)))
-	screenshot(t, ctx, "audit")
+	b.do(chromedp.Navigate(e.url+"/admin/audit"), chromedp.WaitVisible(css(`[data-testid="audit-table"]`)))
+	screenshot(t, b.ctx, "audit")
 	row := `[data-testid="audit-table"] tbody tr:first-child`
-	if a, ch, who, note := text(row+` [data-testid="action"]`), text(row+` [data-testid="change-multiplier"]`), text(row+` [data-testid="actor"]`),
-		text(row+` [data-testid="note"]`); a != "tier.update" || ch != "multiplier: 1 → 1.5" || who != "ada@example.com" || note != "experiments use the new cluster" {
+	if a, ch, who, note := b.text(row+` [data-testid="action"]`), b.text(row+` [data-testid="change-multiplier"]`), b.text(row+` [data-testid="actor"]`),
+		b.text(row+` [data-testid="note"]`); a != "tier.update" || ch != "multiplier: 1 → 1.5" || who != "ada@example.com" || note != "experiments use the new cluster" {
 		t.Errorf("audit row: %q %q %q %q", a, ch, who, note)
 	}
 
 	// The other admin pages render (screenshots for the README), and the
 	// tiers page fits a phone.
 	for _, page := range []string{"rates", "teams", "policy", "versions"} {
-		do(chromedp.Navigate(e.url+"/admin/"+page), chromedp.WaitVisible(css(`[data-testid="tab-`+page+`"][aria-current="page"]`)))
-		screenshot(t, ctx, "admin-"+page)
+		b.do(chromedp.Navigate(e.url+"/admin/"+page), chromedp.WaitVisible(css(`[data-testid="tab-`+page+`"][aria-current="page"]`)))
+		screenshot(t, b.ctx, "admin-"+page)
 	}
-	do(chromedp.EmulateViewport(390, 844), chromedp.Navigate(e.url+"/admin/tiers"), chromedp.WaitVisible(css(`[data-testid="tier-form-3"]`)))
-	screenshot(t, ctx, "admin-tiers-phone")
+	b.do(chromedp.EmulateViewport(390, 844), chromedp.Navigate(e.url+"/admin/tiers"), chromedp.WaitVisible(css(`[data-testid="tier-form-3"]`)))
+	screenshot(t, b.ctx, "admin-tiers-phone")
 	// (The shared header is measured by the layout's own tests.)
-	if w, err := chromedp.Run(ctx, chromedp.Evaluate[int](`Math.ceil(Math.max(...[...document.querySelectorAll('main article, main form, main input')].map(e => e.getBoundingClientRect().right)))`)); err != nil || w > 390 {
+	if w, err := chromedp.Run(b.ctx, chromedp.Evaluate[int](`Math.ceil(Math.max(...[...document.querySelectorAll('main article, main form, main input')].map(e => e.getBoundingClientRect().right)))`)); err != nil || w > 390 {
 		t.Errorf("tier forms on a phone reach %d px (%v)", w, err)
 	}
-	do(chromedp.EmulateViewport(1280, 1000))
+	b.do(chromedp.EmulateViewport(1280, 1000))
 
 	// The engineer: no Admin link, and the page itself refuses.
-	do(chromedp.Click(css(`form[action="/logout"] button`)),
+	b.do(chromedp.Click(css(`form[action="/logout"] button`)),
 		chromedp.WaitVisible(css(`[data-testid="persona-`+demo.Engineer+`"]`)),
 		chromedp.Click(css(`[data-testid="persona-`+demo.Engineer+`"]`)),
 		chromedp.WaitVisible(css(`[data-testid="whoami"]`)))
-	if n, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll('[data-testid="nav-admin"]').length`)); err != nil || n != 0 {
+	if n, err := chromedp.Run(b.ctx, chromedp.Evaluate[int](`document.querySelectorAll('[data-testid="nav-admin"]').length`)); err != nil || n != 0 {
 		t.Errorf("engineer sees an Admin link (%d, %v)", n, err)
 	}
-	do(chromedp.Navigate(e.url+"/admin"), chromedp.WaitVisible(css(`[data-testid="error-message"]`)))
-	screenshot(t, ctx, "admin-denied")
-	if h, msg := text("h1"), text(`[data-testid="error-message"]`); h != "Forbidden" || msg != "only admins may do this" {
+	b.do(chromedp.Navigate(e.url+"/admin"), chromedp.WaitVisible(css(`[data-testid="error-message"]`)))
+	screenshot(t, b.ctx, "admin-denied")
+	if h, msg := b.text("h1"), b.text(`[data-testid="error-message"]`); h != "Forbidden" || msg != "only admins may do this" {
 		t.Errorf("engineer on /admin: %q %q", h, msg)
 	}
 }

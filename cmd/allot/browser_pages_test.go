@@ -17,35 +17,6 @@ import (
 	"github.com/chromedp/chromedp"
 )
 
-// browserSteps wraps a Chromium context with fatal-on-error helpers.
-type browserSteps struct {
-	t   *testing.T
-	ctx context.Context
-}
-
-func (b browserSteps) do(steps ...chromedp.Action[chromedp.Void]) {
-	b.t.Helper()
-	if err := chromedp.Do(b.ctx, steps...); err != nil {
-		b.t.Fatal(err)
-	}
-}
-
-func (b browserSteps) text(sel string) string {
-	b.t.Helper()
-	v, err := chromedp.Run(b.ctx, chromedp.Text(chromedp.CSS(sel)))
-	if err != nil {
-		b.t.Fatalf("reading %s: %v", sel, err)
-	}
-	return strings.TrimSpace(v)
-}
-
-func (b browserSteps) login(url, persona, waitFor string) {
-	b.t.Helper()
-	b.do(chromedp.Navigate(url+"/login"),
-		chromedp.Click(chromedp.CSS(`[data-testid="persona-`+persona+`"]`)),
-		chromedp.WaitVisible(chromedp.CSS(waitFor)))
-}
-
 // pageShot saves the 1280 × 900 viewport (not the whole page, to keep the
 // PNG small) as $ALLOT_SCREENSHOTS/name.png when the variable is set. A
 // relative directory is taken from the repository root, so
@@ -76,9 +47,8 @@ func pageShot(t *testing.T, ctx context.Context, name string) {
 // page with the scheduler's reason and its queue position.
 func TestBrowserPendingExplained(t *testing.T) {
 	e := boot(t)
-	b := browserSteps{t, chromium(t)}
-	css := func(s string) chromedp.CSS { return chromedp.CSS(s) }
-	b.login(e.url, demo.Engineer, `[data-testid="jobs-table"]`)
+	b := browse(t)
+	b.login(e.url+"/login", demo.Engineer, `[data-testid="jobs-table"]`)
 	before := e.jobCount()
 	b.do(chromedp.Navigate(e.url+"/jobs/new"),
 		chromedp.WaitVisible(css(`[data-testid="job-form"]`)),
@@ -130,8 +100,8 @@ func TestBrowserChargebackCSV(t *testing.T) {
 	if _, err := jobs.Rollup(ctx, e.m.Store, time.Now().Add(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
-	b := browserSteps{t, chromium(t)}
-	b.login(e.url, demo.Finance, `[data-testid="whoami"]`)
+	b := browse(t)
+	b.login(e.url+"/login", demo.Finance, `[data-testid="whoami"]`)
 	b.do(chromedp.Navigate(e.url+"/finance"), chromedp.WaitVisible(chromedp.CSS(`[data-testid="export"]`)))
 	shown := b.text(`[data-testid="finance-teams"] tfoot td:last-child`)
 	href, err := chromedp.Run(b.ctx, chromedp.AttributeValue(chromedp.CSS(`[data-testid="export"]`), "href"))
@@ -188,7 +158,6 @@ func TestBrowserPages(t *testing.T) {
 	if _, err := (&jobs.Scheduler{Store: e.m.Store}).Cycle(ctx); err != nil {
 		t.Fatal(err)
 	}
-	css := func(s string) chromedp.CSS { return chromedp.CSS(s) }
 	for _, tt := range []struct {
 		persona, path, wait, shot string
 	}{
@@ -198,9 +167,9 @@ func TestBrowserPages(t *testing.T) {
 		{demo.Admin, "/cluster", `[data-testid="chart-history"]`, "admin-cluster"},
 	} {
 		t.Run(tt.persona, func(t *testing.T) {
-			b := browserSteps{t, chromium(t)}
+			b := browse(t)
 			b.do(chromedp.EmulateViewport(1280, 900))
-			b.login(e.url, tt.persona, `[data-testid="whoami"]`)
+			b.login(e.url+"/login", tt.persona, `[data-testid="whoami"]`)
 			path := tt.path
 			b.do(chromedp.Navigate(e.url+path), chromedp.WaitVisible(css(tt.wait)))
 			if strings.Contains(b.text("main"), "Internal Server Error") {

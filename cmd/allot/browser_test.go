@@ -38,6 +38,46 @@ func chromium(t *testing.T) context.Context {
 	return ctx
 }
 
+// browserSteps wraps a Chromium context with fatal-on-error helpers.
+type browserSteps struct {
+	t   *testing.T
+	ctx context.Context
+}
+
+// browse opens headless Chromium (see chromium) for t.
+func browse(t *testing.T) browserSteps {
+	t.Helper()
+	return browserSteps{t, chromium(t)}
+}
+
+func (b browserSteps) do(steps ...chromedp.Action[chromedp.Void]) {
+	b.t.Helper()
+	if err := chromedp.Do(b.ctx, steps...); err != nil {
+		b.t.Fatal(err)
+	}
+}
+
+// text is the text of the first element sel matches, trimmed.
+func (b browserSteps) text(sel string) string {
+	b.t.Helper()
+	v, err := chromedp.Run(b.ctx, chromedp.Text(css(sel)))
+	if err != nil {
+		b.t.Fatalf("reading %s: %v", sel, err)
+	}
+	return strings.TrimSpace(v)
+}
+
+// login opens start (a full URL that shows someone signed out the dev
+// persona picker), picks persona and waits until waitFor is visible.
+func (b browserSteps) login(start, persona, waitFor string) {
+	b.t.Helper()
+	b.do(chromedp.Navigate(start),
+		chromedp.Click(css(`[data-testid="persona-`+persona+`"]`)),
+		chromedp.WaitVisible(css(waitFor)))
+}
+
+func css(sel string) chromedp.CSS { return chromedp.CSS(sel) }
+
 // screenshot saves the page to $ALLOT_SCREENSHOTS/name.png when set.
 func screenshot(t *testing.T, ctx context.Context, name string) {
 	dir := os.Getenv("ALLOT_SCREENSHOTS")
@@ -57,63 +97,46 @@ func screenshot(t *testing.T, ctx context.Context, name string) {
 // (HTMX), get an inline field error, fix it, submit, and find the job.
 func TestBrowserSubmit(t *testing.T) {
 	e := boot(t)
-	ctx := chromium(t)
-	css := func(sel string) chromedp.CSS { return chromedp.CSS(sel) }
-	text := func(sel string) string {
-		t.Helper()
-		v, err := chromedp.Run(ctx, chromedp.Text(css(sel)))
-		if err != nil {
-			t.Fatalf("reading %s: %v", sel, err)
-		}
-		return v
-	}
-	do := func(steps ...chromedp.Action[chromedp.Void]) {
-		t.Helper()
-		if err := chromedp.Do(ctx, steps...); err != nil {
-			t.Fatal(err)
-		}
-	}
-	do(chromedp.Navigate(e.url+"/"),
-		chromedp.Click(css(`[data-testid="persona-`+demo.Engineer+`"]`)),
-		chromedp.WaitVisible(css(`[data-testid="jobs-table"]`)))
-	if whoami := text(`[data-testid="whoami"]`); !strings.Contains(whoami, "Noah Kim") {
+	b := browse(t)
+	b.login(e.url+"/", demo.Engineer, `[data-testid="jobs-table"]`)
+	if whoami := b.text(`[data-testid="whoami"]`); !strings.Contains(whoami, "Noah Kim") {
 		t.Errorf("header says %q", whoami)
 	}
-	do(chromedp.Navigate(e.url+"/jobs/new"),
+	b.do(chromedp.Navigate(e.url+"/jobs/new"),
 		chromedp.WaitVisible(css(`[data-testid="job-form"]`)),
 		chromedp.SetValue(css(`input[name="gpus"]`), "8"),
 		chromedp.SetValue(css(`input[name="time_limit"]`), "4h"),
 		chromedp.SendKeys(css(`input[name="command"]`), "python train.py --lr 3e-4"),
 		chromedp.SendKeys(css(`input[name="name"]`), "browser-job"),
 		chromedp.WaitVisible(css(`[data-testid="quota"][data-kind="warn"]`)))
-	screenshot(t, ctx, "submit-form")
-	if quota := text(`[data-testid="quota"]`); !strings.Contains(quota, "Budget exceeded by") || !strings.Contains(quota, "preemptible") {
+	screenshot(t, b.ctx, "submit-form")
+	if quota := b.text(`[data-testid="quota"]`); !strings.Contains(quota, "Budget exceeded by") || !strings.Contains(quota, "preemptible") {
 		t.Errorf("budget check before submit says %q", quota)
 	}
 
 	// A bad value gets an inline error and keeps what was typed.
-	do(chromedp.SetValue(css(`input[name="time_limit"]`), "0"),
+	b.do(chromedp.SetValue(css(`input[name="time_limit"]`), "0"),
 		chromedp.Click(css(`[data-testid="submit"]`)),
 		chromedp.WaitVisible(css(`[data-testid="error-time_limit_s"]`)))
-	screenshot(t, ctx, "submit-error")
-	gpusKept, err := chromedp.Run(ctx, chromedp.Value(css(`input[name="gpus"]`)))
+	screenshot(t, b.ctx, "submit-error")
+	gpusKept, err := chromedp.Run(b.ctx, chromedp.Value(css(`input[name="gpus"]`)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fieldErr := text(`[data-testid="error-time_limit_s"]`); fieldErr != "must be positive" || gpusKept != "8" {
+	if fieldErr := b.text(`[data-testid="error-time_limit_s"]`); fieldErr != "must be positive" || gpusKept != "8" {
 		t.Errorf("inline error %q, gpus kept %q", fieldErr, gpusKept)
 	}
 
-	do(chromedp.SetValue(css(`input[name="time_limit"]`), "4h"),
+	b.do(chromedp.SetValue(css(`input[name="time_limit"]`), "4h"),
 		chromedp.Click(css(`[data-testid="submit"]`)),
 		chromedp.WaitVisible(css(`[data-testid="quota-warning"]`)))
-	screenshot(t, ctx, "job-page")
-	if title, state := text(`h1`), text(`[data-testid="state"]`); !strings.Contains(title, "browser-job") || state != "pending" {
+	screenshot(t, b.ctx, "job-page")
+	if title, state := b.text(`h1`), b.text(`[data-testid="state"]`); !strings.Contains(title, "browser-job") || state != "pending" {
 		t.Errorf("job page: title %q state %q", title, state)
 	}
-	do(chromedp.Navigate(e.url+"/jobs?state=pending"), chromedp.WaitVisible(css(`[data-testid="jobs-table"]`)))
-	screenshot(t, ctx, "jobs-list")
-	if listed := text(`[data-testid="jobs-table"] tbody`); !strings.Contains(listed, "browser-job") {
+	b.do(chromedp.Navigate(e.url+"/jobs?state=pending"), chromedp.WaitVisible(css(`[data-testid="jobs-table"]`)))
+	screenshot(t, b.ctx, "jobs-list")
+	if listed := b.text(`[data-testid="jobs-table"] tbody`); !strings.Contains(listed, "browser-job") {
 		t.Errorf("jobs list lacks the new job: %q", listed)
 	}
 }

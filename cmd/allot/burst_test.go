@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,7 +20,6 @@ import (
 	"github.com/allotlabs/allot/internal/demo"
 	"github.com/allotlabs/allot/internal/jobs"
 	"github.com/allotlabs/allot/internal/store"
-	"github.com/allotlabs/allot/internal/store/storetest"
 	"github.com/allotlabs/allot/web"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
@@ -34,64 +32,14 @@ import (
 // evaluating the rule on demand instead of every minute.
 func bootBurst(t *testing.T, cfg func(m *Main) jobs.BurstConfig) (*live, *jobs.Burster) {
 	t.Helper()
-	t.Parallel()
-	ctx := context.Background()
-	m := &Main{Config: Config{DatabaseURL: storetest.URL(t), Addr: "127.0.0.1:0", Worker: true, DevMode: true, CycleInterval: time.Second,
-		HeartbeatInterval: testHeartbeat, CheckpointRoot: t.TempDir()}}
-	m.Burst = cfg(m)
-	m.Burst.Interval = time.Hour // the tests evaluate the rule themselves
-	if err := m.Run(ctx); err != nil {
-		t.Fatal(err)
-	}
-	l := &live{env: &env{t: t, m: m, url: m.URL(), tokens: map[string]string{}}, agents: map[string]context.CancelFunc{}, links: map[string]*atomic.Bool{}}
-	t.Cleanup(func() {
-		for _, stop := range l.agents {
-			stop()
-		}
-		if p, ok := m.Burst.Provider.(*burst.LocalProvider); ok {
-			p.Close()
-		}
-		if err := l.m.Close(); err != nil {
-			t.Errorf("closing: %v", err)
-		}
+	l := startLive(t, func(m *Main) {
+		m.Burst = cfg(m)
+		m.Burst.Interval = time.Hour // the tests evaluate the rule themselves
 	})
-	if err := demo.Seed(ctx, m.Store); err != nil {
+	if err := ensureBurstGPUType(context.Background(), l.m.Store, l.m.Burst.GPUType); err != nil {
 		t.Fatal(err)
 	}
-	if err := ensureBurstGPUType(ctx, m.Store, m.Burst.GPUType); err != nil {
-		t.Fatal(err)
-	}
-	admin, err := m.Store.UserByEmail(ctx, demo.PersonaEmail[demo.Admin])
-	if err != nil {
-		t.Fatal(err)
-	}
-	queued, err := m.Store.ListJobs(ctx, store.JobFilter{State: allot.JobPending})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, j := range queued {
-		if _, err := m.Store.CancelJob(ctx, &admin, j.ID); err != nil {
-			t.Fatal(err)
-		}
-	}
-	p, err := m.Store.CurrentPolicy(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.GracePeriod, p.MinRuntime, p.CreatedBy = 2*time.Second, 0, "test"
-	if err := m.Store.InsertPolicy(ctx, &p); err != nil {
-		t.Fatal(err)
-	}
-	for _, persona := range demo.Personas {
-		u, err := m.Store.UserByEmail(ctx, demo.PersonaEmail[persona])
-		if err != nil {
-			t.Fatal(err)
-		}
-		if l.tokens[persona], _, err = m.Store.CreateAPIToken(ctx, u.ID, "test"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return l, jobs.NewBurster(m.Store, slog.New(slog.NewTextHandler(io.Discard, nil)), m.Burst)
+	return l, jobs.NewBurster(l.m.Store, slog.New(slog.NewTextHandler(io.Discard, nil)), l.m.Burst)
 }
 
 // queueOld submits a job through the API and backdates its submit time.

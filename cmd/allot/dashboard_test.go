@@ -17,7 +17,6 @@ import (
 	"github.com/allotlabs/allot/internal/allot"
 	"github.com/allotlabs/allot/internal/demo"
 	"github.com/allotlabs/allot/internal/store"
-	"github.com/allotlabs/allot/internal/store/storetest"
 	"github.com/allotlabs/allot/web"
 )
 
@@ -25,33 +24,7 @@ import (
 // the state a test sets up, so every figure is known.
 func bootQuiet(t *testing.T) *env {
 	t.Helper()
-	t.Parallel()
-	ctx := context.Background()
-	m := &Main{Config: Config{DatabaseURL: storetest.URL(t), Addr: "127.0.0.1:0", DevMode: true}}
-	if err := m.Run(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := m.Close(); err != nil {
-			t.Errorf("closing: %v", err)
-		}
-	})
-	if err := demo.Seed(ctx, m.Store); err != nil {
-		t.Fatal(err)
-	}
-	e := &env{t: t, m: m, url: m.URL(), tokens: map[string]string{}}
-	for _, p := range demo.Personas {
-		u, err := m.Store.UserByEmail(ctx, demo.PersonaEmail[p])
-		if err != nil {
-			t.Fatal(err)
-		}
-		secret, _, err := m.Store.CreateAPIToken(ctx, u.ID, "test")
-		if err != nil {
-			t.Fatal(err)
-		}
-		e.tokens[p] = secret
-	}
-	return e
+	return bootMain(t, &Main{Config: Config{DevMode: true}}).withTokens()
 }
 
 func (e *env) exec(sql string, args ...any) {
@@ -633,14 +606,8 @@ func TestTeamFindings(t *testing.T) {
 func BenchmarkDashboardPagesYear(b *testing.B) {
 	const benchRequests = 20
 	ctx := context.Background()
-	m := &Main{Config: Config{DatabaseURL: storetest.URL(b), Addr: "127.0.0.1:0", DevMode: true}}
-	if err := m.Run(ctx); err != nil {
-		b.Fatal(err)
-	}
-	defer m.Close()
-	if err := demo.Seed(ctx, m.Store); err != nil {
-		b.Fatal(err)
-	}
+	m := &Main{Config: Config{DevMode: true}}
+	startSeeded(b, &m)
 	for _, q := range []string{
 		`INSERT INTO jobs (name, team, user_id, tier, gpus, gpu_type, time_limit_s, command, state, submitted_at, started_at, ended_at, segment, run_as)
 			SELECT 'year-' || i, 'nlp', (SELECT id FROM users WHERE email = 'noah@example.com'), (ARRAY['2','3','4','3'])[i % 4 + 1], 8, 'A100-80GB', 36000,

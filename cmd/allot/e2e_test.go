@@ -29,31 +29,52 @@ type env struct {
 
 func boot(t *testing.T) *env {
 	t.Helper()
-	t.Parallel()
+	return bootMain(t, &Main{Config: Config{Worker: true, DevMode: true}}).withTokens()
+}
+
+// startSeeded runs *m on a port of 127.0.0.1 over its own database (it
+// sets DatabaseURL and Addr) and seeds the demo organisation. When tb ends
+// it closes the Main *m is then (a test may restart the server).
+func startSeeded(tb testing.TB, m **Main) {
+	tb.Helper()
 	ctx := context.Background()
-	m := &Main{Config: Config{DatabaseURL: storetest.URL(t), Addr: "127.0.0.1:0", Worker: true, DevMode: true}}
-	if err := m.Run(ctx); err != nil {
-		t.Fatal(err)
+	(*m).DatabaseURL, (*m).Addr = storetest.URL(tb), "127.0.0.1:0"
+	if err := (*m).Run(ctx); err != nil {
+		tb.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if err := m.Close(); err != nil {
-			t.Errorf("closing: %v", err)
+	tb.Cleanup(func() {
+		if err := (*m).Close(); err != nil {
+			tb.Errorf("closing: %v", err)
 		}
 	})
-	if err := demo.Seed(ctx, m.Store); err != nil {
-		t.Fatal(err)
+	if err := demo.Seed(ctx, (*m).Store); err != nil {
+		tb.Fatal(err)
 	}
-	e := &env{t: t, m: m, url: m.URL(), tokens: map[string]string{}}
+}
+
+// bootMain is startSeeded in a parallel test, as an env with no API tokens
+// yet.
+func bootMain(t *testing.T, m *Main) *env {
+	t.Helper()
+	t.Parallel()
+	e := &env{t: t, m: m, tokens: map[string]string{}}
+	startSeeded(t, &e.m)
+	e.url = m.URL()
+	return e
+}
+
+// withTokens gives every demo persona an API token (e.tokens).
+func (e *env) withTokens() *env {
+	e.t.Helper()
+	ctx := context.Background()
 	for _, p := range demo.Personas {
-		u, err := m.Store.UserByEmail(ctx, demo.PersonaEmail[p])
+		u, err := e.m.Store.UserByEmail(ctx, demo.PersonaEmail[p])
 		if err != nil {
-			t.Fatal(err)
+			e.t.Fatal(err)
 		}
-		secret, _, err := m.Store.CreateAPIToken(ctx, u.ID, "test")
-		if err != nil {
-			t.Fatal(err)
+		if e.tokens[p], _, err = e.m.Store.CreateAPIToken(ctx, u.ID, "test"); err != nil {
+			e.t.Fatal(err)
 		}
-		e.tokens[p] = secret
 	}
 	return e
 }

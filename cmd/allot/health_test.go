@@ -552,48 +552,31 @@ func TestBrowserNodeHealth(t *testing.T) {
 	time.Sleep(4 * testHeartbeat)
 	writeFaults(t, faults, `{"gpus":[{"index":2,"ecc_dbe":1}]}`)
 	l.eventually(10*time.Second, "gpu06 drained", func() bool { return l.node("gpu06").State == allot.NodeDrained })
-	ctx := chromium(t)
-	css := func(sel string) chromedp.CSS { return chromedp.CSS(sel) }
-	text := func(sel string) string {
-		t.Helper()
-		v, err := chromedp.Run(ctx, chromedp.Text(css(sel)))
-		if err != nil {
-			t.Fatalf("reading %s: %v", sel, err)
-		}
-		return v
-	}
-	do := func(steps ...chromedp.Action[chromedp.Void]) {
-		t.Helper()
-		if err := chromedp.Do(ctx, steps...); err != nil {
-			t.Fatal(err)
-		}
-	}
-	do(chromedp.Navigate(l.url+"/"),
-		chromedp.Click(css(`[data-testid="persona-`+demo.Admin+`"]`)),
-		chromedp.WaitVisible(css(`nav`)),
-		chromedp.Navigate(l.url+"/nodes"),
+	b := browse(t)
+	b.login(l.url+"/", demo.Admin, `nav`)
+	b.do(chromedp.Navigate(l.url+"/nodes"),
 		chromedp.WaitVisible(css(`[data-testid="open-events"]`)))
-	screenshot(t, ctx, "nodes")
-	if ev := text(`[data-testid="open-events"]`); !strings.Contains(ev, "gpu06") || !strings.Contains(ev, "ecc-double-bit") {
+	screenshot(t, b.ctx, "nodes")
+	if ev := b.text(`[data-testid="open-events"]`); !strings.Contains(ev, "gpu06") || !strings.Contains(ev, "ecc-double-bit") {
 		t.Errorf("open events: %q", ev)
 	}
-	do(chromedp.Click(css(`[data-testid="node-gpu06"] a`)), chromedp.WaitVisible(css(`[data-testid="why"]`)))
-	screenshot(t, ctx, "node-drained")
-	if why := text(`[data-testid="why-text"]`); !strings.Contains(why, "GPU 2: 1 double-bit ECC errors") {
+	b.do(chromedp.Click(css(`[data-testid="node-gpu06"] a`)), chromedp.WaitVisible(css(`[data-testid="why"]`)))
+	screenshot(t, b.ctx, "node-drained")
+	if why := b.text(`[data-testid="why-text"]`); !strings.Contains(why, "GPU 2: 1 double-bit ECC errors") {
 		t.Errorf("why: %q", why)
 	}
 	writeFaults(t, faults, `{"gpus":[]}`) // the GPU was reset
-	do(chromedp.Click(css(`[data-testid="undrain-form"] button`)), chromedp.WaitVisible(css(`[data-testid="error-note"]`)))
-	do(chromedp.SetValue(css(`#undrain-note`), "GPU 2 reseated, dcgmi diag -r 3 passed"),
+	b.do(chromedp.Click(css(`[data-testid="undrain-form"] button`)), chromedp.WaitVisible(css(`[data-testid="error-note"]`)))
+	b.do(chromedp.SetValue(css(`#undrain-note`), "GPU 2 reseated, dcgmi diag -r 3 passed"),
 		chromedp.Click(css(`[data-testid="undrain-form"] button`)),
 		chromedp.WaitVisible(css(`[data-testid="saved"]`)))
-	if st := text(`h1 [data-testid="node-state"]`); st != "up" {
+	if st := b.text(`h1 [data-testid="node-state"]`); st != "up" {
 		t.Errorf("state after undrain: %q", st)
 	}
-	if a := text(`[data-testid="node-audit"]`); !strings.Contains(a, "node.undrain") || !strings.Contains(a, "dcgmi diag -r 3 passed") {
+	if a := b.text(`[data-testid="node-audit"]`); !strings.Contains(a, "node.undrain") || !strings.Contains(a, "dcgmi diag -r 3 passed") {
 		t.Errorf("audit on the page: %q", a)
 	}
-	screenshot(t, ctx, "node-undrained")
+	screenshot(t, b.ctx, "node-undrained")
 }
 
 // BenchmarkEvaluateHealth measures what health evaluation adds to one

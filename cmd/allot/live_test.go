@@ -17,9 +17,9 @@ import (
 
 	"github.com/allotlabs/allot/internal/agent"
 	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/burst"
 	"github.com/allotlabs/allot/internal/demo"
 	"github.com/allotlabs/allot/internal/store"
-	"github.com/allotlabs/allot/internal/store/storetest"
 	"github.com/allotlabs/allot/web"
 )
 
@@ -35,25 +35,35 @@ const testHeartbeat = 300 * time.Millisecond
 
 func bootLive(t *testing.T, nodes ...string) *live {
 	t.Helper()
-	t.Parallel()
-	ctx := context.Background()
-	m := &Main{Config: Config{DatabaseURL: storetest.URL(t), Addr: "127.0.0.1:0", Worker: true, DevMode: true, CycleInterval: time.Second,
-		HeartbeatInterval: testHeartbeat, CheckpointRoot: t.TempDir()}}
-	if err := m.Run(ctx); err != nil {
-		t.Fatal(err)
+	l := startLive(t, nil)
+	for _, n := range nodes {
+		l.startAgent(n)
 	}
-	l := &live{env: &env{t: t, m: m, url: m.URL(), tokens: map[string]string{}}, agents: map[string]context.CancelFunc{}, links: map[string]*atomic.Bool{}}
-	t.Cleanup(func() {
+	for _, n := range nodes {
+		l.waitNode(n, allot.NodeUp)
+	}
+	return l
+}
+
+// startLive starts Allot for live tests (worker, 1 s cycle, fast
+// heartbeats); prepare, if set, adjusts the Main before it runs. The demo's
+// queue is cancelled and the policy made fast; no agent runs yet.
+func startLive(t *testing.T, prepare func(m *Main)) *live {
+	t.Helper()
+	ctx := context.Background()
+	m := &Main{Config: Config{Worker: true, DevMode: true, CycleInterval: time.Second, HeartbeatInterval: testHeartbeat, CheckpointRoot: t.TempDir()}}
+	if prepare != nil {
+		prepare(m)
+	}
+	l := &live{env: bootMain(t, m).withTokens(), agents: map[string]context.CancelFunc{}, links: map[string]*atomic.Bool{}}
+	t.Cleanup(func() { // before bootMain's: the server closes last
 		for _, stop := range l.agents {
 			stop()
 		}
-		if err := l.m.Close(); err != nil {
-			t.Errorf("closing: %v", err)
+		if p, ok := m.Burst.Provider.(*burst.LocalProvider); ok {
+			p.Close()
 		}
 	})
-	if err := demo.Seed(ctx, m.Store); err != nil {
-		t.Fatal(err)
-	}
 	// The demo's queued jobs would take GPUs the tests count on.
 	admin, err := m.Store.UserByEmail(ctx, demo.PersonaEmail[demo.Admin])
 	if err != nil {
@@ -76,21 +86,6 @@ func bootLive(t *testing.T, nodes ...string) *live {
 	p.GracePeriod, p.MinRuntime, p.CreatedBy = 2*time.Second, 0, "test"
 	if err := m.Store.InsertPolicy(ctx, &p); err != nil {
 		t.Fatal(err)
-	}
-	for _, persona := range demo.Personas {
-		u, err := m.Store.UserByEmail(ctx, demo.PersonaEmail[persona])
-		if err != nil {
-			t.Fatal(err)
-		}
-		if l.tokens[persona], _, err = m.Store.CreateAPIToken(ctx, u.ID, "test"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, n := range nodes {
-		l.startAgent(n)
-	}
-	for _, n := range nodes {
-		l.waitNode(n, allot.NodeUp)
 	}
 	return l
 }

@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/allotlabs/allot/internal/demo"
-	"github.com/allotlabs/allot/internal/store/storetest"
 	"github.com/allotlabs/allot/web"
 )
 
@@ -86,22 +85,8 @@ func startProvider(t *testing.T) string {
 // bootSSO is boot with single sign-on against issuer and without dev mode.
 func bootSSO(t *testing.T, issuer string) *env {
 	t.Helper()
-	t.Parallel()
-	ctx := context.Background()
-	m := &Main{Config: Config{DatabaseURL: storetest.URL(t), Addr: "127.0.0.1:0", Worker: true,
-		OIDC: web.OIDCConfig{Issuer: issuer, ClientID: testClientID, ClientSecret: testClientSecret}}}
-	if err := m.Run(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := m.Close(); err != nil {
-			t.Errorf("closing: %v", err)
-		}
-	})
-	if err := demo.Seed(ctx, m.Store); err != nil {
-		t.Fatal(err)
-	}
-	return &env{t: t, m: m, url: m.URL(), tokens: map[string]string{}}
+	return bootMain(t, &Main{Config: Config{Worker: true,
+		OIDC: web.OIDCConfig{Issuer: issuer, ClientID: testClientID, ClientSecret: testClientSecret}}})
 }
 
 // ssoBrowser is a cookie-keeping client that does not follow redirects,

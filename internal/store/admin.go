@@ -432,43 +432,6 @@ func (s *Store) UpdatePolicy(ctx context.Context, c PolicyChange, apply func(*Po
 	})
 }
 
-// EachAudit streams the audit entries f selects (f.Limit is ignored: all
-// of them), newest first, to fn without holding them in memory.
-func (s *Store) EachAudit(ctx context.Context, f AuditFilter, fn func(*allot.AuditEntry) error) error {
-	var since, until *time.Time
-	if !f.Since.IsZero() {
-		since = &f.Since
-	}
-	if !f.Until.IsZero() {
-		until = &f.Until
-	}
-	rows, err := s.db.Query(ctx, `
-		SELECT id, at, actor, action, object, coalesce(policy_version, 0), before, after, note
-		FROM audit_log
-		WHERE ($1 = '' OR object = $1)
-		  AND ($2 = '' OR action = $2 OR (right($2, 1) = '.' AND starts_with(action, $2)))
-		  AND ($3 = '' OR actor = $3)
-		  AND ($4::timestamptz IS NULL OR at >= $4)
-		  AND ($5::timestamptz IS NULL OR at < $5)
-		ORDER BY at DESC, id DESC`, f.Object, f.Action, f.Actor, since, until)
-	if err != nil {
-		return mapErr("reading audit log", err)
-	}
-	defer rows.Close()
-	var e allot.AuditEntry
-	for rows.Next() {
-		var before, after []byte
-		if err := rows.Scan(&e.ID, &e.At, &e.Actor, &e.Action, &e.Object, &e.PolicyVersion, &before, &after, &e.Note); err != nil {
-			return mapErr("reading audit log", err)
-		}
-		e.Before, e.After = before, after
-		if err := fn(&e); err != nil {
-			return err
-		}
-	}
-	return mapErr("reading audit log", rows.Err())
-}
-
 // AuditActors returns everyone who appears in the audit log, sorted.
 func (s *Store) AuditActors(ctx context.Context) ([]string, error) {
 	rows, err := s.db.Query(ctx, `SELECT DISTINCT actor FROM audit_log ORDER BY actor`)

@@ -95,6 +95,12 @@ type Delivery struct {
 // Deliveries returns a team's webhook delivery log, newest first.
 func (s *Store) Deliveries(ctx context.Context, team string, limit int) ([]Delivery, error) {
 	rows, err := s.db.Query(ctx, `SELECT team, url, attempt, status_code, error, at FROM webhook_deliveries WHERE team = $1 ORDER BY id DESC LIMIT $2`, team, limit)
+	return collectDeliveries(rows, err)
+}
+
+// collectDeliveries reads the rows of a query of team, url, attempt,
+// status_code, error, at.
+func collectDeliveries(rows pgx.Rows, err error) ([]Delivery, error) {
 	if err != nil {
 		return nil, mapErr("loading deliveries", err)
 	}

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/allotlabs/allot/internal/allot"
-	"github.com/jackc/pgx/v5"
 )
 
 // Audit appends e to the audit log and sets its ID and time. Call it on the
@@ -50,6 +49,26 @@ func (s *Store) AuditLog(ctx context.Context, f AuditFilter) ([]allot.AuditEntry
 	if f.Limit <= 0 {
 		f.Limit = 500
 	}
+	out := []allot.AuditEntry{}
+	err := s.eachAudit(ctx, f, &f.Limit, func(e *allot.AuditEntry) error {
+		out = append(out, *e)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// EachAudit streams the audit entries f selects (f.Limit is ignored: all
+// of them), newest first, to fn without holding them in memory.
+func (s *Store) EachAudit(ctx context.Context, f AuditFilter, fn func(*allot.AuditEntry) error) error {
+	return s.eachAudit(ctx, f, nil, fn)
+}
+
+// eachAudit streams the entries f selects, newest first, to fn: at most
+// limit of them, or all when limit is nil. fn's entry is reused.
+func (s *Store) eachAudit(ctx context.Context, f AuditFilter, limit *int, fn func(*allot.AuditEntry) error) error {
 	var since, until *time.Time
 	if !f.Since.IsZero() {
 		since = &f.Since
@@ -66,18 +85,23 @@ func (s *Store) AuditLog(ctx context.Context, f AuditFilter) ([]allot.AuditEntry
 		  AND ($4::timestamptz IS NULL OR at >= $4)
 		  AND ($5::timestamptz IS NULL OR at < $5)
 		ORDER BY at DESC, id DESC
-		LIMIT $6`, f.Object, f.Action, f.Actor, since, until, f.Limit)
+		LIMIT $6`, f.Object, f.Action, f.Actor, since, until, limit) // LIMIT NULL: all
 	if err != nil {
-		return nil, mapErr("reading audit log", err)
+		return mapErr("reading audit log", err)
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (allot.AuditEntry, error) {
-		var e allot.AuditEntry
+	defer rows.Close()
+	var e allot.AuditEntry
+	for rows.Next() {
 		var before, after []byte
-		err := r.Scan(&e.ID, &e.At, &e.Actor, &e.Action, &e.Object, &e.PolicyVersion, &before, &after, &e.Note)
+		if err := rows.Scan(&e.ID, &e.At, &e.Actor, &e.Action, &e.Object, &e.PolicyVersion, &before, &after, &e.Note); err != nil {
+			return mapErr("reading audit log", err)
+		}
 		e.Before, e.After = before, after
-		return e, err
-	})
-	return out, mapErr("reading audit log", err)
+		if err := fn(&e); err != nil {
+			return err
+		}
+	}
+	return mapErr("reading audit log", rows.Err())
 }
 
 // PolicyChange describes one admin change for ChangePolicy.

@@ -150,45 +150,45 @@ func (s *Store) BurstNodes(ctx context.Context, since time.Time) ([]BurstNode, e
 		sinceArg = &since
 	}
 	rows, err := s.db.Query(ctx, `
-		SELECT b.node, b.event_id, b.provider, n.gpu_type, b.gpus, b.rate_micros, b.currency, b.provisioned_at, b.released_at,
-			coalesce(b.release_event_id, 0), b.failed, n.registered_at IS NOT NULL, n.state,
+		SELECT `+burstNodeColumns+`,
 			NOT EXISTS (SELECT 1 FROM allocations a WHERE a.node = b.node AND a.released_at IS NULL)
 				AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.node = b.node AND l.state <> 'exited')
 		FROM burst_nodes b JOIN nodes n ON n.name = b.node
 		WHERE b.released_at IS NULL OR ($1::timestamptz IS NOT NULL AND b.released_at > $1)
 		ORDER BY b.provisioned_at, b.node`, sinceArg)
-	if err != nil {
-		return nil, mapErr("listing burst nodes", err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (BurstNode, error) {
-		var b BurstNode
-		var rel *time.Time
-		err := r.Scan(&b.Node, &b.EventID, &b.Provider, &b.GPUType, &b.GPUs, &b.Rate.Micros, &b.Rate.Currency, &b.ProvisionedAt, &rel,
-			&b.ReleaseEventID, &b.Failed, &b.Registered, &b.State, &b.Idle)
-		if rel != nil {
-			b.ReleasedAt = *rel
-		}
-		return b, err
-	})
-	return out, mapErr("listing burst nodes", err)
+	return collectBurstNodes(rows, err, true)
 }
 
 // BurstNodesOfEvents returns every node requested or released by the
 // given events.
 func (s *Store) BurstNodesOfEvents(ctx context.Context, ids []int64) ([]BurstNode, error) {
 	rows, err := s.db.Query(ctx, `
-		SELECT b.node, b.event_id, b.provider, n.gpu_type, b.gpus, b.rate_micros, b.currency, b.provisioned_at, b.released_at,
-			coalesce(b.release_event_id, 0), b.failed, n.registered_at IS NOT NULL, n.state
+		SELECT `+burstNodeColumns+`
 		FROM burst_nodes b JOIN nodes n ON n.name = b.node
 		WHERE b.event_id = ANY($1) OR b.release_event_id = ANY($1) ORDER BY b.provisioned_at, b.node`, ids)
+	return collectBurstNodes(rows, err, false)
+}
+
+// burstNodeColumns are the columns of a BurstNode (b: burst_nodes, n:
+// nodes) that collectBurstNodes reads, in its order.
+const burstNodeColumns = `b.node, b.event_id, b.provider, n.gpu_type, b.gpus, b.rate_micros, b.currency, b.provisioned_at, b.released_at,
+			coalesce(b.release_event_id, 0), b.failed, n.registered_at IS NOT NULL, n.state`
+
+// collectBurstNodes reads the rows of a query of burstNodeColumns and,
+// withIdle, an idle flag after them.
+func collectBurstNodes(rows pgx.Rows, err error, withIdle bool) ([]BurstNode, error) {
 	if err != nil {
 		return nil, mapErr("listing burst nodes", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (BurstNode, error) {
 		var b BurstNode
 		var rel *time.Time
-		err := r.Scan(&b.Node, &b.EventID, &b.Provider, &b.GPUType, &b.GPUs, &b.Rate.Micros, &b.Rate.Currency, &b.ProvisionedAt, &rel,
-			&b.ReleaseEventID, &b.Failed, &b.Registered, &b.State)
+		dst := []any{&b.Node, &b.EventID, &b.Provider, &b.GPUType, &b.GPUs, &b.Rate.Micros, &b.Rate.Currency, &b.ProvisionedAt, &rel,
+			&b.ReleaseEventID, &b.Failed, &b.Registered, &b.State}
+		if withIdle {
+			dst = append(dst, &b.Idle)
+		}
+		err := r.Scan(dst...)
 		if rel != nil {
 			b.ReleasedAt = *rel
 		}

@@ -476,12 +476,5 @@ func (s *Store) SetAdminWebhook(ctx context.Context, actor, url string) error {
 // AdminDeliveries returns the admin webhook's delivery log, newest first.
 func (s *Store) AdminDeliveries(ctx context.Context, limit int) ([]Delivery, error) {
 	rows, err := s.db.Query(ctx, `SELECT '', url, attempt, status_code, error, at FROM webhook_deliveries WHERE team IS NULL ORDER BY id DESC LIMIT $1`, limit)
-	if err != nil {
-		return nil, mapErr("loading deliveries", err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Delivery, error) {
-		var d Delivery
-		return d, r.Scan(&d.Team, &d.URL, &d.Attempt, &d.Status, &d.Error, &d.At)
-	})
-	return out, mapErr("loading deliveries", err)
+	return collectDeliveries(rows, err)
 }
