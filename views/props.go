@@ -239,3 +239,12 @@ type FairShareRow struct {
 	NormShares, RawUsage, EffectiveUsage, FairShare, UsageAge string
 	This                                                      bool
 }
+
+// livePoll is how often a live job page refreshes: every 3 s while the job
+// runs (its output), every 10 s (one scheduling cycle) while it waits.
+func livePoll(d JobDetail) string {
+	if d.Job.State == "running" {
+		return "every 3s"
+	}
+	return "every 10s"
+}

@@ -147,8 +147,8 @@ func TestJobDetailView(t *testing.T) {
 	if testid(d, "resubmit").AttrOr("href", "") != "/jobs/new?copy=42" || testid(d, "cancel").Length() != 1 || testid(d, "cost").Text() != "12.80 USD" {
 		t.Error("actions or cost missing")
 	}
-	if live := d.Find("#job-live"); live.AttrOr("hx-trigger", "") != "every 3s" {
-		t.Error("a pending job's page refreshes itself")
+	if live := d.Find("#job-live"); live.AttrOr("hx-trigger", "") != "every 10s" {
+		t.Error("a pending job's page refreshes itself once a scheduling cycle")
 	}
 	if n := testid(d, "chart-util").Find("polyline").Length(); n != 2 {
 		t.Errorf("utilization chart has %d lines, want one per GPU", n)

@@ -104,6 +104,9 @@ func (s *Server) jobPage(c echo.Context) error {
 	for _, k := range keys {
 		d.Env = append(d.Env, views.Option{Value: k, Label: j.Env[k]})
 	}
+	if c.Request().Header.Get("HX-Request") == "true" {
+		return render(c, http.StatusOK, views.JobLiveFragment(d)) // the page's own refresh
+	}
 	return render(c, http.StatusOK, views.JobDetailView(d))
 }
 
@@ -690,8 +693,8 @@ func explainView(d *views.JobDetail, j *allot.Job, x jobExplanation) {
 	if class == 0 {
 		class = j.Tier.Class()
 	}
-	d.ClassText = fmt.Sprintf("Class %d (tier %s) comes before priority: every job of a lower class number goes first. "+
-		"Factors as of the last scheduling cycle that looked at this job; before the first cycle they are all 0.", class, j.Tier)
+	d.ClassText = fmt.Sprintf("Class %d (tier %s) comes before priority: the queue serves classes in the tiers' order (see Docs), "+
+		"and priority orders jobs within a class. Factors as of the last scheduling cycle that looked at this job; before the first cycle they are all 0.", class, j.Tier)
 	if x.Queue != nil {
 		q := &views.QueueInfo{Position: x.Queue.Position, Of: x.Queue.Of, AheadGPUHours: trimHours(gpuHours(x.Queue.AheadGPUSeconds)), ETAMethod: etaMethod}
 		switch {
