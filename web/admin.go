@@ -200,6 +200,12 @@ func (p *TierPatchJSON) apply() (func(*allot.Tier), error) {
 		}
 		slices.SortFunc(mp, func(a, b allot.TierID) int { return a.Class() - b.Class() })
 	}
+	var maxRuntime time.Duration
+	if p.MaxRuntimeS != nil {
+		// A job asks for at most a year (see the jobs API); bounded before
+		// the seconds become a duration, which would wrap around.
+		maxRuntime = store.CheckSecs(f, "max_runtime_s", *p.MaxRuntimeS, 365*24*3600)
+	}
 	if err := f.Err(); err != nil {
 		return nil, err
 	}
@@ -223,7 +229,7 @@ func (p *TierPatchJSON) apply() (func(*allot.Tier), error) {
 			t.MultiplierBP = bp
 		}
 		if p.MaxRuntimeS != nil {
-			t.MaxRuntime = time.Duration(*p.MaxRuntimeS) * time.Second
+			t.MaxRuntime = maxRuntime
 		}
 	}, nil
 }
@@ -931,14 +937,9 @@ func policyJSON(p allot.Policy) PolicyJSON {
 // updatePolicy merges patch (a JSON object of PolicyValues fields) into
 // the policy in force.
 func (s *Server) updatePolicy(c echo.Context, u *allot.User, patch json.RawMessage, note string) (store.AdminResult, error) {
-	var applyErr error
-	r, err := s.st.UpdatePolicy(c.Request().Context(), policyChange(u, "policy.update", "policy", note), func(v *store.PolicyValues) {
-		applyErr = json.Unmarshal(patch, v)
+	return s.st.UpdatePolicy(c.Request().Context(), policyChange(u, "policy.update", "policy", note), func(v *store.PolicyValues) error {
+		return json.Unmarshal(patch, v)
 	})
-	if applyErr != nil {
-		return store.AdminResult{}, applyErr
-	}
-	return r, err
 }
 
 func (s *Server) policyView(c echo.Context, typed map[string]string, errs map[string]string, note string) (views.AdminPolicy, error) {

@@ -267,6 +267,18 @@ func (s *Server) apiAudit(c echo.Context) error {
 	return writeJSON(c, http.StatusOK, map[string]any{"entries": out})
 }
 
+// csvText neutralises a text cell a spreadsheet would run as a formula
+// (one starting with =, +, -, @, a tab or a carriage return) by starting it
+// with an apostrophe, which spreadsheets show as text and do not evaluate
+// (OWASP "CSV injection"). Numeric columns do not go through it, so their
+// numbers stay numbers.
+func csvText(s string) string {
+	if s != "" && strings.ContainsRune("=+-@\t\r", rune(s[0])) {
+		return "'" + s
+	}
+	return s
+}
+
 // AuditCSVColumns is the header of the audit CSV export.
 var AuditCSVColumns = []string{"id", "at", "actor", "action", "object", "policy_version", "changes", "before", "after", "note"}
 
@@ -295,8 +307,9 @@ func (s *Server) apiAuditCSV(c echo.Context) error {
 		if e.PolicyVersion > 0 {
 			version = strconv.FormatInt(e.PolicyVersion, 10)
 		}
-		return writeStreamed(w, &n, []string{strconv.FormatInt(e.ID, 10), e.At.UTC().Format(time.RFC3339Nano), e.Actor, e.Action, e.Object, version,
-			strings.Join(changes, "; "), string(compact(e.Before)), string(compact(e.After)), e.Note})
+		return writeStreamed(w, &n, []string{strconv.FormatInt(e.ID, 10), e.At.UTC().Format(time.RFC3339Nano), csvText(e.Actor), csvText(e.Action),
+			csvText(e.Object), version, csvText(strings.Join(changes, "; ")), csvText(string(compact(e.Before))), csvText(string(compact(e.After))),
+			csvText(e.Note)})
 	})
 	if err != nil {
 		s.log.Error("audit CSV export broke off", "err", err)

@@ -252,7 +252,7 @@ func (s *Server) apiChargebackCSV(c echo.Context) error {
 		if l.Kind != string(billing.KindCharge) {
 			tier += " (" + strings.ReplaceAll(l.Kind, "_", " ") + ")"
 		}
-		return writeStreamed(w, &n, []string{l.Month, l.Team, l.CostCenter, strconv.FormatInt(l.JobID, 10), l.JobName, l.User, tier, l.GPUType,
+		return writeStreamed(w, &n, []string{l.Month, l.Team, csvText(l.CostCenter), strconv.FormatInt(l.JobID, 10), csvText(l.JobName), csvText(l.User), tier, l.GPUType,
 			strconv.FormatInt(l.GPUs, 10), l.StartedAt, l.EndedAt, l.GPUHours, l.Rate, l.Multiplier, l.Amount, l.Currency, util})
 	})
 	if err != nil {

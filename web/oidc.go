@@ -256,15 +256,16 @@ func (s *Server) oidcCallback(c echo.Context) error {
 	if subtle.ConstantTimeCompare([]byte(idt.Nonce), []byte(login.Nonce)) != 1 {
 		return s.loginError(c, http.StatusBadRequest, "The ID token does not belong to this sign-in (nonce mismatch). Start again.")
 	}
-	u, err := s.oidcUser(ctx, o, idt, tok)
+	u, verified, err := s.oidcUser(ctx, o, idt, tok)
 	if err != nil {
 		return s.loginError(c, http.StatusForbidden, err.Error())
 	}
-	unknown, err := s.st.UpsertOIDCUser(ctx, u)
+	unknown, err := s.st.UpsertOIDCUser(ctx, u, verified)
 	if err != nil {
 		if allot.ErrorCode(err) == allot.EInternal || allot.ErrorCode(err) == allot.EUnavailable {
 			return err
 		}
+		s.log.Warn("OIDC sign-in refused", "user", u.Email, "subject", u.OIDCSubject, "err", err)
 		return s.loginError(c, http.StatusConflict, "Your account could not be recorded: "+allot.ErrorMessage(err))
 	}
 	if len(unknown) > 0 {
@@ -291,11 +292,13 @@ func exchangeError(err error) string {
 }
 
 // oidcUser maps the ID token's claims (and userinfo's, when the ID token
-// lacks the groups claim) to a user.
-func (s *Server) oidcUser(ctx context.Context, o *oidcClient, idt *oidc.IDToken, tok *oauth2.Token) (*allot.User, error) {
+// lacks the groups claim) to a user, and says whether the provider vouches
+// for the email address (email_verified explicitly true: only then may the
+// sign-in be linked by email to an account Allot already has).
+func (s *Server) oidcUser(ctx context.Context, o *oidcClient, idt *oidc.IDToken, tok *oauth2.Token) (*allot.User, bool, error) {
 	var claims map[string]any
 	if err := idt.Claims(&claims); err != nil {
-		return nil, fmt.Errorf("the ID token's claims cannot be read: %v", err)
+		return nil, false, fmt.Errorf("the ID token's claims cannot be read: %v", err)
 	}
 	if _, ok := claims[o.cfg.Claims.GroupsClaim]; !ok {
 		info, err := o.provider.UserInfo(ctx, oauth2.StaticTokenSource(tok))
@@ -313,11 +316,13 @@ func (s *Server) oidcUser(ctx context.Context, o *oidcClient, idt *oidc.IDToken,
 	str := func(k string) string { v, _ := claims[k].(string); return strings.TrimSpace(v) }
 	email := str("email")
 	if email == "" {
-		return nil, errors.New("the identity provider sent no email address: ask for the email scope")
+		return nil, false, errors.New("the identity provider sent no email address: ask for the email scope")
 	}
 	if v, ok := claims["email_verified"].(bool); ok && !v {
-		return nil, errors.New("your email address is not verified at the identity provider")
+		return nil, false, errors.New("your email address is not verified at the identity provider")
 	}
+	// Some providers send the claim as a string.
+	verified := claims["email_verified"] == true || claims["email_verified"] == "true"
 	name := str("name")
 	if name == "" {
 		name = str("preferred_username")
@@ -338,7 +343,7 @@ func (s *Server) oidcUser(ctx context.Context, o *oidcClient, idt *oidc.IDToken,
 	}
 	u := &allot.User{OIDCSubject: idt.Subject, Email: email, Name: name}
 	u.Admin, u.Finance, u.Memberships = o.cfg.Claims.Map(groups)
-	return u, nil
+	return u, verified, nil
 }
 
 // startSession logs userID in on this browser, ending the session it had

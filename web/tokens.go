@@ -174,6 +174,9 @@ func (s *Server) apiCreateToken(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	if exp, err = s.capByCallingToken(c, exp); err != nil {
+		return err
+	}
 	secret, tok, err := s.st.CreateAPITokenExpiring(c.Request().Context(), u.ID, req.Name, exp)
 	if err != nil {
 		return err
@@ -182,6 +185,31 @@ func (s *Server) apiCreateToken(c echo.Context) error {
 	out.Token = secret
 	c.Response().Header().Set("Location", "/api/v1/tokens/"+strconv.FormatInt(tok.ID, 10))
 	return writeJSON(c, http.StatusCreated, out)
+}
+
+// capByCallingToken keeps a token made with a bearer token from outliving
+// it: no expiry becomes the calling token's expiry, and a later one is a
+// field error. A call without a bearer token (a browser session) is not
+// capped.
+func (s *Server) capByCallingToken(c echo.Context, exp time.Time) (time.Time, error) {
+	secret, ok := strings.CutPrefix(c.Request().Header.Get("Authorization"), "Bearer ")
+	if !ok {
+		return exp, nil
+	}
+	parent, err := s.st.APITokenBySecret(c.Request().Context(), strings.TrimSpace(secret))
+	if err != nil {
+		return time.Time{}, err
+	}
+	switch {
+	case parent.ExpiresAt.IsZero():
+		return exp, nil
+	case exp.IsZero():
+		return parent.ExpiresAt, nil
+	case exp.After(parent.ExpiresAt):
+		return time.Time{}, (allot.FieldErrors{"expires_at": "must not be later than " + parent.ExpiresAt.UTC().Format(time.RFC3339) +
+			", when the token making this request expires"}).Err()
+	}
+	return exp, nil
 }
 
 // apiRevokeToken revokes a token: the caller's own, or anyone's for an

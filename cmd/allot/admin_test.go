@@ -5,8 +5,10 @@ import (
 	"context"
 	"encoding/csv"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -82,6 +84,11 @@ func TestAdminAPIEdits(t *testing.T) {
 		{"PUT", "/api/v1/tiers/3", `{"class_order":1}`, 422, "class_order", false},
 		{"PUT", "/api/v1/tiers/3", `{"max_runtime_s":0}`, 422, "max_runtime_s", false},
 		{"PUT", "/api/v1/tiers/3", `{"may_preempt":["1"]}`, 422, "may_preempt", false},
+		// Seconds that would wrap around as a duration (2e10 s wraps to a
+		// positive ~49 years) are refused before any arithmetic.
+		{"PUT", "/api/v1/tiers/3", `{"max_runtime_s":20000000000}`, 422, "max_runtime_s", false},
+		{"PUT", "/api/v1/tiers/3", `{"max_runtime_s":9223372036854775807}`, 422, "max_runtime_s", false},
+		{"PUT", "/api/v1/tiers/3", `{"max_runtime_s":31708800}`, 422, "max_runtime_s", false}, // 367 days
 		{"PUT", "/api/v1/tiers/3", `{"colour":"red"}`, 422, "colour", false},
 		{"PUT", "/api/v1/tiers/9", `{"multiplier":"1"}`, 404, "", false},
 		{"PUT", "/api/v1/tiers/4", `{"max_runtime_s":86400,"reserved_gpus":2,"may_preempt":["preemptible"]}`, 200, "", true},
@@ -109,6 +116,10 @@ func TestAdminAPIEdits(t *testing.T) {
 		{"PUT", "/api/v1/policy", `{"grace_period_s":300}`, 200, "", false},
 		{"PUT", "/api/v1/policy", `{"budget_warn_pct":150}`, 422, "budget_warn_pct", false},
 		{"PUT", "/api/v1/policy", `{"half_life_s":"7d"}`, 422, "half_life_s", false},
+		{"PUT", "/api/v1/policy", `{"grace_period_s":20000000000}`, 422, "grace_period_s", false},
+		{"PUT", "/api/v1/policy", `{"grace_period_s":9223372036854775807}`, 422, "grace_period_s", false},
+		{"PUT", "/api/v1/policy", `{"auto_undrain_after_s":20000000000}`, 422, "auto_undrain_after_s", false},
+		{"PUT", "/api/v1/policy", `{"half_life_s":9223372036854775807}`, 422, "half_life_s", false},
 		{"PUT", "/api/v1/policy", `{"burst_monthly_budget":"a lot"}`, 422, "burst_monthly_budget", false},
 		{"PUT", "/api/v1/policy", `{"health_rules":[]}`, 422, "health_rules", false},
 	} {
@@ -413,6 +424,35 @@ func TestAuditCSVExport(t *testing.T) {
 	}
 	if status, _, _ := e.api("GET", "/api/v1/audit.csv", demo.Finance, ""); status != http.StatusForbidden {
 		t.Errorf("finance export: %d", status)
+	}
+
+	// Text a spreadsheet would run as a formula starts with an apostrophe;
+	// numbers in the numeric columns stay as they are.
+	formulas := []string{`=HYPERLINK("http://evil.example","x")`, "+1+2", "-2+3", "@SUM(A1:A2)", "plain note", "-1"}
+	for i, n := range formulas {
+		if status, _, body := e.api("PUT", "/api/v1/policy", demo.Admin, fmt.Sprintf(`{"weight_age":%d,"note":%s}`, 1000+i, mustJSON(t, n))); status != 200 {
+			t.Fatalf("PUT policy with note %q: %d %s", n, status, body)
+		}
+	}
+	_, _, body = e.api("GET", "/api/v1/audit.csv", demo.Admin, "")
+	if rows, err = csv.NewReader(bytes.NewReader(body)).ReadAll(); err != nil || len(rows) < 1+len(formulas) {
+		t.Fatalf("export: %q %v", rows, err)
+	}
+	for i, n := range formulas {
+		r := rows[len(formulas)-i] // newest first
+		want := "'" + n
+		if n == "plain note" {
+			want = n
+		}
+		if r[col["note"]] != want {
+			t.Errorf("note %q exported as %q, want %q", n, r[col["note"]], want)
+		}
+		if _, err := strconv.ParseInt(r[col["id"]], 10, 64); err != nil {
+			t.Errorf("id %q is not a number", r[col["id"]])
+		}
+		if _, err := strconv.ParseInt(r[col["policy_version"]], 10, 64); err != nil {
+			t.Errorf("policy_version %q is not a number", r[col["policy_version"]])
+		}
 	}
 }
 

@@ -123,6 +123,9 @@ func (m *Main) Run(ctx context.Context) error {
 		return err
 	}
 	if m.Addr != "" {
+		if err := checkOIDCRedirect(m.OIDC); err != nil {
+			return err
+		}
 		m.ln, err = net.Listen("tcp", m.Addr)
 		if err != nil {
 			return fmt.Errorf("listening on %s: %w", m.Addr, err)

@@ -30,6 +30,10 @@ func micros(t *testing.T, s string) int64 {
 func TestChargebackAddsUp(t *testing.T) {
 	e := boot(t)
 	ctx := context.Background()
+	// A job name a spreadsheet would run as a formula.
+	if _, err := e.m.Pool.Exec(ctx, `UPDATE jobs SET name = '=HYPERLINK("http://x")' WHERE id = (SELECT min(job_id) FROM allocations)`); err != nil {
+		t.Fatal(err)
+	}
 	// An hour ahead, so that even in the first hour of a month the demo's
 	// history (all finished) is billed.
 	if _, err := jobs.Rollup(ctx, e.m.Store, time.Now().Add(time.Hour)); err != nil {
@@ -77,8 +81,18 @@ func TestChargebackAddsUp(t *testing.T) {
 		t.Errorf("CSV header %q", rows[0])
 	}
 	var csvSum int64
+	formulas := 0
 	for _, r := range rows[1:] {
 		csvSum += micros(t, r[14])
+		if strings.HasPrefix(r[4], "=") {
+			t.Errorf("job name %q would run as a formula", r[4])
+		}
+		if r[4] == `'=HYPERLINK("http://x")` {
+			formulas++
+		}
+	}
+	if formulas == 0 {
+		t.Error("the job named like a formula is not in the CSV, neutralised")
 	}
 	if csvSum != total || len(rows)-1 != len(cb.Lines) {
 		t.Errorf("CSV: %d rows summing to %d; API: %d lines summing to %d", len(rows)-1, csvSum, len(cb.Lines), total)

@@ -67,8 +67,29 @@ func checkOIDC(c web.OIDCConfig) error {
 			return fmt.Errorf("%s %q must use https (plain http is only for localhost)", u.name, u.v)
 		}
 	}
+	if err := checkOIDCRedirect(c); err != nil {
+		return err
+	}
 	if c.Claims.GroupsClaim == "" || c.Claims.TeamPrefix == "" {
 		return errors.New("--oidc-groups-claim and --oidc-team-prefix must not be empty")
+	}
+	return nil
+}
+
+// checkOIDCRedirect requires an explicit https --oidc-redirect-url when
+// the issuer is not on this machine: the default, the listen address +
+// /oidc/callback, is plain http, so the session cookie would not be Secure.
+// A localhost issuer (allot dev, tests) may keep the default.
+func checkOIDCRedirect(c web.OIDCConfig) error {
+	if !c.Enabled() {
+		return nil
+	}
+	iss, err := url.Parse(c.Issuer)
+	if err != nil || loopbackHost(iss.Hostname()) {
+		return nil // checkOIDC reports a bad issuer
+	}
+	if !strings.HasPrefix(c.RedirectURL, "https://") {
+		return fmt.Errorf("the OIDC issuer %s is not on localhost, so --oidc-redirect-url (ALLOT_OIDC_REDIRECT_URL) must be set to this server's https callback, e.g. https://allot.example.com/oidc/callback; got %q", c.Issuer, c.RedirectURL)
 	}
 	return nil
 }
@@ -94,6 +115,8 @@ func cmdOIDCProvider(args []string, stdout, stderr io.Writer) int {
 	watchStdin := fs.Bool("watch-stdin", false, "exit when stdin closes (for a parent process)")
 	var redirects multiFlag
 	fs.Var(&redirects, "redirect-uri", "allowed redirect URI, repeatable; loopback URIs match any port (default http://127.0.0.1/oidc/callback, http://localhost/oidc/callback)")
+	var extra multiFlag
+	fs.Var(&extra, "user", "one more user USERNAME:SUBJECT:EMAIL[:unverified] with the same password, repeatable; unverified: no email_verified claim")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -101,6 +124,14 @@ func cmdOIDCProvider(args []string, stdout, stderr io.Writer) int {
 		redirects = multiFlag{"http://127.0.0.1/oidc/callback", "http://localhost/oidc/callback"}
 	}
 	users := oidcdev.DemoUsers(*password)
+	for _, x := range extra {
+		f := strings.Split(x, ":")
+		if len(f) < 3 || len(f) > 4 || f[0] == "" || f[1] == "" || f[2] == "" || len(f) == 4 && f[3] != "unverified" {
+			fmt.Fprintf(stderr, "allot oidc-provider: --user %q: want USERNAME:SUBJECT:EMAIL[:unverified]\n", x)
+			return 2
+		}
+		users = append(users, oidcdev.User{Username: f[0], Subject: f[1], Email: f[2], Name: f[0], Password: *password, NoEmailVerified: len(f) == 4})
+	}
 	srv, err := oidcdev.Listen(*addr, oidcdev.Config{Users: users, Hint: oidcdev.DemoHint(users),
 		Clients: []oidcdev.Client{{ID: *clientID, Secret: *secret, RedirectURIs: redirects}}})
 	if err != nil {

@@ -40,11 +40,11 @@ const (
 
 // startProvider starts `allot oidc-provider` as a separate process and
 // returns its issuer URL.
-func startProvider(t *testing.T) string {
+func startProvider(t *testing.T, extraArgs ...string) string {
 	t.Helper()
 	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), providerEnv+"=--addr 127.0.0.1:0 --watch-stdin --client-id "+testClientID+
-		" --client-secret "+testClientSecret+" --password "+testPassword+" --redirect-uri http://127.0.0.1/oidc/callback")
+		" --client-secret "+testClientSecret+" --password "+testPassword+" --redirect-uri http://127.0.0.1/oidc/callback "+strings.Join(extraArgs, " "))
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -410,6 +410,67 @@ func TestOIDCRefusals(t *testing.T) {
 	}
 }
 
+// TestOIDCEmailLinking: a first SSO sign-in links the account Allot
+// created for the person by email; a second provider account with the same
+// email, or one whose provider does not say the email is verified, is
+// refused (409, no session) and changes nothing.
+func TestOIDCEmailLinking(t *testing.T) {
+	nadiaEmail, finnEmail := demo.PersonaEmail[demo.Lead], demo.PersonaEmail[demo.Finance]
+	issuer := startProvider(t, "--user", "mallory:idp-mallory:"+nadiaEmail, "--user", "zed:idp-zed:"+finnEmail+":unverified")
+	e := bootSSO(t, issuer)
+	ctx := context.Background()
+	subject := func(email string) string {
+		var s string
+		if err := e.m.Pool.QueryRow(ctx, "SELECT oidc_subject FROM users WHERE email = $1", email).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	var users int
+	e.m.Pool.QueryRow(ctx, "SELECT count(*) FROM users").Scan(&users) //nolint:errcheck
+	refused := func(name, username, msg string) {
+		t.Helper()
+		before := sessionCount(t, e)
+		b := newSSOBrowser(t)
+		s := b.do("GET", b.authorize(b.start(e, ""), username, testPassword, "login"), nil)
+		if s.status != http.StatusConflict || !strings.Contains(s.body, msg) || !strings.Contains(s.body, `data-testid="login-error"`) {
+			t.Errorf("%s: %d, want 409 with %q\n%s", name, s.status, msg, s.body)
+		}
+		for _, c := range s.cookies {
+			if c.Name == "allot_session" && c.Value != "" {
+				t.Errorf("%s: a session cookie was set", name)
+			}
+		}
+		if after := sessionCount(t, e); after != before {
+			t.Errorf("%s: sessions %d → %d", name, before, after)
+		}
+	}
+
+	// nadia's first sign-in links the demo's account.
+	if to := newSSOBrowser(t).login(e, "nadia", ""); to != e.url+"/jobs" || subject(nadiaEmail) != "dev-nadia" {
+		t.Fatalf("nadia's first sign-in: landed on %q, subject %q", to, subject(nadiaEmail))
+	}
+	// Another account at the provider with nadia's (verified) email.
+	refused("second account", "mallory", "already belongs to an Allot account")
+	if s := subject(nadiaEmail); s != "dev-nadia" {
+		t.Errorf("nadia's subject is now %q", s)
+	}
+	// No email_verified claim: finn's account, never signed in, is not linked.
+	refused("unverified email", "zed", "not say this email address is verified")
+	if s := subject(finnEmail); !strings.HasPrefix(s, "demo|") {
+		t.Errorf("finn's subject is now %q", s)
+	}
+	// finn himself, verified, is linked.
+	if to := newSSOBrowser(t).login(e, "finn", ""); to != e.url+"/jobs" || subject(finnEmail) != "dev-finn" {
+		t.Errorf("finn's sign-in: landed on %q, subject %q", to, subject(finnEmail))
+	}
+	var after int
+	e.m.Pool.QueryRow(ctx, "SELECT count(*) FROM users").Scan(&after) //nolint:errcheck
+	if after != users {
+		t.Errorf("users %d → %d", users, after)
+	}
+}
+
 // TestDevLoginOnlyInDevMode: without dev mode the persona login is 404
 // and the login page offers SSO only.
 func TestDevLoginOnlyInDevMode(t *testing.T) {
@@ -506,6 +567,20 @@ func TestOIDCFlags(t *testing.T) {
 	}
 	if _, err := parse("--oidc-issuer", "http://127.0.0.1:8081"); err != nil {
 		t.Errorf("plain http on localhost: %v", err)
+	}
+	// An issuer elsewhere needs an explicit https callback: the default (the
+	// listen address, plain http) would leave the session cookie non-Secure.
+	for _, redirect := range []string{"", "http://127.0.0.1:8080/oidc/callback", "http://localhost/oidc/callback"} {
+		if _, err := parse("--oidc-redirect-url", redirect); err == nil || !strings.Contains(err.Error(), "--oidc-redirect-url") {
+			t.Errorf("issuer %s with redirect %q: %v, want refused", os.Getenv("ALLOT_OIDC_ISSUER"), redirect, err)
+		}
+	}
+	if rc := run([]string{"server", "--database-url", "postgres://nowhere"}, io.Discard, io.Discard); rc != 2 {
+		t.Errorf("allot server with a remote issuer and no redirect URL: exit %d, want 2", rc)
+	}
+	t.Setenv("ALLOT_OIDC_ISSUER", "http://localhost:8081")
+	if c, err := parse(); err != nil || c.RedirectURL != "" {
+		t.Errorf("localhost issuer without a redirect URL: %+v %v", c, err)
 	}
 	if rc := run([]string{"server", "--oidc-issuer", "http://idp.example.com", "--database-url", "postgres://nowhere"}, io.Discard, io.Discard); rc != 2 {
 		t.Errorf("allot server with an http issuer: exit %d, want 2", rc)

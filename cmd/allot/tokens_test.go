@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -260,5 +261,61 @@ func TestTokenCLI(t *testing.T) {
 	}
 	if rc, _, _ := full(demo.Engineer, "revoke", "abc"); rc != 2 {
 		t.Errorf("revoke abc: rc %d, want 2", rc)
+	}
+}
+
+// TestTokensDoNotOutliveTheirMaker: a token made with an expiring token
+// expires with it at the latest (no expiry becomes the parent's, a later
+// one is a 422 that stores nothing); a token without expiry may make
+// tokens without expiry.
+func TestTokensDoNotOutliveTheirMaker(t *testing.T) {
+	e := boot(t)
+	post := func(token, body string) (int, []byte) {
+		t.Helper()
+		req, _ := http.NewRequest("POST", e.url+"/api/v1/tokens", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	exp := time.Now().Add(48 * time.Hour).UTC().Truncate(time.Second)
+	code, _, b := e.api("POST", "/api/v1/tokens", demo.Engineer, `{"name":"parent","expires_at":"`+exp.Format(time.RFC3339)+`"}`)
+	var parent web.TokenJSON
+	if err := json.Unmarshal(b, &parent); code != http.StatusCreated || err != nil {
+		t.Fatalf("parent: %d %s", code, b)
+	}
+	before := e.tokenCount()
+	for _, body := range []string{
+		`{"name":"later","expires_at":"` + exp.Add(time.Second).Format(time.RFC3339) + `"}`,
+		`{"name":"much later","expires_at":"2099-01-01"}`,
+	} {
+		code, b := post(parent.Token, body)
+		var p web.Problem
+		if err := json.Unmarshal(b, &p); code != http.StatusUnprocessableEntity || err != nil || !strings.Contains(p.Errors["expires_at"], "when the token making this request expires") {
+			t.Errorf("%s: %d %s, want 422 on expires_at", body, code, b)
+		}
+	}
+	if n := e.tokenCount(); n != before {
+		t.Fatalf("refused requests stored tokens: %d → %d", before, n)
+	}
+	var child web.TokenJSON
+	code, b = post(parent.Token, `{"name":"forever"}`)
+	if err := json.Unmarshal(b, &child); code != http.StatusCreated || err != nil || child.ExpiresAt == nil || !child.ExpiresAt.Equal(exp) {
+		t.Errorf("no expiry asked: %d %s, want the parent's expiry %s", code, b, exp)
+	}
+	earlier := exp.Add(-time.Hour)
+	code, b = post(parent.Token, `{"name":"earlier","expires_at":"`+earlier.Format(time.RFC3339)+`"}`)
+	if err := json.Unmarshal(b, &child); code != http.StatusCreated || err != nil || child.ExpiresAt == nil || !child.ExpiresAt.Equal(earlier) {
+		t.Errorf("earlier expiry: %d %s", code, b)
+	}
+	// The persona's token never expires: so may the tokens it makes.
+	code, _, b = e.api("POST", "/api/v1/tokens", demo.Engineer, `{"name":"unbounded"}`)
+	if err := json.Unmarshal(b, &child); code != http.StatusCreated || err != nil || child.ExpiresAt != nil {
+		t.Errorf("from a token without expiry: %d %s", code, b)
 	}
 }

@@ -1,7 +1,9 @@
 package allot
 
 import (
+	"errors"
 	"fmt"
+	"math"
 	"regexp"
 	"strings"
 	"time"
@@ -295,6 +297,11 @@ func FormatDuration(d time.Duration) string {
 	return b.String()
 }
 
+// maxDuration bounds ParseDuration: numbers that large would wrap around.
+const maxDuration = int64(math.MaxInt64)
+
+var errDurationTooLong = errors.New("duration too long")
+
 // ParseDuration accepts Go durations ("4h", "90m", "1h30m") and a day
 // suffix ("2d", "1d12h"), and plain seconds ("3600").
 func ParseDuration(s string) (time.Duration, error) {
@@ -307,12 +314,17 @@ func ParseDuration(s string) (time.Duration, error) {
 		if _, err := fmt.Sscan(s, &n); err != nil {
 			return 0, err
 		}
+		if n > maxDuration/int64(time.Second) {
+			return 0, errDurationTooLong
+		}
 		return time.Duration(n) * time.Second, nil
 	}
 	var days time.Duration
 	if i := strings.Index(s, "d"); i > 0 && digits(s[:i]) {
 		var n int64
-		fmt.Sscan(s[:i], &n)
+		if _, err := fmt.Sscan(s[:i], &n); err != nil || n > maxDuration/int64(24*time.Hour) {
+			return 0, errDurationTooLong
+		}
 		days = time.Duration(n) * 24 * time.Hour
 		s = s[i+1:]
 		if s == "" {
@@ -322,6 +334,9 @@ func ParseDuration(s string) (time.Duration, error) {
 	d, err := time.ParseDuration(s)
 	if err != nil {
 		return 0, fmt.Errorf("invalid duration %q: use e.g. 4h, 90m, 1h30m, 2d", s)
+	}
+	if d > time.Duration(maxDuration)-days {
+		return 0, errDurationTooLong
 	}
 	return days + d, nil
 }

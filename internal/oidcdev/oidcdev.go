@@ -38,6 +38,9 @@ type User struct {
 	Email    string
 	Name     string
 	Groups   []string
+	// NoEmailVerified leaves the email_verified claim out, as some
+	// providers do (otherwise it is true).
+	NoEmailVerified bool
 }
 
 // Client is a registered relying party.
@@ -425,7 +428,10 @@ func (p *Provider) token(w http.ResponseWriter, r *http.Request) {
 func claims(g *grant) map[string]any {
 	c := map[string]any{"sub": g.user.Subject}
 	if slices.Contains(g.scopes, "email") {
-		c["email"], c["email_verified"] = g.user.Email, true
+		c["email"] = g.user.Email
+		if !g.user.NoEmailVerified {
+			c["email_verified"] = true
+		}
 	}
 	if slices.Contains(g.scopes, "profile") {
 		c["name"], c["preferred_username"] = g.user.Name, g.user.Username

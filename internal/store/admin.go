@@ -399,29 +399,74 @@ func PolicyValuesOf(p allot.Policy) PolicyValues {
 		HeartbeatMissedAfterS: wholeSecs(p.HeartbeatMissedAfter), AutoUndrainAfterS: wholeSecs(p.AutoUndrainAfter)}
 }
 
+// MaxDurationSecs is the most seconds any duration setting accepts (ten
+// years): checked before seconds become a time.Duration, which would wrap
+// around for huge values.
+const MaxDurationSecs = 10 * 365 * 24 * 3600
+
+const secsPerDay = 24 * 3600
+
+// policyMaxSecs bounds each duration setting of the policy, in seconds.
+var policyMaxSecs = map[string]int64{
+	"max_age_s":                365 * secsPerDay, // the age factor saturates after this
+	"half_life_s":              365 * secsPerDay, // fair-share usage decay
+	"grace_period_s":           1 * secsPerDay,   // a preempted job's time to stop
+	"min_runtime_s":            7 * secsPerDay,   // protection from preemption
+	"cycle_s":                  3600,             // the scheduler runs at least hourly
+	"burst_mean_wait_s":        30 * secsPerDay,
+	"heartbeat_missed_after_s": 1 * secsPerDay,
+	"auto_undrain_after_s":     30 * secsPerDay,
+}
+
+// CheckSecs adds a field error to f when secs is more than max (or
+// MaxDurationSecs, whichever is less) and returns secs as a duration, or 0
+// when it is out of range. Negative values pass (Validate reports them).
+func CheckSecs(f allot.FieldErrors, field string, secs, max int64) time.Duration {
+	max = min(max, MaxDurationSecs)
+	if secs > max {
+		f.Add(field, "must be at most %d (%s)", max, allot.FormatDuration(time.Duration(max)*time.Second))
+		return 0
+	}
+	if secs < -MaxDurationSecs {
+		f.Add(field, "must not be negative")
+		return 0
+	}
+	return time.Duration(secs) * time.Second
+}
+
 // applyTo sets p's scalar settings to v.
 func (v PolicyValues) applyTo(p *allot.Policy) error {
-	d := func(s int64) time.Duration { return time.Duration(s) * time.Second }
+	f := allot.FieldErrors{}
+	d := func(field string, s int64) time.Duration { return CheckSecs(f, field, s, policyMaxSecs[field]) }
 	m, err := allot.ParseMoney(v.BurstMonthlyBudget, "USD")
 	if err != nil {
-		return (allot.FieldErrors{"burst_monthly_budget": err.Error()}).Err()
+		f.Add("burst_monthly_budget", "%s", err.Error())
+	}
+	maxAge, halfLife, grace, minRun, cycle := d("max_age_s", v.MaxAgeS), d("half_life_s", v.HalfLifeS), d("grace_period_s", v.GracePeriodS),
+		d("min_runtime_s", v.MinRuntimeS), d("cycle_s", v.CycleS)
+	meanWait, missed, undrain := d("burst_mean_wait_s", v.BurstMeanWaitS), d("heartbeat_missed_after_s", v.HeartbeatMissedAfterS), d("auto_undrain_after_s", v.AutoUndrainAfterS)
+	if err := f.Err(); err != nil {
+		return err
 	}
 	p.WeightFairShare, p.WeightSize, p.WeightAge = v.WeightFairShare, v.WeightSize, v.WeightAge
-	p.MaxAge, p.HalfLife, p.GracePeriod, p.MinRuntime, p.Cycle = d(v.MaxAgeS), d(v.HalfLifeS), d(v.GracePeriodS), d(v.MinRuntimeS), d(v.CycleS)
+	p.MaxAge, p.HalfLife, p.GracePeriod, p.MinRuntime, p.Cycle = maxAge, halfLife, grace, minRun, cycle
 	p.BudgetWarnPct, p.BudgetDemotePct = v.BudgetWarnPct, v.BudgetDemotePct
-	p.BurstPendingGPUHours, p.BurstMeanWait, p.BurstReleaseGPUHours = v.BurstPendingGPUHours, d(v.BurstMeanWaitS), v.BurstReleaseGPUHours
+	p.BurstPendingGPUHours, p.BurstMeanWait, p.BurstReleaseGPUHours = v.BurstPendingGPUHours, meanWait, v.BurstReleaseGPUHours
 	p.BurstMaxNodes, p.BurstMonthlyBudget.Micros = v.BurstMaxNodes, m.Micros
-	p.HeartbeatMissedAfter, p.AutoUndrainAfter = d(v.HeartbeatMissedAfterS), d(v.AutoUndrainAfterS)
+	p.HeartbeatMissedAfter, p.AutoUndrainAfter = missed, undrain
 	return nil
 }
 
 // UpdatePolicy edits the policy's scalar settings with apply (health rules
-// are kept as they are).
-func (s *Store) UpdatePolicy(ctx context.Context, c PolicyChange, apply func(*PolicyValues)) (AdminResult, error) {
+// are kept as they are). An error from apply aborts the change: no
+// version, no audit entry.
+func (s *Store) UpdatePolicy(ctx context.Context, c PolicyChange, apply func(*PolicyValues) error) (AdminResult, error) {
 	return s.changeIfAny(ctx, c, func(_ *Store, p *allot.Policy) (any, any, error) {
 		before := PolicyValuesOf(*p)
 		after := before
-		apply(&after)
+		if err := apply(&after); err != nil {
+			return nil, nil, err
+		}
 		if err := after.applyTo(p); err != nil {
 			return nil, nil, err
 		}

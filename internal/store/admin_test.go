@@ -2,6 +2,9 @@ package store_test
 
 import (
 	"encoding/json"
+	"errors"
+	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -207,8 +210,9 @@ func TestUpdatePolicyValues(t *testing.T) {
 	b := setup(t)
 	start := b.counts(t)
 	old, _ := b.st.CurrentPolicy(b.ctx)
-	r, err := b.st.UpdatePolicy(b.ctx, change("policy.update", "policy"), func(v *store.PolicyValues) {
+	r, err := b.st.UpdatePolicy(b.ctx, change("policy.update", "policy"), func(v *store.PolicyValues) error {
 		v.GracePeriodS, v.BurstMonthlyBudget = 300, "2500.5"
+		return nil
 	})
 	if err != nil || !r.Changed {
 		t.Fatalf("update: %+v %v", r, err)
@@ -218,7 +222,7 @@ func TestUpdatePolicyValues(t *testing.T) {
 		p.Version != r.Entry.PolicyVersion || p.WeightAge != old.WeightAge {
 		t.Errorf("policy now %+v", p)
 	}
-	if r, err := b.st.UpdatePolicy(b.ctx, change("policy.update", "policy"), func(v *store.PolicyValues) { v.GracePeriodS = 300 }); err != nil || r.Changed {
+	if r, err := b.st.UpdatePolicy(b.ctx, change("policy.update", "policy"), func(v *store.PolicyValues) error { v.GracePeriodS = 300; return nil }); err != nil || r.Changed {
 		t.Errorf("no-op: %+v %v", r, err)
 	}
 	for field, apply := range map[string]func(*store.PolicyValues){
@@ -227,9 +231,38 @@ func TestUpdatePolicyValues(t *testing.T) {
 		"half_life_s":             func(v *store.PolicyValues) { v.HalfLifeS = 0 },
 		"burst_monthly_budget":    func(v *store.PolicyValues) { v.BurstMonthlyBudget = "lots" },
 	} {
-		if _, err := b.st.UpdatePolicy(b.ctx, change("policy.update", "policy"), apply); allot.Fields(err)[field] == "" {
+		if _, err := b.st.UpdatePolicy(b.ctx, change("policy.update", "policy"), func(v *store.PolicyValues) error { apply(v); return nil }); allot.Fields(err)[field] == "" {
 			t.Errorf("%s: %v", field, err)
 		}
+	}
+	// Seconds that would wrap around as a time.Duration are refused, not
+	// wrapped into a valid-looking value.
+	for _, secs := range []int64{2e10, math.MaxInt64} {
+		for field, apply := range map[string]func(*store.PolicyValues){
+			"grace_period_s":       func(v *store.PolicyValues) { v.GracePeriodS = secs },
+			"half_life_s":          func(v *store.PolicyValues) { v.HalfLifeS = secs },
+			"auto_undrain_after_s": func(v *store.PolicyValues) { v.AutoUndrainAfterS = secs },
+			"max_age_s":            func(v *store.PolicyValues) { v.MaxAgeS = secs },
+		} {
+			if _, err := b.st.UpdatePolicy(b.ctx, change("policy.update", "policy"), func(v *store.PolicyValues) error { apply(v); return nil }); !strings.Contains(allot.Fields(err)[field], "at most") {
+				t.Errorf("%s = %d: %v", field, secs, err)
+			}
+		}
+	}
+	// Above the domain's bound but far from wrapping: refused too.
+	if _, err := b.st.UpdatePolicy(b.ctx, change("policy.update", "policy"), func(v *store.PolicyValues) error { v.CycleS = 2 * 3600; return nil }); allot.Fields(err)["cycle_s"] == "" {
+		t.Errorf("a two-hour cycle: %v", err)
+	}
+	// An error from apply aborts the change after it modified the values.
+	boom := errors.New("patch unreadable")
+	if _, err := b.st.UpdatePolicy(b.ctx, change("policy.update", "policy"), func(v *store.PolicyValues) error {
+		v.GracePeriodS = 600
+		return boom
+	}); !errors.Is(err, boom) {
+		t.Errorf("apply's error: %v", err)
+	}
+	if p, _ := b.st.CurrentPolicy(b.ctx); p.GracePeriod != 5*time.Minute {
+		t.Errorf("a failed apply changed the grace period to %s", p.GracePeriod)
 	}
 	b.wantCounts(t, [2]int{start[0] + 1, start[1] + 1}, "policy edits")
 

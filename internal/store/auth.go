@@ -185,6 +185,16 @@ func (s *Store) UserByAPIToken(ctx context.Context, secret string) (allot.User, 
 	return u, nil
 }
 
+// APITokenBySecret returns the stored token whose secret this is, whatever
+// its state; an unknown secret is EUnauthorized.
+func (s *Store) APITokenBySecret(ctx context.Context, secret string) (APIToken, error) {
+	t, err := scanToken(s.db.QueryRow(ctx, tokenSelect+` WHERE token_hash = $1`, hashSecret(secret)))
+	if err == pgx.ErrNoRows {
+		return APIToken{}, allot.Errorf(allot.EUnauthorized, "invalid API token")
+	}
+	return t, mapErr("loading API token", err)
+}
+
 // CreateSession starts a portal session for userID and returns its secret
 // (the cookie value); only its hash is stored.
 func (s *Store) CreateSession(ctx context.Context, userID int64, ttl time.Duration) (string, error) {
@@ -264,20 +274,49 @@ func (s *Store) TakeOIDCLogin(ctx context.Context, state string) (OIDCLogin, err
 	return l, mapErr("loading sign-in", err)
 }
 
+// PlaceholderSubjectPrefix starts the oidc_subject of a person Allot
+// recorded before they ever signed in through single sign-on (the demo
+// organisation's people are "demo|<email>"). Such a subject is the only
+// one a sign-in may replace, linking the account by email; a subject any
+// identity provider issued is never replaced.
+const PlaceholderSubjectPrefix = "demo|"
+
+// NeverSignedIn reports whether subject is a placeholder: its user has
+// never signed in through single sign-on.
+func NeverSignedIn(subject string) bool { return strings.HasPrefix(subject, PlaceholderSubjectPrefix) }
+
 // UpsertOIDCUser records a person who signed in through OIDC: found by
-// subject, else by email (a person created before their first sign-in, as
-// the demo organisation is), else created. Name, email, admin and finance
-// flags and memberships are replaced by what the identity provider says;
-// memberships in teams Allot does not know are skipped and returned.
-func (s *Store) UpsertOIDCUser(ctx context.Context, u *allot.User) (unknownTeams []string, err error) {
+// subject, else created. A user recorded before their first sign-in (a
+// placeholder subject, see NeverSignedIn) with the same email is linked
+// instead, but only when the provider says the email is verified; an
+// email that belongs to a user who already signed in with another subject
+// is EConflict, as is an unverified email of a placeholder user, so no
+// second identity-provider account can take over an Allot account by
+// claiming its email. Name, email, admin and finance flags and memberships
+// are replaced by what the identity provider says; memberships in teams
+// Allot does not know are skipped and returned.
+func (s *Store) UpsertOIDCUser(ctx context.Context, u *allot.User, emailVerified bool) (unknownTeams []string, err error) {
 	if err := u.Validate(); err != nil {
 		return nil, err
+	}
+	if NeverSignedIn(u.OIDCSubject) {
+		return nil, allot.Errorf(allot.EInvalid, "the identity provider sent a reserved subject %q", u.OIDCSubject)
 	}
 	err = s.InTx(ctx, func(tx *Store) error {
 		unknownTeams = nil
 		err := tx.db.QueryRow(ctx, `SELECT id FROM users WHERE oidc_subject = $1 FOR UPDATE`, u.OIDCSubject).Scan(&u.ID)
 		if err == pgx.ErrNoRows {
-			err = tx.db.QueryRow(ctx, `SELECT id FROM users WHERE lower(email) = lower($1) FOR UPDATE`, u.Email).Scan(&u.ID)
+			var subject string
+			err = tx.db.QueryRow(ctx, `SELECT id, oidc_subject FROM users WHERE lower(email) = lower($1) FOR UPDATE`, u.Email).Scan(&u.ID, &subject)
+			switch {
+			case err != nil:
+			case !NeverSignedIn(subject):
+				return allot.Errorf(allot.EConflict,
+					"%s already belongs to an Allot account that signs in with another identity-provider account; sign in with that one, or ask an admin", u.Email)
+			case !emailVerified:
+				return allot.Errorf(allot.EConflict,
+					"an Allot account exists for %s, but the identity provider does not say this email address is verified, so it cannot be linked to it", u.Email)
+			}
 		}
 		switch {
 		case err == pgx.ErrNoRows:
