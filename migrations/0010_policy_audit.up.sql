@@ -8,6 +8,12 @@ ALTER TABLE policy_versions
     ADD COLUMN burst_monthly_budget_micros bigint NOT NULL DEFAULT 0 CHECK (burst_monthly_budget_micros >= 0),
     ADD COLUMN auto_undrain_after_s  bigint  NOT NULL DEFAULT 0 CHECK (auto_undrain_after_s >= 0);
 
+-- Policies stored before health rules existed get the default rules
+-- (json.Marshal(allot.DefaultHealthRules()); "for" is in nanoseconds), so
+-- an upgraded cluster drains faulty nodes like a new one. A store test
+-- keeps this literal equal to the Go defaults.
+UPDATE policy_versions SET health_rules = '[{"name":"ecc-double-bit","metric":"ecc_dbe","match":null,"over":0,"for":0,"severity":"critical","action":"drain"},{"name":"xid-fatal","metric":"xid","match":[48,79,94,95],"over":0,"for":0,"severity":"critical","action":"drain"},{"name":"throttle-warn","metric":"throttle","match":null,"over":0,"for":600000000000,"severity":"warning","action":"warn"},{"name":"throttle-drain","metric":"throttle","match":null,"over":0,"for":3600000000000,"severity":"critical","action":"drain"},{"name":"gpu-missing","metric":"gpu_missing","match":null,"over":0,"for":0,"severity":"critical","action":"drain"},{"name":"health-check","metric":"health_check","match":null,"over":0,"for":0,"severity":"critical","action":"drain"}]';
+
 CREATE TABLE audit_log (
     id              bigserial PRIMARY KEY,
     at              timestamptz NOT NULL DEFAULT now(),

@@ -7,7 +7,10 @@ ALTER TABLE nodes
     ADD COLUMN drain_reason     text NOT NULL DEFAULT '',
     ADD COLUMN drained_at       timestamptz,
     ADD COLUMN health_ok_since  timestamptz,   -- passing its drain rules since (null: failing or never checked)
-    ADD COLUMN health_output    text NOT NULL DEFAULT '';  -- the last failed --health-cmd output ("" when passing)
+    ADD COLUMN health_output    text NOT NULL DEFAULT '',  -- the last failed --health-cmd output ("" when passing)
+    -- GPUs the node had that its agent did not report when it registered
+    -- again ([{"index", "uuid"}] of the inventory before): missing until back.
+    ADD COLUMN lost_gpus        jsonb NOT NULL DEFAULT '[]' CHECK (jsonb_typeof(lost_gpus) = 'array');
 
 -- A rule whose condition holds on a node, and since when (kept between
 -- heartbeats so "for 10 minutes" survives restarts and load-balanced
@@ -20,7 +23,9 @@ CREATE TABLE node_health_state (
 );
 
 -- A rule that fired on a node. Open (resolved_at null) while its condition
--- holds; a rule with an open event does not fire again.
+-- holds; a rule with an open event does not fire again, except a counter
+-- (ecc_dbe) whose value changed or that another GPU meets: that new event
+-- resolves the old one.
 CREATE TABLE health_events (
     id            bigserial PRIMARY KEY,
     node          text NOT NULL REFERENCES nodes(name) ON DELETE CASCADE,
@@ -31,6 +36,7 @@ CREATE TABLE health_events (
     metric        text NOT NULL,
     value         double precision NOT NULL,
     gpus          integer[] NOT NULL DEFAULT '{}',
+    gpu_values    double precision[] NOT NULL DEFAULT '{}', -- the metric on each of gpus (a counter fires again when it changes)
     detail        text NOT NULL,
     severity      text NOT NULL,
     action        text NOT NULL CHECK (action IN ('warn', 'drain', 'drain-and-requeue')),

@@ -256,7 +256,7 @@ func (s *Server) apiSetNodeLabels(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := s.st.SetNodeLabels(c.Request().Context(), u.Email, c.Param("name"), in.Labels, in.Note); err != nil {
+	if _, err := s.st.SetNodeLabels(c.Request().Context(), u.Email, c.Param("name"), in.Labels, in.Note); err != nil {
 		return err
 	}
 	n, err := s.st.NodeInfoByName(c.Request().Context(), c.Param("name"))
@@ -693,10 +693,14 @@ func (s *Server) nodeLabelsForm(c echo.Context) error {
 	}
 	name := c.Param("name")
 	l, err := parseLabels(c.FormValue("labels"))
+	msg := "Labels saved (new policy version)."
 	if err == nil {
-		err = s.st.SetNodeLabels(c.Request().Context(), u.Email, name, l, "")
+		var res store.AdminResult
+		if res, err = s.st.SetNodeLabels(c.Request().Context(), u.Email, name, l, ""); err == nil && !res.Changed {
+			msg = "No change: the labels were already so."
+		}
 	}
-	return s.nodeFormResult(c, name, "Labels saved (new policy version).", err, nil)
+	return s.nodeFormResult(c, name, msg, err, nil)
 }
 
 // ---- /admin/health ----
@@ -804,22 +808,20 @@ func (s *Server) healthRulesForm(c echo.Context) error {
 			f.Add("auto_undrain_after", "must be a duration such as 30m, or 0s for never")
 		}
 	}
-	if webhook != "" {
-		if u, err := url.Parse(webhook); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			f.Add("webhook", "must be an http:// or https:// URL")
-		}
+	if msg := webhookProblem(webhook); msg != "" {
+		f.Add("webhook", "%s", msg)
 	}
 	ctx := c.Request().Context()
 	if len(f) == 0 {
-		_, err = s.st.SetHealthRules(ctx, u.Email, parsed, &undrain, c.FormValue("note"))
+		// Rules and webhook in one transaction: both are saved or neither.
+		var changed bool
+		changed, err = s.st.SetHealthSettings(ctx, u.Email, parsed, &undrain, webhook, c.FormValue("note"))
 		if err == nil {
-			var old string
-			if old, err = s.st.AdminWebhook(ctx); err == nil && old != webhook {
-				err = s.st.SetAdminWebhook(ctx, u.Email, webhook)
+			msg := "Health rules saved."
+			if !changed {
+				msg = "No change: the rules and the webhook were already so."
 			}
-		}
-		if err == nil {
-			return redirect(c, "/admin/health?saved="+url.QueryEscape("Health rules saved."))
+			return redirect(c, "/admin/health?saved="+url.QueryEscape(msg))
 		}
 		if allot.ErrorCode(err) != allot.EInvalid {
 			return err

@@ -401,6 +401,15 @@ func TestHealthAdminBadInput(t *testing.T) {
 		!strings.Contains(page, `data-testid="error-rules[0].severity"`) || !strings.Contains(page, `data-testid="error-auto_undrain_after"`) {
 		t.Errorf("bad rules form: %d", code)
 	}
+	// An admin webhook at this machine or a private network is refused
+	// (as a team's is), and the valid rules sent with it are not saved.
+	for _, hook := range []string{"http://127.0.0.1:9/hook", "https://10.1.2.3/hook", "http://localhost/hook"} {
+		if code, page := br.post("/admin/health", healthPage(t, br), url.Values{"rules": {"1"}, "name_0": {"x"}, "metric_0": {"ecc_dbe"},
+			"severity_0": {"critical"}, "action_0": {"drain"}, "auto_undrain_after": {"0s"}, "webhook": {hook}}); code != 422 ||
+			!strings.Contains(page, `data-testid="error-webhook"`) {
+			t.Errorf("webhook %s: %d", hook, code)
+		}
+	}
 	// The CLI: a non-zero exit with the server's message.
 	if rc, _, errOut := e.cli(demo.Admin, "node", "drain", "gpu07"); rc != 1 || !strings.Contains(errOut, "reason: is required") {
 		t.Errorf("cli drain without reason: %d %q", rc, errOut)

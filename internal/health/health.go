@@ -30,9 +30,19 @@ type Report struct {
 	GPUs []GPU
 	// Expected are the GPU indices registered for the node.
 	Expected []int
+	// Lost are GPUs the node had that its agent did not report when it
+	// registered again (they count as missing until they are back).
+	Lost []LostGPU
 	// HealthCheck is the output of the node's failed --health-cmd, "" when
 	// it passed (or none is configured).
 	HealthCheck string
+}
+
+// LostGPU is a GPU a node's agent no longer reports since it registered
+// again: its index and UUID in the inventory it had before.
+type LostGPU struct {
+	Index int    `json:"index"`
+	UUID  string `json:"uuid"`
 }
 
 // Finding is a rule whose condition holds now.
@@ -40,6 +50,7 @@ type Finding struct {
 	Rule   allot.HealthRule
 	Value  float64   // the metric's worst value over the node's GPUs
 	GPUs   []int     // the GPUs that meet the condition (none for node-level metrics)
+	Values []float64 // the metric's value on each of GPUs (per-GPU metrics)
 	Detail string    // human-readable: what was seen
 	Since  time.Time // when the condition started to hold without a break
 	Fires  bool      // it has held for at least Rule.For
@@ -75,7 +86,7 @@ func (r Result) Firing() []Finding {
 func Evaluate(rules []allot.HealthRule, r Report, since map[string]time.Time) Result {
 	res := Result{Since: map[string]time.Time{}, Passing: true}
 	for _, rule := range rules {
-		value, gpus, detail, holds := condition(rule, r)
+		value, gpus, values, detail, holds := condition(rule, r)
 		if !holds {
 			continue
 		}
@@ -84,7 +95,7 @@ func Evaluate(rules []allot.HealthRule, r Report, since map[string]time.Time) Re
 			start = r.At
 		}
 		res.Since[rule.Name] = start
-		f := Finding{Rule: rule, Value: value, GPUs: gpus, Detail: detail, Since: start, Fires: r.At.Sub(start) >= rule.For}
+		f := Finding{Rule: rule, Value: value, GPUs: gpus, Values: values, Detail: detail, Since: start, Fires: r.At.Sub(start) >= rule.For}
 		res.Findings = append(res.Findings, f)
 		if allot.HealthActionRank(rule.Action) >= allot.HealthActionRank(allot.HealthDrain) {
 			res.Passing = false
@@ -110,7 +121,7 @@ func ThrottleMask(rule allot.HealthRule) uint64 {
 
 // condition computes a rule's metric over the report and whether it
 // exceeds the rule's threshold.
-func condition(rule allot.HealthRule, r Report) (value float64, gpus []int, detail string, holds bool) {
+func condition(rule allot.HealthRule, r Report) (value float64, gpus []int, values []float64, detail string, holds bool) {
 	perGPU := func(v func(GPU) (float64, string)) {
 		var parts []string
 		for _, g := range r.GPUs {
@@ -119,7 +130,7 @@ func condition(rule allot.HealthRule, r Report) (value float64, gpus []int, deta
 				value = x
 			}
 			if x > rule.Over {
-				gpus = append(gpus, g.Index)
+				gpus, values = append(gpus, g.Index), append(values, x)
 				parts = append(parts, fmt.Sprintf("GPU %d: %s", g.Index, d))
 			}
 		}
@@ -159,10 +170,18 @@ func condition(rule allot.HealthRule, r Report) (value float64, gpus []int, deta
 				gpus = append(gpus, i)
 			}
 		}
+		var parts []string
+		if len(gpus) > 0 {
+			parts = append(parts, fmt.Sprintf("GPU %s missing from the inventory", joinInts(gpus)))
+		}
+		for _, l := range r.Lost {
+			gpus = append(gpus, l.Index)
+			parts = append(parts, fmt.Sprintf("GPU %d (%s) missing since the agent registered again", l.Index, l.UUID))
+		}
 		value = float64(len(gpus))
 		holds = value > rule.Over
 		if holds {
-			detail = fmt.Sprintf("GPU %s missing from the inventory", joinInts(gpus))
+			detail = strings.Join(parts, "; ")
 		}
 	case allot.MetricHealthCheck:
 		if r.HealthCheck != "" {
@@ -173,7 +192,41 @@ func condition(rule allot.HealthRule, r Report) (value float64, gpus []int, deta
 			detail = "health check failed: " + r.HealthCheck
 		}
 	}
-	return value, gpus, detail, holds
+	return value, gpus, values, detail, holds
+}
+
+// Counter reports whether metric is a running total per GPU (ecc_dbe: the
+// volatile double-bit ECC count only grows until the driver reloads): its
+// condition keeps holding after one fault, so a new fault shows only as a
+// higher value or another GPU.
+func Counter(metric string) bool { return metric == allot.MetricECCDoubleBit }
+
+// Refires reports whether a firing finding is a new fault although its
+// rule already has an open event that recorded gpus with values: for a
+// counter metric, a GPU that meets the condition now and did not then, or
+// whose total changed (rose; or fell and is still over the threshold,
+// which takes a counter reset and new errors). Other metrics fire once per
+// episode: an XID holds only for the heartbeat that reported it, a
+// throttled or missing GPU holds until it recovers.
+func Refires(f Finding, gpus []int, values []float64) bool {
+	if !Counter(f.Rule.Metric) {
+		return false
+	}
+	was := make(map[int]float64, len(gpus))
+	for i, g := range gpus {
+		if i < len(values) {
+			was[g] = values[i]
+		} else {
+			was[g] = -1 // recorded without its value: any value now is news
+		}
+	}
+	for i, g := range f.GPUs {
+		v, ok := was[g]
+		if !ok || i >= len(f.Values) || f.Values[i] != v {
+			return true
+		}
+	}
+	return false
 }
 
 var throttleNames = map[uint64]string{

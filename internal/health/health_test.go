@@ -207,3 +207,51 @@ func TestThrottleReasons(t *testing.T) {
 		t.Errorf("got %q", got)
 	}
 }
+
+// A counter metric (ecc_dbe) fires again when a GPU's total changes or
+// another GPU meets the condition; other metrics fire once per episode.
+func TestRefires(t *testing.T) {
+	rules := allot.DefaultHealthRules()
+	finding := func(mutate func(r *Report), rule string) Finding {
+		r := Report{At: t0, GPUs: healthyGPUs(8), Expected: indices(8)}
+		mutate(&r)
+		for _, f := range Evaluate(rules, r, nil).Firing() {
+			if f.Rule.Name == rule {
+				return f
+			}
+		}
+		t.Fatalf("%s does not fire", rule)
+		return Finding{}
+	}
+	first := finding(func(r *Report) { r.GPUs[5].ECCDBE = 1 }, "ecc-double-bit")
+	if len(first.Values) != 1 || first.Values[0] != 1 {
+		t.Fatalf("values = %v", first.Values)
+	}
+	for _, c := range []struct {
+		name   string
+		now    Finding
+		refire bool
+	}{
+		{"same total", first, false},
+		{"total rose", finding(func(r *Report) { r.GPUs[5].ECCDBE = 2 }, "ecc-double-bit"), true},
+		{"another GPU", finding(func(r *Report) { r.GPUs[5].ECCDBE, r.GPUs[2].ECCDBE = 1, 1 }, "ecc-double-bit"), true},
+		{"xid again", finding(func(r *Report) { r.GPUs[5].XIDs = []int{79} }, "xid-fatal"), false},
+		{"another GPU missing", finding(func(r *Report) { r.GPUs = r.GPUs[:6] }, "gpu-missing"), false},
+	} {
+		if got := Refires(c.now, first.GPUs, first.Values); got != c.refire {
+			t.Errorf("%s: refires %v, want %v", c.name, got, c.refire)
+		}
+	}
+}
+
+// GPUs lost at a re-registration count as missing.
+func TestLostGPUsAreMissing(t *testing.T) {
+	r := Report{At: t0, GPUs: healthyGPUs(7), Expected: indices(7), Lost: []LostGPU{{Index: 7, UUID: "GPU-h"}}}
+	res := Evaluate(allot.DefaultHealthRules(), r, nil)
+	if res.Action != allot.HealthDrain || len(res.Firing()) != 1 {
+		t.Fatalf("result = %+v", res)
+	}
+	if f := res.Firing()[0]; f.Rule.Name != "gpu-missing" || f.Value != 1 || f.Detail != "GPU 7 (GPU-h) missing since the agent registered again" {
+		t.Errorf("finding = %+v", f)
+	}
+}

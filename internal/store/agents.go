@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/health"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -89,6 +90,10 @@ func notify(ctx context.Context, db DBTX, nodes ...string) error {
 // RegisterNode records an agent's inventory, brings a down node up, makes
 // every open order be sent again, and returns the jobs the agent reported
 // running that the server no longer runs there (the agent stops them).
+// A GPU the node had (by UUID; by index when it had none) that the agent
+// no longer reports is kept in the node's lost GPUs: the gpu_missing health
+// rule counts it until it is back or an admin undrains the node. A new
+// node's first registration just sets its inventory.
 func (s *Store) RegisterNode(ctx context.Context, node string, inv NodeInventory) ([]int64, error) {
 	f := allot.FieldErrors{}
 	if len(inv.GPUs) == 0 || len(inv.GPUs) > allot.MaxGPUsPerNode {
@@ -115,6 +120,9 @@ func (s *Store) RegisterNode(ctx context.Context, node string, inv NodeInventory
 			WHERE name = $1`, node, inv.Hostname, inv.AgentVersion, inv.Backend, inv.Driver, now, len(inv.GPUs), inv.Domain)
 		if err != nil {
 			return mapErr("registering node", err)
+		}
+		if err := tx.keepLostGPUs(ctx, node, inv.GPUs); err != nil {
+			return err
 		}
 		if _, err := tx.db.Exec(ctx, `DELETE FROM node_gpus WHERE node = $1`, node); err != nil {
 			return mapErr("registering node", err)
@@ -209,6 +217,40 @@ func (s *Store) RegisterNode(ctx context.Context, node string, inv NodeInventory
 		return notify(ctx, tx.db, node)
 	})
 	return unknown, err
+}
+
+// keepLostGPUs updates node's lost GPUs for a registration reporting now:
+// those it had (registered before, or already lost) that are not in now.
+// A node without an inventory (new, or a burst node's name reused for a
+// new machine) loses nothing.
+func (s *Store) keepLostGPUs(ctx context.Context, node string, now []NodeGPU) error {
+	var lost []health.LostGPU
+	err := s.db.QueryRow(ctx, `
+		SELECT coalesce((SELECT jsonb_agg(jsonb_build_object('index', gpu_index, 'uuid', uuid) ORDER BY gpu_index) FROM node_gpus WHERE node = $1)
+			|| lost_gpus, '[]')
+		FROM nodes WHERE name = $1`, node).Scan(&lost)
+	if err != nil {
+		return mapErr("registering node", err)
+	}
+	uuids, indices := map[string]bool{}, map[int]bool{}
+	for _, g := range now {
+		uuids[g.UUID], indices[g.Index] = true, true
+	}
+	keep := []health.LostGPU{}
+	seen := map[health.LostGPU]bool{}
+	for _, g := range lost {
+		present := uuids[g.UUID]
+		if g.UUID == "" {
+			present = indices[g.Index]
+		}
+		if present || seen[g] {
+			continue
+		}
+		seen[g] = true
+		keep = append(keep, g)
+	}
+	_, err = s.db.Exec(ctx, `UPDATE nodes SET lost_gpus = $2 WHERE name = $1 AND lost_gpus <> $2::jsonb`, node, keep)
+	return mapErr("registering node", err)
 }
 
 // GPUSample is one GPU's reading in a heartbeat.

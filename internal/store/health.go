@@ -75,7 +75,8 @@ func (s *Store) evaluateHealth(ctx context.Context, node string, gpus []health.G
 		var expected []int
 		var holding []string
 		var holdingSince []time.Time
-		var open []string
+		var open []openEvent
+		var lost []health.LostGPU
 		var busy, hasPolicy bool
 		var graceS, undrainS int64
 		var p allot.Policy // the policy's health part, read with the node
@@ -84,11 +85,13 @@ func (s *Store) evaluateHealth(ctx context.Context, node string, gpus []health.G
 				coalesce((SELECT array_agg(gpu_index ORDER BY gpu_index) FROM node_gpus WHERE node = $1), '{}'),
 				coalesce((SELECT array_agg(rule ORDER BY rule) FROM node_health_state WHERE node = $1), '{}'),
 				coalesce((SELECT array_agg(since ORDER BY rule) FROM node_health_state WHERE node = $1), '{}'),
-				coalesce((SELECT array_agg(rule_name) FROM health_events WHERE node = $1 AND resolved_at IS NULL), '{}'),
+				coalesce((SELECT jsonb_agg(jsonb_build_object('rule', rule_name, 'gpus', gpus, 'values', gpu_values))
+					FROM health_events WHERE node = $1 AND resolved_at IS NULL), '[]'),
+				lost_gpus,
 				EXISTS (SELECT 1 FROM leases WHERE node = $1 AND state <> 'exited'),
 				pv.version IS NOT NULL, coalesce(pv.health_rules, '[]'), coalesce(pv.grace_period_s, 0), coalesce(pv.auto_undrain_after_s, 0)
 			FROM nodes LEFT JOIN (SELECT version, health_rules, grace_period_s, auto_undrain_after_s FROM policy_versions ORDER BY version DESC LIMIT 1) pv ON true
-			WHERE name = $1`+lock, node).Scan(&state, &source, &okSince, &oldOutput, &expected, &holding, &holdingSince, &open, &busy,
+			WHERE name = $1`+lock, node).Scan(&state, &source, &okSince, &oldOutput, &expected, &holding, &holdingSince, &open, &lost, &busy,
 			&hasPolicy, &p.HealthRules, &graceS, &undrainS)
 		if err != nil {
 			return mapErr("evaluating node health", err)
@@ -106,7 +109,7 @@ func (s *Store) evaluateHealth(ctx context.Context, node string, gpus []health.G
 		for i, r := range holding {
 			since[r] = holdingSince[i]
 		}
-		res := health.Evaluate(p.HealthRules, health.Report{At: now, GPUs: gpus, Expected: expected, HealthCheck: check}, since)
+		res := health.Evaluate(p.HealthRules, health.Report{At: now, GPUs: gpus, Expected: expected, Lost: lost, HealthCheck: check}, since)
 
 		// Keep the state of the rules that hold (written only when it changed).
 		changed := len(res.Since) != len(since)
@@ -132,11 +135,11 @@ func (s *Store) evaluateHealth(ctx context.Context, node string, gpus []health.G
 			}
 		}
 		// Events whose rule no longer holds are resolved.
-		isOpen := map[string]bool{}
+		isOpen := map[string]openEvent{}
 		resolve := false
-		for _, n := range open {
-			if _, holds := res.Since[n]; holds {
-				isOpen[n] = true
+		for _, e := range open {
+			if _, holds := res.Since[e.Rule]; holds {
+				isOpen[e.Rule] = e
 			} else {
 				resolve = true
 			}
@@ -151,11 +154,21 @@ func (s *Store) evaluateHealth(ctx context.Context, node string, gpus []health.G
 			}
 		}
 		for _, f := range res.Firing() {
-			if isOpen[f.Rule.Name] {
+			e, fired := isOpen[f.Rule.Name]
+			if fired && !health.Refires(f, e.GPUs, e.Values) {
 				continue // fired before and still holds: one event per episode
 			}
 			if !write {
 				return errHealthWrite
+			}
+			if fired {
+				// A new fault of a counter (another double-bit error): it
+				// fires again, even after an admin undrained the node; the
+				// new event takes over from the old one.
+				if _, err := tx.db.Exec(ctx, `UPDATE health_events SET resolved_at = $3 WHERE node = $1 AND rule_name = $2 AND resolved_at IS NULL`,
+					node, f.Rule.Name, now); err != nil {
+					return mapErr("superseding health event", err)
+				}
 			}
 			before := state
 			var requeued []int64
@@ -247,6 +260,13 @@ func (s *Store) evaluateHealth(ctx context.Context, node string, gpus []health.G
 	return out, err
 }
 
+// openEvent is an open health event as evaluation needs it.
+type openEvent struct {
+	Rule   string    `json:"rule"`
+	GPUs   []int     `json:"gpus"`
+	Values []float64 `json:"values"`
+}
+
 // startDrain moves an up node to draining (drained at once when it runs
 // nothing) and returns the new state.
 func (s *Store) startDrain(ctx context.Context, node, source, reason string, now time.Time) (string, error) {
@@ -314,18 +334,21 @@ const StopDrain = "drain"
 
 func (s *Store) recordHealthEvent(ctx context.Context, node string, f health.Finding, state string, requeued []int64, now time.Time) (int64, error) {
 	rule, _ := json.Marshal(f.Rule)
-	gpus := f.GPUs
+	gpus, values := f.GPUs, f.Values
 	if gpus == nil {
 		gpus = []int{}
+	}
+	if values == nil {
+		values = []float64{}
 	}
 	if requeued == nil {
 		requeued = []int64{}
 	}
 	var id int64
 	err := s.db.QueryRow(ctx, `
-		INSERT INTO health_events (node, at, since, rule, rule_name, metric, value, gpus, detail, severity, action, node_state, requeued)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) RETURNING id`,
-		node, now, f.Since, rule, f.Rule.Name, f.Rule.Metric, f.Value, gpus, f.Detail, f.Rule.Severity, f.Rule.Action, state, requeued).Scan(&id)
+		INSERT INTO health_events (node, at, since, rule, rule_name, metric, value, gpus, gpu_values, detail, severity, action, node_state, requeued)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) RETURNING id`,
+		node, now, f.Since, rule, f.Rule.Name, f.Rule.Metric, f.Value, gpus, values, f.Detail, f.Rule.Severity, f.Rule.Action, state, requeued).Scan(&id)
 	if err != nil {
 		return 0, mapErr("recording health event", err)
 	}
@@ -350,9 +373,13 @@ func (s *Store) auditNodeState(ctx context.Context, actor, action, node, before,
 
 // undrain brings a draining or drained node back up and audits it.
 // Open health events are acknowledged (they do not fire again while their
-// condition keeps holding; a new fault does).
+// condition keeps holding; a new fault does, e.g. another double-bit ECC
+// error).
 func (s *Store) undrain(ctx context.Context, actor, node, before, note string) error {
-	if _, err := s.db.Exec(ctx, `UPDATE nodes SET state = 'up', state_reason = '', drain_source = '', drain_reason = '', drained_at = NULL WHERE name = $1`, node); err != nil {
+	// GPUs lost at a re-registration are forgotten: whoever undrains
+	// accepts the node's inventory as it is now.
+	if _, err := s.db.Exec(ctx, `UPDATE nodes SET state = 'up', state_reason = '', drain_source = '', drain_reason = '', drained_at = NULL,
+		lost_gpus = '[]' WHERE name = $1`, node); err != nil {
 		return mapErr("undraining node", err)
 	}
 	if _, err := s.db.Exec(ctx, `UPDATE health_events SET acknowledged_by = $2, acknowledged_at = $3 WHERE node = $1 AND acknowledged_at IS NULL`,
@@ -454,16 +481,28 @@ func (s *Store) AdminWebhook(ctx context.Context) (string, error) {
 	return url, mapErr("loading admin webhook", err)
 }
 
-// SetAdminWebhook sets (or clears, with "") the admin webhook and audits it.
+// SetAdminWebhook sets (or clears, with "") the admin webhook and audits
+// it (nothing when it is already so). Which hosts it may point at is the
+// HTTP layer's check.
 func (s *Store) SetAdminWebhook(ctx context.Context, actor, url string) error {
+	_, err := s.setAdminWebhook(ctx, actor, url)
+	return err
+}
+
+func (s *Store) setAdminWebhook(ctx context.Context, actor, url string) (bool, error) {
 	if url != "" && !strings.HasPrefix(url, "https://") && !strings.HasPrefix(url, "http://") {
-		return (allot.FieldErrors{"url": "must be an http:// or https:// URL"}).Err()
+		return false, (allot.FieldErrors{"webhook": "must be an http:// or https:// URL"}).Err()
 	}
-	return s.InTx(ctx, func(tx *Store) error {
-		old, err := tx.AdminWebhook(ctx)
-		if err != nil {
-			return err
+	changed := false
+	err := s.InTx(ctx, func(tx *Store) error {
+		var old string
+		if err := tx.db.QueryRow(ctx, `SELECT admin_webhook_url FROM cluster_settings FOR UPDATE`).Scan(&old); err != nil {
+			return mapErr("loading admin webhook", err)
 		}
+		if old == url {
+			return nil
+		}
+		changed = true
 		if _, err := tx.db.Exec(ctx, `UPDATE cluster_settings SET admin_webhook_url = $1`, url); err != nil {
 			return mapErr("setting admin webhook", err)
 		}
@@ -471,6 +510,7 @@ func (s *Store) SetAdminWebhook(ctx context.Context, actor, url string) error {
 		a, _ := json.Marshal(map[string]string{"url": url})
 		return tx.Audit(ctx, &allot.AuditEntry{Actor: actor, Action: "settings.admin_webhook", Object: "cluster", Before: b, After: a})
 	})
+	return changed, err
 }
 
 // AdminDeliveries returns the admin webhook's delivery log, newest first.

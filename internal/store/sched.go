@@ -244,15 +244,23 @@ func (s *Store) ApplyPlan(ctx context.Context, starts []StartOrder, preempts []P
 		}
 		var nodes []string
 		for _, p := range st.Parts {
-			tag, err := s.db.Exec(ctx, `
-				INSERT INTO allocations (job_id, segment, node, gpu_index, started_at)
-				SELECT $1, $2, $3, g, $5 FROM unnest($4::int[]) g
-				WHERE EXISTS (SELECT 1 FROM nodes WHERE name = $3 AND state = 'up')`, st.JobID, seg, p.Node, p.GPUs, now)
-			if err != nil {
-				return res, mapErr(fmt.Sprintf("allocating GPUs %v on %s to job %d", p.GPUs, p.Node, st.JobID), err)
-			}
-			if tag.RowsAffected() != int64(len(p.GPUs)) {
+			// The node must be up, checked under a KEY SHARE lock on its row
+			// held until the cycle commits: a drain (which locks the row FOR
+			// UPDATE before it looks for leases) either ran first and this
+			// sees it, or waits for this cycle and then sees its leases.
+			// Heartbeats (plain updates of the row) do not wait for it.
+			var up bool
+			err := s.db.QueryRow(ctx, `SELECT true FROM nodes WHERE name = $1 AND state = 'up' FOR KEY SHARE`, p.Node).Scan(&up)
+			if err == pgx.ErrNoRows {
 				return res, allot.Errorf(allot.EConflict, "node %s is no longer up", p.Node)
+			}
+			if err != nil {
+				return res, mapErr("checking node "+p.Node, err)
+			}
+			if _, err := s.db.Exec(ctx, `
+				INSERT INTO allocations (job_id, segment, node, gpu_index, started_at)
+				SELECT $1, $2, $3, g, $5 FROM unnest($4::int[]) g`, st.JobID, seg, p.Node, p.GPUs, now); err != nil {
+				return res, mapErr(fmt.Sprintf("allocating GPUs %v on %s to job %d", p.GPUs, p.Node, st.JobID), err)
 			}
 			env, _ := json.Marshal(p.Env)
 			if _, err := s.db.Exec(ctx, `INSERT INTO leases (job_id, segment, node, rank, gpu_indices, env, offered_at) VALUES ($1, $2, $3, $4, $5, $6, $7)`,

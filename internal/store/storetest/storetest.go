@@ -135,6 +135,20 @@ func URL(t testing.TB) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return createDB(ctx, t, tmpl)
+}
+
+// EmptyURL creates a fresh database without any migration (to test
+// migrations over older data), drops it when t ends, and returns its URL.
+func EmptyURL(t testing.TB) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	return createDB(ctx, t, "template0")
+}
+
+func createDB(ctx context.Context, t testing.TB, tmpl string) string {
+	t.Helper()
 	b := make([]byte, 6)
 	rand.Read(b) //nolint:errcheck
 	name := "allot_test_" + hex.EncodeToString(b)
