@@ -26,9 +26,15 @@ CREATE TABLE burst_events (
 CREATE INDEX burst_events_at_idx ON burst_events (at DESC, id DESC);
 CREATE INDEX burst_events_open_idx ON burst_events (kind) WHERE status IN ('pending', 'retrying');
 
+-- One row per node per request event: a provider that reuses host names
+-- (Terraform's burst-0) gets the same nodes row back, with a new row here.
+-- A release goes in two steps: release_event_id is set when it starts
+-- (the node goes down and its tokens are revoked: it takes no more work),
+-- released_at only once the provider confirmed it; the node is billed
+-- until then.
 CREATE TABLE burst_nodes (
-    node              text PRIMARY KEY REFERENCES nodes(name),
     event_id          bigint NOT NULL REFERENCES burst_events(id),
+    node              text NOT NULL REFERENCES nodes(name),
     provider          text NOT NULL,
     gpus              integer NOT NULL CHECK (gpus > 0),
     rate_micros       bigint NOT NULL CHECK (rate_micros >= 0),
@@ -36,9 +42,15 @@ CREATE TABLE burst_nodes (
     provisioned_at    timestamptz NOT NULL,
     released_at       timestamptz,
     release_event_id  bigint REFERENCES burst_events(id),
-    -- never registered within the timeout: released without having run
+    -- never registered within the timeout, or lost (down: spot reclaim,
+    -- no heartbeat): released without finishing its work
     failed            boolean NOT NULL DEFAULT false,
-    CHECK (released_at IS NULL OR released_at >= provisioned_at)
+    PRIMARY KEY (event_id, node),
+    CHECK (released_at IS NULL OR released_at >= provisioned_at),
+    CHECK (released_at IS NULL OR release_event_id IS NOT NULL)
 );
+-- A node is alive (or being released) under one event at a time.
+CREATE UNIQUE INDEX burst_nodes_open_idx ON burst_nodes (node) WHERE released_at IS NULL;
 CREATE INDEX burst_nodes_alive_idx ON burst_nodes (provisioned_at) WHERE released_at IS NULL;
-CREATE INDEX burst_nodes_event_idx ON burst_nodes (event_id);
+CREATE INDEX burst_nodes_node_idx ON burst_nodes (node);
+CREATE INDEX burst_nodes_release_idx ON burst_nodes (release_event_id) WHERE release_event_id IS NOT NULL;

@@ -27,6 +27,7 @@ type BurstNodeRow struct {
 	Name, State, Since, Cost string
 	EventID                  int64
 	Registered, Idle         bool
+	Releasing                bool // release started, not confirmed by the provider: still billed
 }
 
 // BurstEventRow is one burst event.

@@ -3,6 +3,7 @@ package web
 import (
 	"fmt"
 	"net/http"
+	"regexp"
 	"strings"
 	"time"
 
@@ -74,6 +75,8 @@ func (s *Server) burstReport(c echo.Context) (burstJSON, error) {
 	if cfg.GPUType == "" {
 		cfg.GPUType = "A100-spot"
 	}
+	u, _ := c.Get(ctxUser).(*allot.User)
+	admin := u != nil && u.Admin
 	v, err := jobs.LoadBurstView(ctx, s.st, cfg)
 	if err != nil {
 		return burstJSON{}, err
@@ -137,9 +140,29 @@ func (s *Server) burstReport(c echo.Context) (burstJSON, error) {
 		if err != nil {
 			return out, err
 		}
+		if !admin {
+			e.Error = publicBurstError(e.Error)
+		}
 		out.Events = append(out.Events, burstEventJSON{BurstEvent: e, PendingGPUHours: float64(e.PendingGPUSeconds) / 3600, CostSoFar: money(c)})
 	}
 	return out, nil
+}
+
+// burstExitRE finds how a provider command ended in an event's error.
+var burstExitRE = regexp.MustCompile(`exit status \d+|signal: [a-z ]+|timed out after [0-9hms.]+`)
+
+// publicBurstError is what people other than admins see of a provider
+// error: the provider's output (an exec command's stderr: cloud account
+// details, internal host names) is for admins only.
+func publicBurstError(msg string) string {
+	if msg == "" {
+		return ""
+	}
+	out := "provider failed, see admins"
+	if m := burstExitRE.FindString(msg); m != "" {
+		out += " (" + m + ")"
+	}
+	return out
 }
 
 // apiBurst is GET /api/v1/burst.
@@ -194,7 +217,7 @@ func (s *Server) burstPage(c echo.Context) error {
 	}
 	for _, n := range r.Nodes {
 		p.Nodes = append(p.Nodes, views.BurstNodeRow{Name: n.Node, State: n.State, Since: n.ProvisionedAt.UTC().Format(when), Cost: n.CostSoFar,
-			EventID: n.EventID, Registered: n.Registered, Idle: n.Idle})
+			EventID: n.EventID, Registered: n.Registered, Idle: n.Idle, Releasing: n.Releasing})
 	}
 	for _, e := range r.Events {
 		p.Events = append(p.Events, views.BurstEventRow{ID: e.ID, At: e.At.UTC().Format(when), Kind: e.Kind, Status: e.Status, Provider: e.Provider,

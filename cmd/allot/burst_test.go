@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -357,10 +358,19 @@ func TestBurstExecFailing(t *testing.T) {
 	if d1 > 60*time.Millisecond || d3 < 190*time.Millisecond {
 		t.Fatalf("backoff after attempt 1: %v, after 3: %v; want 50 ms then 200 ms", d1, d3)
 	}
-	// The failure is on the page, and a new evaluation does not count the
-	// failed request as capacity: it asks again.
-	if _, html := l.login(demo.Engineer).get("/burst"); !strings.Contains(html, "spot capacity exhausted") {
-		t.Fatalf("the failure is not on /burst:\n%s", html)
+	// The failure is on the page: the command's stderr for admins only,
+	// others see that it failed and its exit status. A new evaluation does
+	// not count the failed request as capacity: it asks again.
+	if _, html := l.login(demo.Admin).get("/burst"); !strings.Contains(html, "spot capacity exhausted") {
+		t.Fatalf("the failure is not on /burst for an admin:\n%s", html)
+	}
+	if _, html := l.login(demo.Engineer).get("/burst"); strings.Contains(html, "spot capacity exhausted") ||
+		!strings.Contains(html, "provider failed, see admins (exit status 3)") {
+		t.Fatalf("/burst shows an engineer the provider's stderr, or not that it failed:\n%s", html)
+	}
+	if _, _, body := l.api("GET", "/api/v1/burst", demo.Engineer, ""); strings.Contains(string(body), "spot capacity exhausted") ||
+		!strings.Contains(string(body), "provider failed, see admins (exit status 3)") {
+		t.Fatalf("GET /api/v1/burst shows an engineer the provider's stderr:\n%s", body)
 	}
 	if ev := l.evaluate(b); len(ev.Events) != 1 || ev.View.InFlight != 0 {
 		t.Fatalf("after a failed request: %+v", ev)
@@ -466,5 +476,278 @@ func TestBurstFlags(t *testing.T) {
 		if code := run(args, &out, &errb); code != 2 || !strings.Contains(errb.String(), c.msg) {
 			t.Errorf("%v: exit %d, %q; want 2 and %q", c.args, code, errb.String(), c.msg)
 		}
+	}
+}
+
+// startBurstAgent runs an agent for burst node name with node token tok;
+// l.links[name] cuts its network (a spot reclaim, seen from Allot).
+func (l *live) startBurstAgent(name, tok string) {
+	l.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	up := &atomic.Bool{}
+	up.Store(true)
+	a := agent.New(agent.Config{Server: l.url, Token: tok, Hostname: name, HeartbeatInterval: testHeartbeat,
+		OrdersWait: 5 * time.Second, ShutdownGrace: time.Second, RetryMax: 200 * time.Millisecond,
+		Backend:    agent.NewFake(agent.FakeOptions{GPUs: 8, Model: "A100-spot", Hostname: name}),
+		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
+		HTTPClient: &http.Client{Transport: switchable{up: up, rt: http.DefaultTransport}}})
+	done := make(chan struct{})
+	go func() { a.Run(ctx); close(done) }() //nolint:errcheck
+	if stop := l.agents[name]; stop != nil {
+		stop()
+	}
+	l.agents[name] = func() { cancel(); <-done }
+	l.links[name] = up
+}
+
+// lastProvision is the last provision request an exec script logged.
+func lastProvision(t *testing.T, calls string) burst.Request {
+	t.Helper()
+	raw, err := os.ReadFile(calls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var req burst.Request
+	for line := range strings.SplitSeq(strings.TrimSpace(string(raw)), "\n") {
+		if strings.Contains(line, `"action":"provision"`) {
+			req = burst.Request{}
+			if err := json.Unmarshal([]byte(line), &req); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return req
+}
+
+func (l *live) burstNode(name string) (store.BurstNode, bool) {
+	for _, n := range l.burstNodes() {
+		if n.Node == name {
+			return n, true
+		}
+	}
+	return store.BurstNode{}, false
+}
+
+// TestBurstReleaseLifecycle: a burst node lost to a spot reclaim is not
+// capacity and is released as failed at the next evaluation; a release
+// is done only when the provider confirms it (until then the node takes no
+// work and is billed), a release that fails for good shows on /burst
+// (stderr for admins only) and is retried by a later evaluation; released
+// nodes leave the cluster's capacity, and a provider that reuses the host
+// names gets them back as new nodes with new tokens.
+func TestBurstReleaseLifecycle(t *testing.T) {
+	dir := t.TempDir()
+	script := filepath.Join(dir, "burst-wrapper")
+	calls := filepath.Join(dir, "calls")
+	failRelease := filepath.Join(dir, "fail-release")
+	if err := os.WriteFile(script, []byte(`#!/bin/sh
+input=$(cat)
+printf '%s\n' "$input" >> `+calls+`
+case "$input" in
+*'"action":"release"'*)
+	if [ -e `+failRelease+` ]; then echo 'cloud API throttled for account 1234-5678' >&2; exit 4; fi
+	exit 0 ;;
+esac
+echo '{"nodes":[{"name":"spot-a"},{"name":"spot-b"}]}'
+`), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	l, b := bootBurst(t, func(m *Main) jobs.BurstConfig {
+		return jobs.BurstConfig{Provider: &burst.ExecProvider{Command: script}, GPUType: "A100-spot", GPUsPerNode: 8,
+			RetryBackoff: 50 * time.Millisecond, MaxAttempts: 2, RegisterTimeout: time.Minute}
+	})
+	ctx := context.Background()
+	var onprem int
+	if err := l.m.Pool.QueryRow(ctx, `SELECT sum(gpu_count)::int FROM nodes WHERE site = 'onprem'`).Scan(&onprem); err != nil {
+		t.Fatal(err)
+	}
+	clusterTotal := func() int {
+		code, _, body := l.api("GET", "/api/v1/cluster", demo.Admin, "")
+		var r struct {
+			GPUs struct {
+				Total int `json:"total"`
+			} `json:"gpus"`
+		}
+		if code != http.StatusOK || json.Unmarshal(body, &r) != nil {
+			t.Fatalf("GET /api/v1/cluster: %d %s", code, body)
+		}
+		return r.GPUs.Total
+	}
+
+	j1 := l.queueOld(`{"team":"nlp","tier":3,"gpus":8,"time_limit":"8h","command":["true"]}`, 3*time.Hour)
+	ev := l.evaluate(b)
+	if len(ev.Events) != 1 || ev.View.Decision.Count != 2 {
+		t.Fatalf("evaluation %+v", ev)
+	}
+	reqID := ev.Events[0]
+	l.eventually(20*time.Second, "the request done", func() bool { return l.burstEvent(reqID).Status == store.BurstDone })
+	first := lastProvision(t, calls)
+	l.startBurstAgent("spot-a", first.NodeTokens[0])
+	l.startBurstAgent("spot-b", first.NodeTokens[1])
+	l.waitNode("spot-a", allot.NodeUp)
+	l.waitNode("spot-b", allot.NodeUp)
+	l.waitJob(j1, 20*time.Second, func(j web.JobJSON) bool { return j.State == string(allot.JobCompleted) }, "completed")
+	if got := clusterTotal(); got != onprem+16 {
+		t.Fatalf("cluster GPUs with 2 burst nodes alive: %d, want %d", got, onprem+16)
+	}
+
+	// spot-b is reclaimed: no heartbeat, it goes down. The next evaluation
+	// releases it as lost, and only it (it is not idle capacity).
+	l.links["spot-b"].Store(false)
+	l.waitNode("spot-b", allot.NodeDown)
+	if err := os.WriteFile(failRelease, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ev = l.evaluate(b)
+	if !slices.Equal(ev.Released, []string{"spot-b"}) || len(ev.Events) != 1 {
+		t.Fatalf("released %v (events %v), want the lost spot-b alone", ev.Released, ev.Events)
+	}
+	rel1 := l.burstEvent(ev.Events[0])
+	if !strings.Contains(rel1.Reason, "lost") {
+		t.Fatalf("release event %+v", rel1)
+	}
+	// Not released until the provider confirms: still listed, billed.
+	if n, ok := l.burstNode("spot-b"); !ok || !n.Releasing || !n.ReleasedAt.IsZero() || !n.Failed {
+		t.Fatalf("spot-b while its release is unconfirmed: %+v (listed %v)", n, ok)
+	}
+	l.eventually(30*time.Second, "the release to fail for good", func() bool { return l.burstEvent(rel1.ID).Status == store.BurstFailed })
+	failedAt := time.Now()
+	if e := l.burstEvent(rel1.ID); e.Attempts != 2 || !strings.Contains(e.Error, "throttled") {
+		t.Fatalf("failed release %+v", e)
+	}
+	n, ok := l.burstNode("spot-b")
+	if !ok || !n.Releasing || !n.ReleasedAt.IsZero() {
+		t.Fatalf("spot-b after its release failed: %+v (listed %v); want still being released, billed", n, ok)
+	}
+	// Its cost runs to now: the priced interval of the view's nodes ends
+	// at released_at, unset.
+	v, err := jobs.LoadBurstView(ctx, l.m.Store, b.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i := slices.IndexFunc(v.Nodes, func(n store.BurstNode) bool { return n.Node == "spot-b" }); i < 0 || !v.Nodes[i].ReleasedAt.IsZero() {
+		t.Fatalf("burst view while spot-b's release is unconfirmed: %+v", v.Nodes)
+	}
+	if _, html := l.login(demo.Admin).get("/burst"); !strings.Contains(html, "cloud API throttled") || !strings.Contains(html, "releasing") {
+		t.Fatalf("the failed release is not on /burst for an admin:\n%s", html)
+	}
+	if _, html := l.login(demo.Engineer).get("/burst"); strings.Contains(html, "1234-5678") ||
+		!strings.Contains(html, "provider failed, see admins (exit status 4)") {
+		t.Fatalf("/burst for an engineer:\n%s", html)
+	}
+
+	// The provider works again: the next evaluation releases spot-b again
+	// (and the idle spot-a, the queue being empty); confirmed, they are
+	// released and leave the cluster's capacity.
+	if err := os.Remove(failRelease); err != nil {
+		t.Fatal(err)
+	}
+	ev = l.evaluate(b)
+	if !slices.Contains(ev.Released, "spot-b") || !slices.Contains(ev.Released, "spot-a") {
+		t.Fatalf("released %v, want spot-b again and the idle spot-a", ev.Released)
+	}
+	for _, id := range ev.Events {
+		l.eventually(20*time.Second, "the releases done", func() bool { return l.burstEvent(id).Status == store.BurstDone })
+	}
+	if alive := l.burstNodes(); len(alive) != 0 {
+		t.Fatalf("burst nodes alive after the releases: %+v", alive)
+	}
+	all, err := l.m.Store.BurstNodesOfEvents(ctx, []int64{reqID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range all {
+		if n.Node == "spot-b" && !n.ReleasedAt.After(failedAt) {
+			t.Fatalf("spot-b released at %v, before the provider confirmed (after %v)", n.ReleasedAt, failedAt)
+		}
+	}
+	if got := clusterTotal(); got != onprem {
+		t.Fatalf("cluster GPUs with every burst node released: %d, want the %d on-premise", got, onprem)
+	}
+	if code, _, body := l.api("GET", "/api/v1/nodes", demo.Admin, ""); code != http.StatusOK || strings.Contains(string(body), `"spot-`) {
+		t.Fatalf("GET /api/v1/nodes lists released burst nodes: %d %s", code, body)
+	}
+
+	// The provider hands out the same names again: they come back as new
+	// nodes with new tokens; the old tokens stay revoked.
+	l.queueOld(`{"team":"nlp","tier":3,"gpus":8,"time_limit":"8h","command":["true"]}`, 3*time.Hour)
+	ev = l.evaluate(b)
+	if len(ev.Events) != 1 {
+		t.Fatalf("evaluation %+v", ev)
+	}
+	req2 := ev.Events[0]
+	l.eventually(20*time.Second, "the second request settled", func() bool {
+		s := l.burstEvent(req2).Status
+		return s == store.BurstDone || s == store.BurstFailed
+	})
+	if e := l.burstEvent(req2); e.Status != store.BurstDone || !slices.Equal(e.NodeNames, []string{"spot-a", "spot-b"}) {
+		t.Fatalf("request with reused names: %+v", e)
+	}
+	if _, err := l.m.Store.NodeByToken(ctx, first.NodeTokens[0]); err == nil {
+		t.Fatal("the released spot-a's old token still works")
+	}
+	second := lastProvision(t, calls)
+	l.startBurstAgent("spot-a", second.NodeTokens[0])
+	l.waitNode("spot-a", allot.NodeUp)
+	if n, ok := l.burstNode("spot-a"); !ok || n.EventID != req2 || !n.Registered || n.Releasing {
+		t.Fatalf("spot-a again: %+v (listed %v)", n, ok)
+	}
+	var rows int
+	if err := l.m.Pool.QueryRow(ctx, `SELECT count(*) FROM burst_nodes WHERE node = 'spot-a'`).Scan(&rows); err != nil || rows != 2 {
+		t.Fatalf("spot-a has %d burst rows (%v), want one per event", rows, err)
+	}
+}
+
+// TestBurstStuckEvents: the final outcome of a provider call is written
+// even when the job's context is cancelled, and an event left open longer
+// than StuckAfter is marked failed, so it stops counting in flight.
+func TestBurstStuckEvents(t *testing.T) {
+	l, b := bootBurst(t, func(m *Main) jobs.BurstConfig {
+		return jobs.BurstConfig{Provider: &burst.ExecProvider{Command: "/bin/true"}, GPUType: "A100-spot", GPUsPerNode: 8,
+			RetryBackoff: 50 * time.Millisecond, MaxAttempts: 3, StuckAfter: time.Hour}
+	})
+	ctx := context.Background()
+	newRequest := func() int64 {
+		e := store.BurstEvent{Kind: store.BurstRequest, Provider: "exec", Reason: "test", NodesWanted: 2, GPUType: "A100-spot", GPUsPerNode: 8}
+		if err := l.m.Store.CreateBurstEvent(ctx, &e); err != nil {
+			t.Fatal(err)
+		}
+		return e.ID
+	}
+	// The last attempt runs out of time (the job's context ends during the
+	// provider call): its outcome is stored anyway.
+	slow := filepath.Join(t.TempDir(), "slow")
+	if err := os.WriteFile(slow, []byte("#!/bin/sh\nexec sleep 30\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := b.Config
+	cfg.Provider = &burst.ExecProvider{Command: slow}
+	id := newRequest()
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if err := jobs.NewBurster(l.m.Store, nil, cfg).Call(cctx, id, 3, 3); err == nil {
+		t.Fatal("a provider call cut by its context succeeded")
+	}
+	if e := l.burstEvent(id); e.Status != store.BurstFailed || e.Attempts != 3 {
+		t.Fatalf("event after its last attempt was cancelled: %+v, want failed", e)
+	}
+	// A request whose job died while retrying is given up on.
+	id = newRequest()
+	if _, err := l.m.Pool.Exec(ctx, `UPDATE burst_events SET status = 'retrying', attempts = 1, error = 'boom', at = now() - interval '2 hours' WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	fresh := newRequest()
+	if n, err := l.m.Store.BurstInFlight(ctx); err != nil || n != 4 {
+		t.Fatalf("in flight %d, %v; want 4", n, err)
+	}
+	ev := l.evaluate(b)
+	if !slices.Equal(ev.Failed, []int64{id}) || ev.View.InFlight != 2 {
+		t.Fatalf("evaluation failed %v with %d in flight; want %d failed and the fresh request's 2 in flight", ev.Failed, ev.View.InFlight, id)
+	}
+	if e := l.burstEvent(id); e.Status != store.BurstFailed || !strings.Contains(e.Error, "boom") || !strings.Contains(e.Error, "no outcome since") {
+		t.Fatalf("stuck event %+v", e)
+	}
+	if e := l.burstEvent(fresh); e.Status != store.BurstPending {
+		t.Fatalf("fresh event %+v, want still pending", e)
 	}
 }

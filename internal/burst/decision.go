@@ -29,10 +29,14 @@
 //
 // where the capacity already coming is every node requested but not yet
 // returned by the provider (in flight), every node the provider returned
-// that has not registered yet, and every registered burst node that is idle
-// (each of those will take pending work within a cycle, so the next minute
-// does not ask again). n is then capped by BurstMaxNodes − nodes alive or in
-// flight, and by the month's remaining burst budget: each new node is
+// that has not registered yet, and every registered burst node that is up
+// and idle (each of those will take pending work within a cycle, so the
+// next minute does not ask again). A node that is down (spot reclaim, no
+// heartbeat: the worker releases it as lost) or drained by an admin or a
+// health check takes no work and is not capacity. n is then capped by
+// BurstMaxNodes − nodes alive (not down), being released (billed until
+// the provider confirms) or in flight, and by the month's remaining burst
+// budget: each new node is
 // counted at the cost of one horizon, GPUs × H at the burst rate, and
 // n ≤ floor((BurstMonthlyBudget − spent this month) / that cost). A budget
 // of 0 means no cap. Busy nodes are never released. When the month's budget
@@ -131,12 +135,23 @@ func FromPolicy(p allot.Policy) Thresholds {
 		MaxNodes: p.BurstMaxNodes, MonthlyBudget: p.BurstMonthlyBudget}
 }
 
-// Node is one burst node not yet released.
+// Node is one burst node not yet released (nor being released).
 type Node struct {
 	Name       string
 	Registered bool // its agent has registered
 	Idle       bool // registered and holds no job
+	// Down: registered, then lost (spot reclaim, no heartbeat). It takes
+	// no work, is neither capacity nor counted toward MaxNodes; the worker
+	// releases it as failed.
+	Down bool
+	// Drained: draining or drained (admin, health check). It takes no new
+	// work, so it is not capacity; it still counts toward MaxNodes and is
+	// released when idle like any other.
+	Drained bool
 }
+
+// usable reports whether n takes (or will take, once registered) work.
+func (n Node) usable() bool { return !n.Down && !n.Drained }
 
 // Input is everything Decide looks at.
 type Input struct {
@@ -144,10 +159,13 @@ type Input struct {
 	Thresholds Thresholds
 	Shape      Shape
 	Horizon    time.Duration // 0 = DefaultHorizon
-	Nodes      []Node        // burst nodes alive (provisioned, not released)
+	Nodes      []Node        // burst nodes alive (provisioned, release not started)
 	// InFlight is how many nodes were requested from the provider and not
 	// yet returned by it (or refused for good).
 	InFlight int
+	// Releasing is how many nodes are being released: they take no work
+	// but count toward MaxNodes until the provider confirms.
+	Releasing int
 	// MonthSpent is the cost of burst node time this month so far.
 	MonthSpent allot.Money
 }
@@ -172,7 +190,7 @@ type Decision struct {
 func idleNodes(nodes []Node, limit int) []string {
 	var out []string
 	for _, n := range nodes {
-		if n.Registered && n.Idle && len(out) < limit {
+		if n.Registered && n.Idle && !n.Down && len(out) < limit {
 			out = append(out, n.Name)
 		}
 	}
@@ -188,12 +206,18 @@ func Decide(in Input) Decision {
 	}
 	q := in.Queue
 	p := float64(q.GPUSeconds) / 3600
-	alive := len(in.Nodes)
+	live := 0 // alive and not down; those being released go anyway
+	for _, n := range in.Nodes {
+		if !n.Down {
+			live++
+		}
+	}
+	alive := live + in.Releasing
 	where := fmt.Sprintf("pending %.1f GPU-h, mean wait %s", p, q.MeanWait.Round(time.Second))
-	if alive > t.MaxNodes {
-		if rel := idleNodes(in.Nodes, alive-t.MaxNodes); len(rel) > 0 {
+	if live > t.MaxNodes {
+		if rel := idleNodes(in.Nodes, live-t.MaxNodes); len(rel) > 0 {
 			return Decision{Action: ActRelease, Release: rel,
-				Reason: fmt.Sprintf("%d burst nodes alive, more than the maximum of %d; releasing idle ones (%s)", alive, t.MaxNodes, where)}
+				Reason: fmt.Sprintf("%d burst nodes alive, more than the maximum of %d; releasing idle ones (%s)", live, t.MaxNodes, where)}
 		}
 	}
 	budget := t.MonthlyBudget.Micros
@@ -227,7 +251,7 @@ func Decide(in Input) Decision {
 	want := int((q.GPUSeconds + perNode - 1) / perNode)
 	coming := in.InFlight
 	for _, n := range in.Nodes {
-		if !n.Registered || n.Idle {
+		if n.usable() && (!n.Registered || n.Idle) {
 			coming++
 		}
 	}

@@ -175,3 +175,48 @@ func TestCost(t *testing.T) {
 		t.Fatalf("half-up rounding: %v", c)
 	}
 }
+
+// TestDecideUnusableNodes: a burst node that is down (spot reclaim) or
+// drained is not capacity coming or idle, and a down one does not count
+// toward the maximum; nodes being released count toward the maximum only.
+func TestDecideUnusableNodes(t *testing.T) {
+	t.Parallel()
+	q := queue(64, 3*time.Hour) // wants ceil(64 / 32) = 2 nodes
+	down := Node{Name: "b-down", Registered: true, Idle: true, Down: true}
+	drained := Node{Name: "b-drained", Registered: true, Idle: true, Drained: true}
+	up := Node{Name: "b-up", Registered: true, Idle: true}
+
+	d := Decide(Input{Queue: q, Thresholds: defTh, Shape: spot, Nodes: []Node{down, drained}})
+	if d.Action != ActRequest || d.Count != 2 {
+		t.Fatalf("down and drained nodes counted as capacity: %+v", d)
+	}
+	d = Decide(Input{Queue: q, Thresholds: defTh, Shape: spot, Nodes: []Node{down, up}})
+	if d.Action != ActRequest || d.Count != 1 {
+		t.Fatalf("one idle up node of 2 wanted: %+v, want a request for 1", d)
+	}
+	// Max 2: a down node does not take the room of a new one.
+	max2 := defTh
+	max2.MaxNodes = 2
+	d = Decide(Input{Queue: q, Thresholds: max2, Shape: spot, Nodes: []Node{down, down}})
+	if d.Action != ActRequest || d.Count != 2 {
+		t.Fatalf("down nodes counted toward the maximum: %+v", d)
+	}
+	// …but nodes being released do (billed until the provider confirms).
+	d = Decide(Input{Queue: q, Thresholds: max2, Shape: spot, Releasing: 1})
+	if d.Action != ActRequest || d.Count != 1 {
+		t.Fatalf("with 1 node being released and a maximum of 2: %+v, want 1", d)
+	}
+	// A down node is never in a release decision (the worker releases it
+	// as lost); a drained idle one is released below the threshold.
+	d = Decide(Input{Queue: queue(1, time.Hour), Thresholds: defTh, Shape: spot, Nodes: []Node{down, drained}})
+	if d.Action != ActRelease || !slices.Equal(d.Release, []string{"b-drained"}) {
+		t.Fatalf("release: %+v, want only b-drained", d)
+	}
+	// Over the maximum counts the live nodes only.
+	max1 := defTh
+	max1.MaxNodes = 1
+	d = Decide(Input{Queue: q, Thresholds: max1, Shape: spot, Nodes: []Node{up}, Releasing: 1})
+	if d.Action == ActRelease {
+		t.Fatalf("released %v although the node over the maximum is already being released", d.Release)
+	}
+}

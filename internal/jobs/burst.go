@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/allotlabs/allot/internal/allot"
@@ -34,6 +35,12 @@ type BurstConfig struct {
 	RetryBackoff time.Duration
 	// MaxAttempts of a provider call (default 5).
 	MaxAttempts int
+	// StuckAfter: an event still pending or retrying this long after it
+	// was created (its provider job died, or its outcome could not be
+	// written) is marked failed by the next evaluation (default: every
+	// attempt at the provider job's timeout, plus the backoffs, plus 10
+	// min).
+	StuckAfter time.Duration
 }
 
 func (c *BurstConfig) defaults() {
@@ -55,7 +62,13 @@ func (c *BurstConfig) defaults() {
 	if c.MaxAttempts <= 0 {
 		c.MaxAttempts = 5
 	}
+	if c.StuckAfter <= 0 {
+		c.StuckAfter = time.Duration(c.MaxAttempts)*providerCallTimeout + c.RetryBackoff<<min(c.MaxAttempts, 16) + 10*time.Minute
+	}
 }
+
+// providerCallTimeout bounds one provider call (the River job's timeout).
+const providerCallTimeout = 30 * time.Minute
 
 // BurstEvaluateArgs runs one burst evaluation.
 type BurstEvaluateArgs struct{}
@@ -93,7 +106,7 @@ type BurstView struct {
 	Policy     allot.Policy
 	Shape      burst.Shape
 	Queue      burst.Queue
-	Nodes      []store.BurstNode // alive (not released)
+	Nodes      []store.BurstNode // not released (alive, or being released)
 	InFlight   int
 	MonthSpent allot.Money
 	Decision   burst.Decision
@@ -146,10 +159,16 @@ func LoadBurstView(ctx context.Context, st *store.Store, cfg BurstConfig) (Burst
 	}
 	in := burst.Input{Queue: v.Queue, Thresholds: th, Shape: v.Shape, Horizon: cfg.Horizon, InFlight: v.InFlight, MonthSpent: v.MonthSpent}
 	for _, n := range nodes {
-		if n.ReleasedAt.IsZero() {
-			v.Nodes = append(v.Nodes, n)
-			in.Nodes = append(in.Nodes, burst.Node{Name: n.Node, Registered: n.Registered, Idle: n.Registered && n.Idle})
+		if !n.ReleasedAt.IsZero() {
+			continue
 		}
+		v.Nodes = append(v.Nodes, n)
+		if n.Releasing {
+			in.Releasing++
+			continue
+		}
+		in.Nodes = append(in.Nodes, burst.Node{Name: n.Node, Registered: n.Registered, Idle: n.Registered && n.Idle,
+			Down: n.Registered && n.State == allot.NodeDown, Drained: n.State == allot.NodeDraining || n.State == allot.NodeDrained})
 	}
 	v.Decision = burst.Decide(in)
 	return v, nil
@@ -192,12 +211,15 @@ type Evaluation struct {
 	View     BurstView
 	Events   []int64 // burst events created
 	Released []string
+	Failed   []int64 // open events given up on (StuckAfter)
 }
 
-// Evaluate applies the burst rule once: nodes that never registered are
-// released as failed, then the rule's request or release is stored as a
-// burst event (audited) with a provider job enqueued in the same
-// transaction. The provider is called by that job, not here.
+// Evaluate applies the burst rule once: events stuck open longer than
+// StuckAfter are marked failed; nodes that never registered or were lost
+// (down) are released as failed; nodes whose release failed are released
+// again; then the rule's request or release is stored as a burst event
+// (audited) with a provider job enqueued in the same transaction. The
+// provider is called by that job, not here.
 func (b *Burster) Evaluate(ctx context.Context, client *river.Client[pgx.Tx]) (Evaluation, error) {
 	var ev Evaluation
 	if b.Config.Provider == nil {
@@ -210,6 +232,14 @@ func (b *Burster) Evaluate(ctx context.Context, client *river.Client[pgx.Tx]) (E
 			return err
 		}
 		ev.Ran = true
+		stuck, err := st.FailStuckBurstEvents(ctx, st.Now().Add(-b.Config.StuckAfter))
+		if err != nil {
+			return err
+		}
+		if len(stuck) > 0 {
+			b.Logger.Warn("burst events without an outcome marked failed", "events", stuck, "after", b.Config.StuckAfter)
+			ev.Failed = stuck
+		}
 		v, err := LoadBurstView(ctx, st, b.Config)
 		if err != nil {
 			return err
@@ -222,28 +252,62 @@ func (b *Burster) Evaluate(ctx context.Context, client *river.Client[pgx.Tx]) (E
 			_, err := client.InsertTx(ctx, tx, BurstProviderArgs{EventID: e.ID}, &river.InsertOpts{MaxAttempts: b.Config.MaxAttempts})
 			return err
 		}
-		// Nodes that never registered.
-		var late []string
+		// Nodes that never registered, and nodes lost (down: spot
+		// reclaim, no heartbeat).
+		var late, lost []string
 		for _, n := range v.Nodes {
-			if !n.Registered && st.Now().Sub(n.ProvisionedAt) > b.Config.RegisterTimeout {
+			switch {
+			case n.Releasing:
+			case !n.Registered && st.Now().Sub(n.ProvisionedAt) > b.Config.RegisterTimeout:
 				late = append(late, n.Node)
+			case n.Registered && n.State == allot.NodeDown:
+				lost = append(lost, n.Node)
 			}
 		}
-		if len(late) > 0 {
+		if len(late)+len(lost) > 0 {
 			e := base
 			e.Kind = store.BurstRelease
-			e.Reason = fmt.Sprintf("no agent registered within %s of provisioning; releasing %d node(s) as failed", b.Config.RegisterTimeout, len(late))
-			rel, err := st.ReleaseBurstNodes(ctx, &e, late, true)
+			var why []string
+			if len(late) > 0 {
+				why = append(why, fmt.Sprintf("%d node(s) with no agent registered within %s of provisioning", len(late), b.Config.RegisterTimeout))
+			}
+			if len(lost) > 0 {
+				why = append(why, fmt.Sprintf("%d node(s) lost (down: reclaimed or no heartbeat)", len(lost)))
+			}
+			e.Reason = strings.Join(why, " and ") + "; releasing them as failed"
+			rel, err := st.ReleaseBurstNodes(ctx, &e, append(late, lost...), true)
 			if err != nil {
 				return err
 			}
 			if len(rel) > 0 {
-				b.Logger.Warn("burst nodes never registered; released", "nodes", rel, "event", e.ID)
+				b.Logger.Warn("burst nodes never registered or lost; releasing", "nodes", rel, "event", e.ID)
 				ev.Released = append(ev.Released, rel...)
 				if err := enqueue(&e); err != nil {
 					return err
 				}
 				return nil // re-evaluate next time, on the new state
+			}
+		}
+		// Releases that failed for good: the nodes may still run (and are
+		// billed); ask the provider again.
+		retry, err := st.BurstReleasesToRetry(ctx)
+		if err != nil {
+			return err
+		}
+		if len(retry) > 0 {
+			e := base
+			e.Kind = store.BurstRelease
+			e.Reason = fmt.Sprintf("the provider did not confirm the release of %d node(s); releasing them again", len(retry))
+			rel, err := st.RetryBurstRelease(ctx, &e, retry)
+			if err != nil {
+				return err
+			}
+			if len(rel) > 0 {
+				b.Logger.Warn("retrying a failed burst release", "nodes", rel, "event", e.ID)
+				ev.Released = append(ev.Released, rel...)
+				if err := enqueue(&e); err != nil {
+					return err
+				}
 			}
 		}
 		d := v.Decision
@@ -293,9 +357,13 @@ func (b *Burster) Call(ctx context.Context, id int64, attempt, maxAttempts int) 
 		return errors.New("burst: no provider configured")
 	}
 	final := attempt >= maxAttempts
+	// The outcome is written even when ctx is cancelled (the job timed
+	// out, the worker stops): otherwise the event stays open and its nodes
+	// count as in flight. A sweep (StuckAfter) covers a worker that dies.
+	wctx := context.WithoutCancel(ctx)
 	fail := func(err error) error {
 		b.Logger.Warn("burst provider call failed", "event", id, "kind", e.Kind, "provider", p.Name(), "attempt", attempt, "of", maxAttempts, "err", err)
-		if rerr := b.Store.BurstAttemptFailed(ctx, id, attempt, err.Error(), final); rerr != nil {
+		if rerr := b.Store.BurstAttemptFailed(wctx, id, attempt, err.Error(), final); rerr != nil {
 			return errors.Join(err, rerr)
 		}
 		return err
@@ -317,7 +385,7 @@ func (b *Burster) Call(ctx context.Context, id int64, attempt, maxAttempts int) 
 			err = burst.CheckNames(req, names)
 		}
 		if err == nil {
-			err = b.Store.BurstProvisioned(ctx, id, names, tokens, rate, attempt)
+			err = b.Store.BurstProvisioned(wctx, id, names, tokens, rate, attempt)
 		}
 		if err != nil {
 			if len(names) > 0 {
@@ -335,7 +403,7 @@ func (b *Burster) Call(ctx context.Context, id int64, attempt, maxAttempts int) 
 			return fail(err)
 		}
 		b.Logger.Info("burst nodes released", "event", id, "nodes", e.NodeNames, "provider", p.Name())
-		return b.Store.BurstReleaseDone(ctx, id, attempt)
+		return b.Store.BurstReleaseDone(wctx, id, attempt)
 	}
 	return fmt.Errorf("burst event %d has unknown kind %q", id, e.Kind)
 }
@@ -371,5 +439,5 @@ func (w *BurstProviderWorker) NextRetry(job *river.Job[BurstProviderArgs]) time.
 
 // Timeout allows slow cloud APIs.
 func (w *BurstProviderWorker) Timeout(*river.Job[BurstProviderArgs]) time.Duration {
-	return 30 * time.Minute
+	return providerCallTimeout
 }

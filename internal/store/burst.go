@@ -54,10 +54,14 @@ type BurstNode struct {
 	ProvisionedAt  time.Time   `json:"provisioned_at"`
 	ReleasedAt     time.Time   `json:"released_at,omitzero"`
 	ReleaseEventID int64       `json:"release_event_id,omitempty"`
-	Failed         bool        `json:"failed"`
-	Registered     bool        `json:"registered"`
-	Idle           bool        `json:"idle"` // holds no job (allocation or open lease)
-	State          string      `json:"state"`
+	// Releasing: the release started (the node takes no work, its tokens
+	// are revoked) and the provider has not confirmed it yet; the node is
+	// billed until it does (ReleasedAt).
+	Releasing  bool   `json:"releasing"`
+	Failed     bool   `json:"failed"`
+	Registered bool   `json:"registered"`
+	Idle       bool   `json:"idle"` // holds no job (allocation or open lease)
+	State      string `json:"state"`
 }
 
 // TryBurstLock takes the burst lock for the current transaction; false
@@ -142,8 +146,9 @@ func (s *Store) BurstInFlight(ctx context.Context) (int, error) {
 	return n, mapErr("counting burst requests in flight", err)
 }
 
-// BurstNodes returns the burst nodes not yet released (alive) or, with
-// since non-zero, also those released after since; by provision time.
+// BurstNodes returns the burst nodes not yet released (alive, or being
+// released) or, with since non-zero, also those released after since; by
+// provision time.
 func (s *Store) BurstNodes(ctx context.Context, since time.Time) ([]BurstNode, error) {
 	var sinceArg *time.Time
 	if !since.IsZero() {
@@ -155,7 +160,7 @@ func (s *Store) BurstNodes(ctx context.Context, since time.Time) ([]BurstNode, e
 				AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.node = b.node AND l.state <> 'exited')
 		FROM burst_nodes b JOIN nodes n ON n.name = b.node
 		WHERE b.released_at IS NULL OR ($1::timestamptz IS NOT NULL AND b.released_at > $1)
-		ORDER BY b.provisioned_at, b.node`, sinceArg)
+		ORDER BY b.provisioned_at, b.node, b.event_id`, sinceArg)
 	return collectBurstNodes(rows, err, true)
 }
 
@@ -165,7 +170,7 @@ func (s *Store) BurstNodesOfEvents(ctx context.Context, ids []int64) ([]BurstNod
 	rows, err := s.db.Query(ctx, `
 		SELECT `+burstNodeColumns+`
 		FROM burst_nodes b JOIN nodes n ON n.name = b.node
-		WHERE b.event_id = ANY($1) OR b.release_event_id = ANY($1) ORDER BY b.provisioned_at, b.node`, ids)
+		WHERE b.event_id = ANY($1) OR b.release_event_id = ANY($1) ORDER BY b.provisioned_at, b.node, b.event_id`, ids)
 	return collectBurstNodes(rows, err, false)
 }
 
@@ -192,6 +197,7 @@ func collectBurstNodes(rows pgx.Rows, err error, withIdle bool) ([]BurstNode, er
 		if rel != nil {
 			b.ReleasedAt = *rel
 		}
+		b.Releasing = b.ReleaseEventID != 0 && rel == nil
 		return b, err
 	})
 	return out, mapErr("listing burst nodes", err)
@@ -221,8 +227,11 @@ func (s *Store) insertNodeToken(ctx context.Context, node, secret, createdBy str
 // BurstProvisioned records what a provider returned for request event id,
 // in one transaction: the nodes (site cloud, down until their agents
 // register), their node tokens (tokens[i] for names[i]), their burst rows
-// priced at rate, and the event done with the node names. Nothing is
-// written if any of it fails (e.g. a name that already exists).
+// priced at rate, and the event done with the node names. A name that
+// was a burst node before, released since (a provider that reuses host
+// names), gets its nodes row back, reset to a new cloud node that has not
+// registered; any other existing name (an on-premise node, a burst node
+// still alive) is refused. Nothing is written if any of it fails.
 func (s *Store) BurstProvisioned(ctx context.Context, id int64, names, tokens []string, rate allot.Money, attempt int) error {
 	if len(names) != len(tokens) {
 		return allot.Errorf(allot.EInvalid, "%d node names for %d tokens", len(names), len(tokens))
@@ -237,9 +246,8 @@ func (s *Store) BurstProvisioned(ctx context.Context, id int64, names, tokens []
 		}
 		now := tx.Now()
 		for i, name := range names {
-			n := allot.Node{Name: name, GPUType: e.GPUType, GPUCount: e.GPUsPerNode, Site: allot.SiteCloud, State: allot.NodeDown}
-			if err := tx.CreateNode(ctx, &n); err != nil {
-				return fmt.Errorf("node %s: %w", name, err)
+			if err := tx.burstNodeRow(ctx, name, e); err != nil {
+				return err
 			}
 			if _, err := tx.db.Exec(ctx, `UPDATE nodes SET state_reason = $2 WHERE name = $1`, name,
 				fmt.Sprintf("burst node (event %d): waiting for its agent to register", id)); err != nil {
@@ -259,6 +267,40 @@ func (s *Store) BurstProvisioned(ctx context.Context, id int64, names, tokens []
 	})
 }
 
+// burstNodeRow creates the nodes row of burst node name for request e,
+// or reactivates it when name is a burst node released before.
+func (s *Store) burstNodeRow(ctx context.Context, name string, e BurstEvent) error {
+	var burstRows, open int
+	err := s.db.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE released_at IS NULL) FROM burst_nodes WHERE node = $1`, name).
+		Scan(&burstRows, &open)
+	if err != nil {
+		return mapErr("checking burst node", err)
+	}
+	if burstRows == 0 {
+		n := allot.Node{Name: name, GPUType: e.GPUType, GPUCount: e.GPUsPerNode, Site: allot.SiteCloud, State: allot.NodeDown}
+		if err := s.CreateNode(ctx, &n); err != nil {
+			return fmt.Errorf("node %s: %w", name, err)
+		}
+		return nil
+	}
+	if open > 0 {
+		return allot.Errorf(allot.EConflict, "node %s: the provider returned a burst node that is still alive or being released", name)
+	}
+	// Released before: the same name is a new machine. It has not
+	// registered; its old tokens were revoked at its release.
+	_, err = s.db.Exec(ctx, `UPDATE nodes SET gpu_type = $2, gpu_count = $3, site = 'cloud', state = 'down', registered_at = NULL,
+			last_heartbeat = NULL, hostname = '', drain_source = '', drain_reason = '', drained_at = NULL, health_ok_since = NULL, health_output = ''
+		WHERE name = $1`, name, e.GPUType, e.GPUsPerNode)
+	if err != nil {
+		return mapErr("reactivating burst node", err)
+	}
+	if _, err := s.db.Exec(ctx, `DELETE FROM node_gpus WHERE node = $1`, name); err != nil {
+		return mapErr("reactivating burst node", err)
+	}
+	_, err = s.db.Exec(ctx, `UPDATE node_tokens SET revoked_at = $2 WHERE node = $1 AND revoked_at IS NULL`, name, s.Now())
+	return mapErr("reactivating burst node", err)
+}
+
 // BurstAttemptFailed records a failed provider call of event id: status
 // retrying (another attempt follows) or, when final, failed.
 func (s *Store) BurstAttemptFailed(ctx context.Context, id int64, attempt int, msg string, final bool) error {
@@ -273,20 +315,105 @@ func (s *Store) BurstAttemptFailed(ctx context.Context, id int64, attempt int, m
 }
 
 // BurstReleaseDone marks release event id done after the provider
-// removed its nodes.
+// removed its nodes: only now are they released (released_at, which ends
+// their cost). An event already failed (given up on as stuck) is done
+// after all: its nodes' release, started, is confirmed whichever event
+// they moved to since.
 func (s *Store) BurstReleaseDone(ctx context.Context, id int64, attempt int) error {
-	_, err := s.db.Exec(ctx, `UPDATE burst_events SET status = 'done', attempts = $2, error = '', finished_at = $3
-		WHERE id = $1 AND status IN ('pending', 'retrying')`, id, attempt, s.Now())
-	return mapErr("finishing burst release", err)
+	return s.InTx(ctx, func(tx *Store) error {
+		now := tx.Now()
+		var names []string
+		err := tx.db.QueryRow(ctx, `UPDATE burst_events SET status = 'done', attempts = greatest(attempts, $2), error = '', finished_at = $3
+			WHERE id = $1 AND kind = 'release' AND status <> 'done' RETURNING node_names`, id, attempt, now).Scan(&names)
+		if err == pgx.ErrNoRows {
+			return nil // done already
+		}
+		if err != nil {
+			return mapErr("finishing burst release", err)
+		}
+		rows, err := tx.db.Query(ctx, `UPDATE burst_nodes SET released_at = greatest($2, provisioned_at)
+			WHERE node = ANY($1) AND release_event_id IS NOT NULL AND released_at IS NULL RETURNING node`, names, now)
+		if err != nil {
+			return mapErr("finishing burst release", err)
+		}
+		if names, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+			return mapErr("finishing burst release", err)
+		}
+		_, err = tx.db.Exec(ctx, `UPDATE nodes SET state_reason = $2 WHERE name = ANY($1) AND state = 'down'`, names,
+			fmt.Sprintf("burst node released (event %d)", id))
+		return mapErr("finishing burst release", err)
+	})
 }
 
-// ReleaseBurstNodes takes the named burst nodes out of the cluster for
+// BurstReleasesToRetry returns the burst nodes whose release started but
+// whose release event failed (every provider attempt failed): they are
+// still billed and must be released again.
+func (s *Store) BurstReleasesToRetry(ctx context.Context) ([]string, error) {
+	rows, err := s.db.Query(ctx, `SELECT b.node FROM burst_nodes b JOIN burst_events e ON e.id = b.release_event_id
+		WHERE b.released_at IS NULL AND e.status = 'failed' ORDER BY b.node`)
+	if err != nil {
+		return nil, mapErr("listing burst releases to retry", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	return out, mapErr("listing burst releases to retry", err)
+}
+
+// RetryBurstRelease stores release event e (with its audit entry) for the
+// named nodes, whose earlier release failed, and moves them to it. Nodes
+// released meanwhile or whose release is still open are skipped; with
+// none left, no event is stored.
+func (s *Store) RetryBurstRelease(ctx context.Context, e *BurstEvent, names []string) ([]string, error) {
+	var retry []string
+	err := s.InTx(ctx, func(tx *Store) error {
+		rows, err := tx.db.Query(ctx, `SELECT b.node FROM burst_nodes b JOIN burst_events e ON e.id = b.release_event_id
+			WHERE b.node = ANY($1) AND b.released_at IS NULL AND e.status = 'failed' ORDER BY b.node FOR UPDATE OF b`, names)
+		if err != nil {
+			return mapErr("retrying burst release", err)
+		}
+		if retry, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil || len(retry) == 0 {
+			return mapErr("retrying burst release", err)
+		}
+		e.NodeNames, e.NodesWanted = retry, len(retry)
+		if err := tx.CreateBurstEvent(ctx, e); err != nil {
+			return err
+		}
+		_, err = tx.db.Exec(ctx, `UPDATE burst_nodes SET release_event_id = $2 WHERE node = ANY($1) AND released_at IS NULL`, retry, e.ID)
+		return mapErr("retrying burst release", err)
+	})
+	return retry, err
+}
+
+// FailStuckBurstEvents marks failed every open event (pending or retrying)
+// created before cutoff: its provider job died or its final outcome was
+// never written. A request stops counting as capacity in flight; the
+// nodes of a release are released again by a later evaluation. It
+// returns the events.
+func (s *Store) FailStuckBurstEvents(ctx context.Context, cutoff time.Time) ([]int64, error) {
+	rows, err := s.db.Query(ctx, `UPDATE burst_events SET status = 'failed', finished_at = $2,
+			error = CASE WHEN error = '' THEN 'no outcome from the provider since ' || to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS UTC')
+				ELSE error || ' (then no outcome since ' || to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS UTC') || ')' END
+		WHERE status IN ('pending', 'retrying') AND at < $1 RETURNING id`, cutoff, s.Now())
+	if err != nil {
+		return nil, mapErr("failing stuck burst events", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	return out, mapErr("failing stuck burst events", err)
+}
+
+// releasedBurstNode is an SQL condition true for a node (alias n) that was
+// a burst node and is released: it is no longer part of the cluster.
+const releasedBurstNode = `(EXISTS (SELECT 1 FROM burst_nodes rb WHERE rb.node = n.name)
+	AND NOT EXISTS (SELECT 1 FROM burst_nodes rb WHERE rb.node = n.name AND rb.released_at IS NULL))`
+
+// ReleaseBurstNodes starts the release of the named burst nodes by
 // release event e (stored here, with its audit entry): each must still be
 // idle, checked under the scheduling-cycle lock (so no cycle places a job
-// on it meanwhile); it goes down with a reason, its node tokens are
-// revoked and its burst row is released (failed: it never registered).
-// Nodes that are busy or already released are skipped. It returns the
-// nodes released; with none, no event is stored.
+// on it meanwhile); it goes down with a reason (it takes no more work),
+// its node tokens are revoked and its burst row points at e (failed: it
+// never registered, or was lost). It stays billed until the provider
+// confirms (BurstReleaseDone). Nodes that are busy, already being
+// released or released are skipped. It returns the nodes whose release
+// started; with none, no event is stored.
 func (s *Store) ReleaseBurstNodes(ctx context.Context, e *BurstEvent, names []string, failed bool) ([]string, error) {
 	var released []string
 	err := s.InTx(ctx, func(tx *Store) error {
@@ -300,7 +427,7 @@ func (s *Store) ReleaseBurstNodes(ctx context.Context, e *BurstEvent, names []st
 				SELECT NOT EXISTS (SELECT 1 FROM allocations a WHERE a.node = b.node AND a.released_at IS NULL)
 					AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.node = b.node AND l.state <> 'exited')
 				FROM burst_nodes b JOIN nodes n ON n.name = b.node
-				WHERE b.node = $1 AND b.released_at IS NULL FOR UPDATE OF b, n`, name).Scan(&idle)
+				WHERE b.node = $1 AND b.released_at IS NULL AND b.release_event_id IS NULL FOR UPDATE OF b, n`, name).Scan(&idle)
 			if err == pgx.ErrNoRows {
 				continue
 			}
@@ -319,9 +446,9 @@ func (s *Store) ReleaseBurstNodes(ctx context.Context, e *BurstEvent, names []st
 			return err
 		}
 		now := tx.Now()
-		reason := fmt.Sprintf("burst node released (event %d)", e.ID)
+		reason := fmt.Sprintf("burst node being released (event %d)", e.ID)
 		if failed {
-			reason = fmt.Sprintf("burst node never registered; released (event %d)", e.ID)
+			reason = fmt.Sprintf("burst node failed (never registered or lost); being released (event %d)", e.ID)
 		}
 		if _, err := tx.db.Exec(ctx, `UPDATE nodes SET state = 'down', state_reason = $2 WHERE name = ANY($1)`, released, reason); err != nil {
 			return mapErr("releasing burst nodes", err)
@@ -329,8 +456,8 @@ func (s *Store) ReleaseBurstNodes(ctx context.Context, e *BurstEvent, names []st
 		if _, err := tx.db.Exec(ctx, `UPDATE node_tokens SET revoked_at = $2 WHERE node = ANY($1) AND revoked_at IS NULL`, released, now); err != nil {
 			return mapErr("releasing burst nodes", err)
 		}
-		_, err := tx.db.Exec(ctx, `UPDATE burst_nodes SET released_at = greatest($2, provisioned_at), release_event_id = $3, failed = $4 WHERE node = ANY($1)`,
-			released, now, e.ID, failed)
+		_, err := tx.db.Exec(ctx, `UPDATE burst_nodes SET release_event_id = $2, failed = $3 WHERE node = ANY($1) AND released_at IS NULL`,
+			released, e.ID, failed)
 		return mapErr("releasing burst nodes", err)
 	})
 	return released, err

@@ -86,7 +86,10 @@ func (s *Store) ClusterOverview(ctx context.Context, days int) (ClusterOverview,
 	// The series covers the last days×24 whole hours and the current one.
 	o.From = now.Truncate(time.Hour).Add(-time.Duration(days*24) * time.Hour)
 
-	rows, err := s.db.Query(ctx, `SELECT site, state, count(*)::int, sum(gpu_count)::int FROM nodes GROUP BY site, state ORDER BY site, state`)
+	// Released burst nodes (their rows stay, for a reused name) are not
+	// part of the cluster.
+	rows, err := s.db.Query(ctx, `SELECT site, state, count(*)::int, sum(gpu_count)::int FROM nodes n
+		WHERE NOT `+releasedBurstNode+` GROUP BY site, state ORDER BY site, state`)
 	if err != nil {
 		return o, mapErr("counting nodes", err)
 	}
@@ -106,6 +109,7 @@ func (s *Store) ClusterOverview(ctx context.Context, days int) (ClusterOverview,
 			coalesce(sum(a.held), 0)::int
 		FROM nodes n
 		LEFT JOIN (SELECT node, count(*) AS held FROM allocations WHERE released_at IS NULL GROUP BY node) a ON a.node = n.name
+		WHERE NOT `+releasedBurstNode+`
 		GROUP BY n.gpu_type ORDER BY n.gpu_type`)
 	if err != nil {
 		return o, mapErr("counting GPUs", err)
@@ -281,9 +285,12 @@ func (s *Store) JobSegments(ctx context.Context, jobID int64) ([]RunSegment, err
 	return out, mapErr("loading run segments", err)
 }
 
-// classSQL is a pending job's class as the scheduler last ordered it (the
-// stored breakdown), or its tier's class before its first cycle.
-const classSQL = `coalesce((j.priority_breakdown->>'class')::int, CASE j.tier WHEN 'preemptible' THEN 5 ELSE j.tier::int END)`
+// classSQL is a pending job's place in the class order: the class the
+// scheduler last ran it as (the stored breakdown; its tier's class before
+// its first cycle), ranked by that tier's class_order as admins set it,
+// the way the scheduler ranks it.
+const classSQL = `(SELECT coalesce((SELECT t.class_order FROM tiers t WHERE t.id = CASE c.n WHEN 5 THEN 'preemptible' ELSE c.n::text END), c.n)
+	FROM (SELECT coalesce((j.priority_breakdown->>'class')::int, CASE j.tier WHEN 'preemptible' THEN 5 ELSE j.tier::int END) AS n) c)`
 
 // QueuePosition is where a pending job stands among the pending jobs that
 // compete for the same GPUs.

@@ -55,9 +55,10 @@ func scanNodeInfo(r pgx.CollectableRow) (NodeInfo, error) {
 	return n, err
 }
 
-// NodeInfos returns every node, by name.
+// NodeInfos returns every node, by name, but released burst nodes (no
+// longer part of the cluster; NodeInfoByName still finds them).
 func (s *Store) NodeInfos(ctx context.Context) ([]NodeInfo, error) {
-	rows, err := s.db.Query(ctx, nodeInfoSelect+` ORDER BY n.name`)
+	rows, err := s.db.Query(ctx, nodeInfoSelect+` WHERE NOT `+releasedBurstNode+` ORDER BY n.name`)
 	if err != nil {
 		return nil, mapErr("listing nodes", err)
 	}
@@ -236,36 +237,41 @@ func (s *Store) lockNode(ctx context.Context, node string) (string, error) {
 }
 
 // SetNodeLabels replaces a node's labels: a policy change (new policy
-// version, audit action node.labels).
-func (s *Store) SetNodeLabels(ctx context.Context, actor, node string, labels allot.NodeLabels, note string) error {
+// version, audit action node.labels); none when they are already so.
+func (s *Store) SetNodeLabels(ctx context.Context, actor, node string, labels allot.NodeLabels, note string) (AdminResult, error) {
 	if labels == nil {
 		labels = allot.NodeLabels{}
 	}
 	if err := labels.Validate(); err != nil {
-		return err
+		return AdminResult{}, err
 	}
-	_, err := s.ChangePolicy(ctx, PolicyChange{Actor: actor, Action: "node.labels", Object: "node:" + node, Note: note},
+	return s.changeIfAny(ctx, PolicyChange{Actor: actor, Action: "node.labels", Object: "node:" + node, Note: note},
 		func(tx *Store, _ *allot.Policy) (any, any, error) {
-			var old []byte
-			err := tx.db.QueryRow(ctx, `SELECT labels FROM nodes WHERE name = $1 FOR UPDATE`, node).Scan(&old)
+			var raw []byte
+			err := tx.db.QueryRow(ctx, `SELECT labels FROM nodes WHERE name = $1 FOR UPDATE`, node).Scan(&raw)
 			if err == pgx.ErrNoRows {
 				return nil, nil, allot.Errorf(allot.ENotFound, "node %q does not exist", node)
 			}
 			if err != nil {
 				return nil, nil, mapErr("loading node labels", err)
 			}
+			old := allot.NodeLabels{}
+			if err := json.Unmarshal(raw, &old); err != nil {
+				return nil, nil, mapErr("loading node labels", err)
+			}
 			b, _ := json.Marshal(labels)
 			if _, err := tx.db.Exec(ctx, `UPDATE nodes SET labels = $2 WHERE name = $1`, node, b); err != nil {
 				return nil, nil, mapErr("setting node labels", err)
 			}
-			return map[string]json.RawMessage{"labels": old}, map[string]json.RawMessage{"labels": b}, nil
+			// Compared as documents (changeIfAny): no version when unchanged.
+			return map[string]allot.NodeLabels{"labels": old}, map[string]allot.NodeLabels{"labels": labels}, nil
 		})
-	return err
 }
 
 // SetHealthRules replaces the policy's health rules (new policy version,
-// audit action health.update).
-func (s *Store) SetHealthRules(ctx context.Context, actor string, rules []allot.HealthRule, autoUndrain *time.Duration, note string) (int64, error) {
+// audit action health.update); nothing when they and the auto-undrain
+// delay are already so.
+func (s *Store) SetHealthRules(ctx context.Context, actor string, rules []allot.HealthRule, autoUndrain *time.Duration, note string) (AdminResult, error) {
 	if rules == nil {
 		rules = []allot.HealthRule{}
 	}
@@ -277,9 +283,9 @@ func (s *Store) SetHealthRules(ctx context.Context, actor string, rules []allot.
 		f["auto_undrain_after"] = "must be a whole number of seconds, not negative"
 	}
 	if len(f) > 0 {
-		return 0, allot.FieldErrors(f).Err()
+		return AdminResult{}, allot.FieldErrors(f).Err()
 	}
-	e, err := s.ChangePolicy(ctx, PolicyChange{Actor: actor, Action: "health.update", Object: "policy:health_rules", Note: note},
+	return s.changeIfAny(ctx, PolicyChange{Actor: actor, Action: "health.update", Object: "policy:health_rules", Note: note},
 		func(_ *Store, p *allot.Policy) (any, any, error) {
 			type view struct {
 				Rules       []allot.HealthRule `json:"rules"`
@@ -292,7 +298,23 @@ func (s *Store) SetHealthRules(ctx context.Context, actor string, rules []allot.
 			}
 			return before, view{p.HealthRules, p.AutoUndrainAfter.String()}, nil
 		})
-	return e.PolicyVersion, err
+}
+
+// SetHealthSettings saves the /admin/health form in one transaction: the
+// rules (as SetHealthRules) and the admin webhook (as SetAdminWebhook);
+// either fails, nothing is saved. It reports whether anything changed.
+func (s *Store) SetHealthSettings(ctx context.Context, actor string, rules []allot.HealthRule, autoUndrain *time.Duration, webhook, note string) (bool, error) {
+	changed := false
+	err := s.InTx(ctx, func(tx *Store) error {
+		r, err := tx.SetHealthRules(ctx, actor, rules, autoUndrain, note)
+		if err != nil {
+			return err
+		}
+		w, err := tx.setAdminWebhook(ctx, actor, webhook)
+		changed = r.Changed || w
+		return err
+	})
+	return changed, err
 }
 
 // NodeStateSummary is a short "why" for a node, e.g. for the API.
