@@ -68,11 +68,14 @@ func (b browserSteps) text(sel string) string {
 }
 
 // login opens start (a full URL that shows someone signed out the dev
-// persona picker), picks persona and waits until waitFor is visible.
+// persona picker), picks persona and waits until the signed-in page shows
+// who is signed in and waitFor is visible (so the next navigation does not
+// abort the login's redirect).
 func (b browserSteps) login(start, persona, waitFor string) {
 	b.t.Helper()
 	b.do(chromedp.Navigate(start),
 		chromedp.Click(css(`[data-testid="persona-`+persona+`"]`)),
+		chromedp.WaitVisible(css(`[data-testid="whoami"]`)),
 		chromedp.WaitVisible(css(waitFor)))
 }
 

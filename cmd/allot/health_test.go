@@ -562,7 +562,7 @@ func TestBrowserNodeHealth(t *testing.T) {
 	writeFaults(t, faults, `{"gpus":[{"index":2,"ecc_dbe":1}]}`)
 	l.eventually(10*time.Second, "gpu06 drained", func() bool { return l.node("gpu06").State == allot.NodeDrained })
 	b := browse(t)
-	b.login(l.url+"/", demo.Admin, `nav`)
+	b.login(l.url+"/", demo.Admin, `[data-testid="nav-nodes"]`)
 	b.do(chromedp.Navigate(l.url+"/nodes"),
 		chromedp.WaitVisible(css(`[data-testid="open-events"]`)))
 	screenshot(t, b.ctx, "nodes")
