@@ -305,7 +305,10 @@ func (s *Server) tiersView(c echo.Context, edited *views.TierForm) (views.AdminT
 	now := s.st.Now()
 	a := views.AdminTiers{Page: s.page(c, "Tiers · Admin")}
 	for _, t := range tiers {
-		f := views.TierForm{ID: string(t.ID), Name: t.Name, Multiplier: t.Multiplier(), Values: tierFormValues(t), Errors: map[string]string{}, Preempts: preemptOptions()}
+		f := views.TierForm{ID: string(t.ID), Name: t.Name, Multiplier: t.Multiplier(), Values: tierFormValues(t), Errors: map[string]string{}}
+		if t.ID.Production() { // only production tiers preempt by tier right
+			f.Preempts = preemptOptions()
+		}
 		for _, m := range mults { // newest first per tier
 			if m.Tier == string(t.ID) && !m.EffectiveFrom.After(now) {
 				f.Since = fmtSince(m.EffectiveFrom)

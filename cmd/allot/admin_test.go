@@ -91,7 +91,9 @@ func TestAdminAPIEdits(t *testing.T) {
 		{"PUT", "/api/v1/tiers/3", `{"max_runtime_s":31708800}`, 422, "max_runtime_s", false}, // 367 days
 		{"PUT", "/api/v1/tiers/3", `{"colour":"red"}`, 422, "colour", false},
 		{"PUT", "/api/v1/tiers/9", `{"multiplier":"1"}`, 404, "", false},
-		{"PUT", "/api/v1/tiers/4", `{"max_runtime_s":86400,"reserved_gpus":2,"may_preempt":["preemptible"]}`, 200, "", true},
+		{"PUT", "/api/v1/tiers/4", `{"max_runtime_s":86400,"reserved_gpus":2,"may_preempt":["preemptible"]}`, 422, "may_preempt", false}, // tier right is for production tiers
+		{"PUT", "/api/v1/tiers/2", `{"may_preempt":["4","preemptible"]}`, 200, "", true},
+		{"PUT", "/api/v1/tiers/4", `{"max_runtime_s":86400,"reserved_gpus":2}`, 200, "", true},
 
 		{"PUT", "/api/v1/rates/T4", `{"rate":"0.40"}`, 200, "", true},
 		{"PUT", "/api/v1/rates/T4", `{"rate":"0.4"}`, 200, "", false},

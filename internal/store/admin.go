@@ -100,6 +100,9 @@ func (s *Store) UpdateTier(ctx context.Context, c PolicyChange, id allot.TierID,
 		if err := t.Validate(); err != nil {
 			return nil, nil, err
 		}
+		if !t.ID.Production() && len(t.MayPreempt) > 0 {
+			return nil, nil, (allot.FieldErrors{"may_preempt": "only production tiers (1–2) preempt by tier right; a tier 3–4 job preempts only to take back its team's guarantee"}).Err()
+		}
 		for _, v := range t.MayPreempt {
 			if v == t.ID {
 				return nil, nil, (allot.FieldErrors{"may_preempt": "a tier cannot preempt itself"}).Err()
