@@ -331,6 +331,13 @@ func (s *Server) oidcUser(ctx context.Context, o *oidcClient, idt *oidc.IDToken,
 		name = email
 	}
 	var groups []string
+	if _, ok := claims[o.cfg.Claims.GroupsClaim]; !ok {
+		// Roles still follow the provider (an IdP may leave the claim out
+		// for someone in no group), but a misconfigured claim name strips
+		// everyone's roles: say so where admins look.
+		s.log.Warn("the identity provider sent no groups claim: this person gets no admin, finance or team roles",
+			"user", email, "claim", o.cfg.Claims.GroupsClaim)
+	}
 	switch g := claims[o.cfg.Claims.GroupsClaim].(type) {
 	case []any:
 		for _, x := range g {
