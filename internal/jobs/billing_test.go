@@ -154,8 +154,16 @@ func storePool(t *testing.T, st *store.Store) *pgxpool.Pool {
 
 // TestPreemptionCreditFromLastCheckpoint: a preempted checkpointable
 // segment is charged in full and credited only for the work after its last
-// checkpoint, as the agent reported it.
+// checkpoint, as the agent reported it. A job stopped because its node was
+// drained (drain-and-requeue) loses work through no fault of its team: it
+// is credited the same way.
 func TestPreemptionCreditFromLastCheckpoint(t *testing.T) {
+	for _, reason := range []string{"preempted", "drain"} {
+		t.Run(reason, func(t *testing.T) { testStopCredit(t, reason) })
+	}
+}
+
+func testStopCredit(t *testing.T, reason string) {
 	st, now, felix := billingSetup(t)
 	ctx := context.Background()
 	start := time.Date(2026, 11, 19, 10, 0, 0, 0, time.UTC)
@@ -170,7 +178,7 @@ func TestPreemptionCreditFromLastCheckpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := pool.Exec(ctx, `INSERT INTO leases (job_id, segment, node, rank, gpu_indices, env, state, offered_at, started_at, exited_at, stop_reason, last_checkpoint)
-		VALUES ($1, 1, 'gpu03', 0, '{0,1}', '{}', 'exited', $2, $2, $3, 'preempted', $4)`, id, start, end, end.Add(-30*time.Minute)); err != nil {
+		VALUES ($1, 1, 'gpu03', 0, '{0,1}', '{}', 'exited', $2, $2, $3, $5, $4)`, id, start, end, end.Add(-30*time.Minute), reason); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := jobs.Rollup(ctx, st, now); err != nil {

@@ -52,7 +52,8 @@ func (s *Store) RateCard(ctx context.Context) (*billing.RateCard, error) {
 // UsageSegments returns the usage (GPUs held by job run segments, per node)
 // that overlaps [from, to), with running allocations billed up to upTo.
 // Demoted or preemptible jobs bill as preemptible; a segment ended by
-// preemption carries PreemptedAt for the preemption credit.
+// preemption (or stopped by a drain-and-requeue) carries PreemptedAt for the
+// preemption credit.
 func (s *Store) UsageSegments(ctx context.Context, from, to, upTo time.Time) ([]billing.Segment, error) {
 	return s.usageSegments(ctx, "", from, to, upTo)
 }
@@ -68,7 +69,7 @@ func (s *Store) usageSegments(ctx context.Context, filter string, args ...any) (
 		SELECT a.job_id, a.segment, j.team, u.email, t.cost_center,
 			CASE WHEN j.run_as <> '' THEN j.run_as WHEN j.preemptible THEN 'preemptible' ELSE j.tier END,
 			n.gpu_type, a.node, count(*)::int, a.started_at, least(coalesce(a.released_at, $3), $3), j.checkpointable,
-			(SELECT max(l.exited_at) FROM leases l WHERE l.job_id = a.job_id AND l.segment = a.segment AND l.node = a.node AND l.stop_reason = 'preempted'),
+			(SELECT max(l.exited_at) FROM leases l WHERE l.job_id = a.job_id AND l.segment = a.segment AND l.node = a.node AND l.stop_reason IN ('preempted', 'drain')),
 			(SELECT max(l.last_checkpoint) FROM leases l WHERE l.job_id = a.job_id AND l.segment = a.segment)
 		FROM allocations a
 		JOIN jobs j ON j.id = a.job_id
