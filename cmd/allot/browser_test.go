@@ -11,6 +11,7 @@ import (
 
 	"github.com/allotlabs/allot/internal/demo"
 	"github.com/chromedp/chromedp"
+	"github.com/chromedp/chromedp/kb"
 )
 
 // chromium returns a headless Chromium context, or skips the test when no
@@ -130,8 +131,11 @@ func TestBrowserSubmit(t *testing.T) {
 		t.Errorf("inline error %q, gpus kept %q", fieldErr, gpusKept)
 	}
 
+	// Fixed and submitted from the keyboard alone: Enter in a field
+	// submits the form.
 	b.do(chromedp.SetValue(css(`input[name="time_limit"]`), "4h"),
-		chromedp.Click(css(`[data-testid="submit"]`)),
+		chromedp.Focus(css(`input[name="name"]`)),
+		chromedp.KeyEvent(kb.Enter),
 		chromedp.WaitVisible(css(`[data-testid="quota-warning"]`)))
 	screenshot(t, b.ctx, "job-page")
 	if title, state := b.text(`h1`), b.text(`[data-testid="state"]`); !strings.Contains(title, "browser-job") || state != "pending" {
