@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -23,12 +24,17 @@ func TestCorePolicyFollowsTiers(t *testing.T) {
 	if got := cp.MayPreempt[scheduler.Tier1]; !slices.Equal(got, []scheduler.Tier{scheduler.Tier3, scheduler.Tier4, scheduler.TierPreemptible}) {
 		t.Errorf("tier 1 may preempt %v", got)
 	}
+	if cp.Reserved[scheduler.Tier1] != 16 || cp.Reserved[scheduler.Tier2] != 16 || cp.Reserved[scheduler.Tier3] != 0 {
+		t.Errorf("reserved %v", cp.Reserved)
+	}
 	if _, ok := cp.MayPreempt[scheduler.Tier3]; ok {
 		t.Errorf("tier 3's guarantee reclaim must not be narrowed by tier rights: %v", cp.MayPreempt)
 	}
 
-	// An admin swaps tiers 3 and 4 and takes tier 3 from tier 1's rights.
+	// An admin swaps tiers 3 and 4, takes tier 3 from tier 1's rights and
+	// gives tier 1 no reservation.
 	tiers[0].MayPreempt = []allot.TierID{allot.Tier4, allot.TierPreemptible}
+	tiers[0].ReservedGPUs = 0
 	tiers[2].ClassOrder, tiers[3].ClassOrder = 4, 3
 	cp = corePolicy(allot.DefaultPolicy(), tiers)
 	snap := scheduler.Snapshot{
@@ -42,5 +48,12 @@ func TestCorePolicyFollowsTiers(t *testing.T) {
 	}
 	if p := scheduler.Schedule(snap, demoNow, corePolicy(allot.DefaultPolicy(), demo.Tiers())); len(p.Preemptions) != 1 {
 		t.Errorf("with the right, preemptions %+v", p.Preemptions)
+	}
+	// Without the right but with an unused reservation of 8 GPUs, tier 1
+	// takes them back.
+	tiers[0].ReservedGPUs = 8
+	if p := scheduler.Schedule(snap, demoNow, corePolicy(allot.DefaultPolicy(), tiers)); len(p.Preemptions) != 1 ||
+		!strings.Contains(p.Preemptions[0].Reason, "reserved GPUs") {
+		t.Errorf("reservation reclaim: %+v", p.Preemptions)
 	}
 }

@@ -143,21 +143,22 @@ func tierID(t scheduler.Tier) allot.TierID {
 }
 
 // corePolicy is the core's policy: the stored weights and times, the
-// tiers' class order, and the production tiers' preemption rights, as
-// admins set them. (Tier 3-4 jobs preempt only to reclaim their team's
+// tiers' class order, and the production tiers' preemption rights and
+// reserved GPUs, as admins set them. (Tier 3-4 jobs preempt only to reclaim their team's
 // guarantee, a right of the team's guarantee, not of the tier.)
 func corePolicy(p allot.Policy, tiers []allot.Tier) scheduler.Policy {
 	cp := scheduler.DefaultPolicy()
 	cp.WeightFairShare, cp.WeightSize, cp.WeightAge = float64(p.WeightFairShare), float64(p.WeightSize), float64(p.WeightAge)
 	cp.MaxAge, cp.HalfLife, cp.GracePeriod, cp.MinRuntime = p.MaxAge, p.HalfLife, p.GracePeriod, p.MinRuntime
 	if len(tiers) > 0 {
-		cp.ClassOrder, cp.MayPreempt = map[scheduler.Tier]int{}, map[scheduler.Tier][]scheduler.Tier{}
+		cp.ClassOrder, cp.MayPreempt, cp.Reserved = map[scheduler.Tier]int{}, map[scheduler.Tier][]scheduler.Tier{}, map[scheduler.Tier]int{}
 		for _, t := range tiers {
 			c := tierOf(t.ID)
 			cp.ClassOrder[c] = t.ClassOrder
 			if !t.ID.Production() {
 				continue
 			}
+			cp.Reserved[c] = t.ReservedGPUs
 			cp.MayPreempt[c] = []scheduler.Tier{}
 			for _, v := range t.MayPreempt {
 				cp.MayPreempt[c] = append(cp.MayPreempt[c], tierOf(v))

@@ -15,6 +15,11 @@ const (
 
 // preemptRight returns the last victim group pj may take, or -1.
 func (st *state) preemptRight(pj *pjob) int {
+	pj.reclaim = false
+	if r := st.p.Reserved[pj.class]; r > 0 && pj.class.Production() && st.classGPUs(pj.class)+pj.j.GPUs <= r {
+		pj.reclaim = true
+		return vgAnyResearch
+	}
 	if rights, ok := st.p.MayPreempt[pj.class]; ok && len(rights) == 0 {
 		return -1
 	}
@@ -32,6 +37,23 @@ func (st *state) preemptRight(pj *pjob) int {
 		}
 	}
 	return -1
+}
+
+// classGPUs is the GPUs held by running jobs of class c that are not
+// stopping, and by jobs of c started this cycle.
+func (st *state) classGPUs(c Tier) int {
+	n := 0
+	for i := range st.run {
+		if r := &st.run[i]; r.class == c && !r.term {
+			n += r.gpus
+		}
+	}
+	for _, s := range st.starts {
+		if s.p.class == c {
+			n += s.p.j.GPUs
+		}
+	}
+	return n
 }
 
 // mayPreempt applies the admin-set preemption rights (Policy.MayPreempt).
@@ -86,7 +108,7 @@ type victimCand struct {
 // nodeVictims picks the victims on node n that bring it to target free
 // GPUs: victim groups in order, then lowest priority, fewest GPUs, newest
 // start, id. ok is false when that is impossible.
-func (st *state) nodeVictims(n, target, maxGroup int, class Tier, buf []victimCand) (vs []victimCand, worst, freed int, lost float64, ok bool) {
+func (st *state) nodeVictims(n, target, maxGroup int, class Tier, reclaim bool, buf []victimCand) (vs []victimCand, worst, freed int, lost float64, ok bool) {
 	ns := &st.nodes[n]
 	avail := ns.free
 	vs = buf[:0]
@@ -105,7 +127,7 @@ func (st *state) nodeVictims(n, target, maxGroup int, class Tier, buf []victimCa
 		if st.victimAfter != noVictimLimit && r.gpus >= ns.cap && rel(r.j.Submit, st.now) <= st.victimAfter {
 			continue // it would take a whole node back before the preemptor once requeued
 		}
-		if g := st.victimGroup(r, maxGroup); g >= 0 && g <= maxGroup && (r.class >= class || class.Production()) && st.mayPreempt(class, r.class) {
+		if g := st.victimGroup(r, maxGroup); g >= 0 && g <= maxGroup && (r.class >= class || class.Production()) && (reclaim || st.mayPreempt(class, r.class)) {
 			vs = append(vs, victimCand{ri: ri, group: g, gpus: k})
 		}
 	}
@@ -176,7 +198,7 @@ func (st *state) preempt(pj *pjob, maxGroup int, maxLost float64) bool {
 				if st.nodes[n].cap < g || !elig(n) {
 					continue
 				}
-				vs, worst, freed, lost, ok := st.nodeVictims(n, g, maxGroup, pj.class, buf)
+				vs, worst, freed, lost, ok := st.nodeVictims(n, g, maxGroup, pj.class, pj.reclaim, buf)
 				if !ok || len(vs) == 0 {
 					continue
 				}
@@ -224,7 +246,7 @@ func (st *state) preempt(pj *pjob, maxGroup int, maxLost float64) bool {
 					if ns.cap < target {
 						continue
 					}
-					vs, worst, freed, lost, ok := st.nodeVictims(n, target, maxGroup, pj.class, nil)
+					vs, worst, freed, lost, ok := st.nodeVictims(n, target, maxGroup, pj.class, pj.reclaim, nil)
 					if !ok {
 						continue
 					}
@@ -288,6 +310,9 @@ func (st *state) markVictim(ri int, by *pjob) {
 		}
 	default:
 		why = "tier-1 work may preempt tier 3-4"
+	}
+	if by.reclaim {
+		why = fmt.Sprintf("tier %d takes back its %d reserved GPUs", by.class, st.p.Reserved[by.class])
 	}
 	r.victim, r.term = true, true
 	r.end = min(r.end, int64(st.p.GracePeriod)) // a job past its time limit ends anyway

@@ -292,6 +292,46 @@ func TestMayPreemptNarrowsRights(t *testing.T) {
 	}
 }
 
+func TestReservedGPUsReclaimed(t *testing.T) {
+	t.Parallel()
+	// Tier 2 may preempt only preemptible work by right, and the cluster
+	// is full of tier-3 work: a tier-2 job waits, unless tier 2 has a
+	// reservation it is not using, which it then takes back.
+	s := Snapshot{
+		Nodes: cluster(2, 4),
+		Running: []Job{
+			job(100, 4, team("b"), tier(Tier3), on(time.Hour, slot(0, seq(0, 4)...))),
+			job(101, 4, team("b"), tier(Tier3), on(2*time.Hour, slot(1, seq(0, 4)...))),
+		},
+		Pending: []Job{job(1, 4, tier(Tier2), limit(10*time.Hour))},
+		Teams:   teamsAB(0, 8),
+	}
+	p := allot()
+	p.MayPreempt = map[Tier][]Tier{Tier2: {TierPreemptible}}
+	if got := victimIDs(Schedule(s, t0, p)); len(got) != 0 {
+		t.Fatalf("without a reservation tier 2 preempted %v", got)
+	}
+	p.Reserved = map[Tier]int{Tier2: 4}
+	plan := Schedule(s, t0, p)
+	if got := victimIDs(plan); len(got) != 1 {
+		t.Fatalf("with 4 reserved GPUs the victims are %v, want one 4-GPU job", got)
+	}
+	if r := plan.Preemptions[0].Reason; !strings.Contains(r, "takes back its 4 reserved GPUs") {
+		t.Errorf("reason %q", r)
+	}
+	// The reservation is used up by a running tier-2 job: no more.
+	s.Running[0].Tier, s.Running[0].RunAs = Tier2, Tier2
+	if got := victimIDs(Schedule(s, t0, p)); len(got) != 0 {
+		t.Errorf("reservation already in use, yet victims %v", got)
+	}
+	// A job wider than the reservation does not reclaim either.
+	s.Running[0].Tier, s.Running[0].RunAs = Tier3, Tier3
+	s.Pending[0].GPUs = 8
+	if got := victimIDs(Schedule(s, t0, p)); len(got) != 0 {
+		t.Errorf("8 GPUs asked, 4 reserved, yet victims %v", got)
+	}
+}
+
 func TestClassOrderFromPolicy(t *testing.T) {
 	t.Parallel()
 	// Room for one of two jobs: tier 3 goes first, unless an admin put

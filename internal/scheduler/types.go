@@ -247,6 +247,13 @@ type Policy struct {
 	// (lower first), as admins set the tiers' order; missing classes keep
 	// their natural place. Nil: tier 1, 2, 3, 4, preemptible.
 	ClassOrder map[Tier]int
+	// Reserved is a production class's dedicated reservation in GPUs. It is
+	// lent to other work while the class does not use it: while the class's
+	// running jobs hold fewer GPUs, a blocked job of the class that fits in
+	// the rest may take tier 3-4 GPUs back by preemption, beyond the class's
+	// preemption rights (never tier 1-2 work; minimum runtime and grace as
+	// for any preemption). Nil or 0: no reservation.
+	Reserved map[Tier]int
 	// MayPreempt narrows the preemption rules above to the tiers'
 	// preemption rights as admins set them: a class in the map may preempt
 	// only the classes listed for it (still only within the rules). Classes
