@@ -121,6 +121,18 @@ func genPolicy(t *rapid.T) Policy {
 	p.Mode = rapid.SampledFrom(allModes).Draw(t, "mode")
 	p.ReservationDepth = rapid.IntRange(0, 3).Draw(t, "depth")
 	p.GuaranteePatience = time.Duration(rapid.IntRange(0, 60).Draw(t, "patience")) * time.Minute
+	if rapid.Bool().Draw(t, "admin-tiers") {
+		// Tiers as an admin may set them: reservations, narrowed rights,
+		// another class order.
+		p.Reserved = map[Tier]int{Tier1: rapid.IntRange(0, 32).Draw(t, "resv1"), Tier2: rapid.IntRange(0, 32).Draw(t, "resv2")}
+		p.MayPreempt = map[Tier][]Tier{
+			Tier1: rapid.SliceOfDistinct(rapid.SampledFrom([]Tier{Tier3, Tier4, TierPreemptible}), func(x Tier) Tier { return x }).Draw(t, "rights1"),
+			Tier2: rapid.SliceOfDistinct(rapid.SampledFrom([]Tier{Tier3, Tier4, TierPreemptible}), func(x Tier) Tier { return x }).Draw(t, "rights2"),
+		}
+		if rapid.Bool().Draw(t, "swap34") {
+			p.ClassOrder = map[Tier]int{Tier1: 1, Tier2: 2, Tier4: 3, Tier3: 4, TierPreemptible: 5}
+		}
+	}
 	return p
 }
 
