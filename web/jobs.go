@@ -696,7 +696,7 @@ func explainView(d *views.JobDetail, j *allot.Job, x jobExplanation) {
 	d.ClassText = fmt.Sprintf("Class %d (tier %s) comes before priority: the queue serves classes in the tiers' order (see Docs), "+
 		"and priority orders jobs within a class. Factors as of the last scheduling cycle that looked at this job; before the first cycle they are all 0.", class, j.Tier)
 	if x.Queue != nil {
-		q := &views.QueueInfo{Position: x.Queue.Position, Of: x.Queue.Of, AheadGPUHours: trimHours(gpuHours(x.Queue.AheadGPUSeconds)), ETAMethod: etaMethod}
+		q := &views.QueueInfo{Position: x.Queue.Position, Of: x.Queue.Of, AheadGPUHours: allot.Hours(x.Queue.AheadGPUSeconds), ETAMethod: etaMethod}
 		switch {
 		case x.ETA.IsZero():
 			q.ETA = x.ETAUnknown
@@ -715,7 +715,7 @@ func explainView(d *views.JobDetail, j *allot.Job, x jobExplanation) {
 	d.Util = utilChart(j, x.Util, x.Now)
 	d.UtilNote = "Per GPU, as sampled by the agents: averaged into up to 60 buckets while the raw samples are kept, hourly from the metering rollup after that."
 	d.Cost = strings.TrimSpace(money(x.Cost.Amount, x.Currency) + " " + x.Currency)
-	d.CostNote = fmt.Sprintf("%s GPU-hours × the GPU type's rate × the multiplier of the tier it ran as, priced per hour like the bill", trimHours(gpuHours(x.Cost.GPUSeconds)))
+	d.CostNote = fmt.Sprintf("%s GPU-hours × the GPU type's rate × the multiplier of the tier it ran as, priced per hour like the bill", allot.Hours(x.Cost.GPUSeconds))
 	if x.Cost.Credits != 0 {
 		d.CostNote += fmt.Sprintf("; includes a preemption credit of %s", money(x.Cost.Credits, x.Currency))
 	}

@@ -2,11 +2,11 @@ package web
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"net/http"
 	"net/url"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -98,21 +98,7 @@ func ruleJSON(r allot.HealthRule) HealthRuleJSON {
 	if m == nil {
 		m = []int{}
 	}
-	return HealthRuleJSON{Name: r.Name, Metric: r.Metric, Match: m, Over: r.Over, For: fmtDur(r.For), Severity: r.Severity, Action: r.Action}
-}
-
-func fmtDur(d time.Duration) string {
-	if d == 0 {
-		return "0s"
-	}
-	s := d.String() // e.g. 1h0m0s, 10m0s, 1m30s
-	if strings.HasSuffix(s, "m0s") {
-		s = strings.TrimSuffix(s, "0s")
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = strings.TrimSuffix(s, "0m")
-	}
-	return s
+	return HealthRuleJSON{Name: r.Name, Metric: r.Metric, Match: m, Over: r.Over, For: allot.FormatDuration(r.For), Severity: r.Severity, Action: r.Action}
 }
 
 // parseRules turns API/form rules into domain rules; duration errors are
@@ -271,7 +257,7 @@ func (s *Server) apiHealthRules(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	out := HealthRulesJSON{Version: p.Version, Rules: []HealthRuleJSON{}, AutoUndrainAfter: fmtDur(p.AutoUndrainAfter)}
+	out := HealthRulesJSON{Version: p.Version, Rules: []HealthRuleJSON{}, AutoUndrainAfter: allot.FormatDuration(p.AutoUndrainAfter)}
 	for _, r := range p.HealthRules {
 		out.Rules = append(out.Rules, ruleJSON(r))
 	}
@@ -329,11 +315,7 @@ func (s *Server) apiNotifications(c echo.Context) error {
 // ---- pages ----
 
 func labelsText(l allot.NodeLabels, sep string) string {
-	keys := make([]string, 0, len(l))
-	for k := range l {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
+	keys := slices.Sorted(maps.Keys(l))
 	parts := make([]string, len(keys))
 	for i, k := range keys {
 		parts[i] = k + "=" + l[k]
@@ -722,7 +704,7 @@ func (s *Server) healthRulesView(c echo.Context, rules []HealthRuleJSON, undrain
 		for _, r := range p.HealthRules {
 			rules = append(rules, ruleJSON(r))
 		}
-		undrain = fmtDur(p.AutoUndrainAfter)
+		undrain = allot.FormatDuration(p.AutoUndrainAfter)
 		if webhook, err = s.st.AdminWebhook(ctx); err != nil {
 			return h, err
 		}

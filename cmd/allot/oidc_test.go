@@ -45,6 +45,18 @@ func startProvider(t *testing.T, extraArgs ...string) string {
 	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), providerEnv+"=--addr 127.0.0.1:0 --watch-stdin --client-id "+testClientID+
 		" --client-secret "+testClientSecret+" --password "+testPassword+" --redirect-uri http://127.0.0.1/oidc/callback "+strings.Join(extraArgs, " "))
+	issuer := startProcess(t, cmd, "OIDC provider")
+	if !strings.HasPrefix(issuer, "http://127.0.0.1:") {
+		t.Fatalf("provider printed %q", issuer)
+	}
+	return issuer
+}
+
+// startProcess starts cmd, a provider that prints its issuer URL on a line
+// of stdout and exits when its stdin closes, and returns that line. The
+// test's cleanup closes stdin and expects a clean exit within 10 s.
+func startProcess(t *testing.T, cmd *exec.Cmd, name string) string {
+	t.Helper()
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -58,28 +70,24 @@ func startProvider(t *testing.T, extraArgs ...string) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		stdin.Close() // --watch-stdin: the provider exits
+		stdin.Close() // the provider exits
 		done := make(chan error, 1)
 		go func() { done <- cmd.Wait() }()
 		select {
 		case err := <-done:
 			if err != nil {
-				t.Errorf("OIDC provider exited: %v", err)
+				t.Errorf("%s exited: %v", name, err)
 			}
 		case <-time.After(10 * time.Second):
 			cmd.Process.Kill() //nolint:errcheck
-			t.Error("OIDC provider did not stop when its stdin closed")
+			t.Errorf("%s did not stop when its stdin closed", name)
 		}
 	})
 	line, err := bufio.NewReader(stdout).ReadString('\n')
 	if err != nil {
-		t.Fatalf("reading the provider's issuer: %v", err)
+		t.Fatalf("reading the %s's issuer: %v", name, err)
 	}
-	issuer := strings.TrimSpace(line)
-	if !strings.HasPrefix(issuer, "http://127.0.0.1:") {
-		t.Fatalf("provider printed %q", issuer)
-	}
-	return issuer
+	return strings.TrimSpace(line)
 }
 
 // bootSSO is boot with single sign-on against issuer and without dev mode.

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -116,38 +115,9 @@ func startZitadelOP(t *testing.T) (issuer string, start func(redirectURI string)
 		cmd := exec.Command(os.Args[0])
 		cmd.Env = append(os.Environ(), zitadelOPEnv+"="+redirectURI)
 		cmd.ExtraFiles = []*os.File{f}
-		cmd.Stderr = os.Stderr
-		stdin, err := cmd.StdinPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		f.Close()
-		t.Cleanup(func() {
-			stdin.Close()
-			done := make(chan error, 1)
-			go func() { done <- cmd.Wait() }()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("zitadel OP exited: %v", err)
-				}
-			case <-time.After(10 * time.Second):
-				cmd.Process.Kill() //nolint:errcheck
-				t.Error("zitadel OP did not stop when its stdin closed")
-			}
-		})
-		line, err := bufio.NewReader(stdout).ReadString('\n')
-		if err != nil {
-			t.Fatalf("reading the zitadel OP's issuer: %v", err)
-		}
-		if got := strings.TrimSpace(line); got != issuer {
+		got := startProcess(t, cmd, "zitadel OP")
+		f.Close() // the child has its own copy now
+		if got != issuer {
 			t.Fatalf("zitadel OP printed %q, want %q", got, issuer)
 		}
 	}
