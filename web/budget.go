@@ -33,7 +33,11 @@ type BudgetJSON struct {
 	// and the GPU type they held.
 	ByKind []KindHoursJSON `json:"by_tier_and_gpu_type"`
 	kinds  []store.KindUsage
+	alerts []store.BudgetAlert // the team's recent alerts, for the page
 }
+
+// teamAlertHistory is how many of a team's alerts the team page lists.
+const teamAlertHistory = 24
 
 // KindHoursJSON is one job type's GPU-hours.
 type KindHoursJSON struct {
@@ -155,11 +159,12 @@ func (s *Server) teamBudget(c echo.Context) (BudgetJSON, *store.TeamUsage, error
 	for _, k := range kinds {
 		out.ByKind = append(out.ByKind, KindHoursJSON{Tier: string(k.Tier), GPUType: k.GPUType, GPUHours: allot.Hours(k.GPUSeconds)})
 	}
-	alerts, err := s.st.BudgetAlerts(c.Request().Context(), []string{team}, 20)
+	alerts, err := s.st.BudgetAlerts(c.Request().Context(), []string{team}, teamAlertHistory)
 	if err != nil {
 		return out, nil, err
 	}
-	for _, a := range alerts {
+	out.alerts = alerts
+	for _, a := range alerts[:min(len(alerts), 20)] {
 		if a.Month.Equal(usage.Month) {
 			out.Alerts = append(out.Alerts, AlertJSON{Team: a.Team, Month: a.Month.Format("2006-01"), ThresholdPct: a.ThresholdPct,
 				FiredAt: a.FiredAt.UTC(), UsedGPUHours: allot.Hours(a.UsedGPUSeconds), BudgetGPUHours: a.BudgetGPUHours, Message: a.Message})
@@ -323,10 +328,7 @@ func (s *Server) teamExtras(c echo.Context, p *views.TeamBudget, b BudgetJSON, u
 			Parts: []views.BarPart{{Value: float64(x.GPUSeconds), Class: "b-alloc"}}})
 	}
 
-	alerts, err := s.st.BudgetAlerts(ctx, []string{b.Team}, 24)
-	if err != nil {
-		return err
-	}
+	alerts := b.alerts
 	p.AlertsNote = "Budget alerts fire once a month at the warning and demotion thresholds, to the team's webhook and here."
 	if len(alerts) == 0 {
 		p.AlertsNote = "No budget alert has fired for this team. " + p.AlertsNote

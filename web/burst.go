@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/burst"
 	"github.com/allotlabs/allot/internal/jobs"
 	"github.com/allotlabs/allot/internal/store"
 	"github.com/allotlabs/allot/views"
@@ -94,7 +95,7 @@ func (s *Server) burstReport(c echo.Context) (burstJSON, error) {
 	}
 	horizon := cfg.Horizon
 	if horizon <= 0 {
-		horizon = 4 * time.Hour
+		horizon = burst.DefaultHorizon
 	}
 	out := burstJSON{Enabled: v.Enabled, Provider: v.Provider, MonthSpent: money(v.MonthSpent),
 		Shape: burstShapeJSON{GPUType: v.Shape.GPUType, GPUs: v.Shape.GPUs},

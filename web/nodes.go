@@ -110,7 +110,7 @@ func parseRules(in []HealthRuleJSON) ([]allot.HealthRule, allot.FieldErrors) {
 		var d time.Duration
 		if strings.TrimSpace(r.For) != "" {
 			var err error
-			if d, err = time.ParseDuration(strings.TrimSpace(r.For)); err != nil {
+			if d, err = allot.ParseDuration(r.For); err != nil {
 				f.Add(fmt.Sprintf("rules[%d].for", i), "must be a duration such as 10m or 1h")
 			}
 		}
@@ -119,9 +119,7 @@ func parseRules(in []HealthRuleJSON) ([]allot.HealthRule, allot.FieldErrors) {
 	}
 	if err := allot.ValidateHealthRules(out); err != nil {
 		for k, v := range allot.Fields(err) {
-			if _, ok := f[k]; !ok {
-				f[k] = v
-			}
+			f.Add(k, "%s", v) // the first message for a field stands
 		}
 	}
 	return out, f
@@ -275,7 +273,7 @@ func (s *Server) apiSetHealthRules(c echo.Context) error {
 	rules, f := parseRules(in.Rules)
 	var undrain *time.Duration
 	if in.AutoUndrainAfter != "" {
-		d, err := time.ParseDuration(in.AutoUndrainAfter)
+		d, err := allot.ParseDuration(in.AutoUndrainAfter)
 		if err != nil {
 			f.Add("auto_undrain_after", "must be a duration such as 30m or 0s")
 		}
@@ -779,14 +777,12 @@ func (s *Server) healthRulesForm(c echo.Context) error {
 	}
 	parsed, pf := parseRules(rules)
 	for k, v := range pf {
-		if _, ok := f[k]; !ok {
-			f[k] = v
-		}
+		f.Add(k, "%s", v)
 	}
 	undrainText, webhook := strings.TrimSpace(c.FormValue("auto_undrain_after")), strings.TrimSpace(c.FormValue("webhook"))
 	var undrain time.Duration
 	if undrainText != "" {
-		if undrain, err = time.ParseDuration(undrainText); err != nil || undrain < 0 {
+		if undrain, err = allot.ParseDuration(undrainText); err != nil || undrain < 0 {
 			f.Add("auto_undrain_after", "must be a duration such as 30m, or 0s for never")
 		}
 	}

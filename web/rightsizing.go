@@ -265,17 +265,11 @@ func (s *Server) apiRightSizingCSV(c echo.Context) error {
 			peak = strconv.FormatFloat(float64(*j.PeakMemMiB)/1024, 'f', 1, 64)
 		}
 		for _, f := range j.Flags {
-			if err := w.Write([]string{from, to, strconv.FormatInt(j.JobID, 10), csvText(j.Name), j.Team, csvText(j.User), string(j.Tier), j.GPUType,
+			if err := writeStreamed(w, &n, []string{from, to, strconv.FormatInt(j.JobID, 10), csvText(j.Name), j.Team, csvText(j.User), string(j.Tier), j.GPUType,
 				strconv.Itoa(j.GPUs), gpuHours(j.GPUSeconds), util, peak, j.Cost.Decimal(), f.Rule, f.Suggestion, f.Savings.Decimal(),
 				rep.Currency}); err != nil {
 				s.log.Warn("right-sizing CSV export broke off", "err", err)
 				return nil
-			}
-			if n++; n%1000 == 0 {
-				if w.Flush(); w.Error() != nil {
-					s.log.Warn("right-sizing CSV export broke off", "err", w.Error())
-					return nil
-				}
 			}
 		}
 	}

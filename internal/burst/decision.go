@@ -285,14 +285,7 @@ func Decide(in Input) Decision {
 // GPU-hour: whole GPU-seconds × rate / 3600, rounded half up to the
 // currency's unit (the billing package's line arithmetic).
 func Cost(gpus int, d time.Duration, rate allot.Money) (allot.Money, error) {
-	if d < 0 {
-		d = 0
-	}
-	cur := rate.Currency
-	if cur == "" {
-		cur = "USD"
-	}
-	return billing.LineAmount(int64(gpus)*int64(d/time.Second), rate.Micros, 10000, cur)
+	return GPUSecondsCost(int64(gpus)*int64(max(d, 0)/time.Second), rate)
 }
 
 // GPUSecondsCost is Cost for a number of GPU-seconds.

@@ -458,6 +458,7 @@ func (s *Store) DeliverNotifications(ctx context.Context, deliver func(tx pgx.Tx
 		if err != nil {
 			return mapErr("loading notifications", err)
 		}
+		ids := make([]int64, 0, len(ns))
 		for _, n := range ns {
 			if url != "" {
 				if err := deliver(tx, url, n); err != nil {
@@ -465,9 +466,10 @@ func (s *Store) DeliverNotifications(ctx context.Context, deliver func(tx pgx.Tx
 				}
 				count++
 			}
-			if _, err := tx.Exec(ctx, `UPDATE notifications SET webhook_sent_at = $2 WHERE id = $1`, n.ID, st.Now()); err != nil {
-				return mapErr("marking notification sent", err)
-			}
+			ids = append(ids, n.ID)
+		}
+		if _, err := tx.Exec(ctx, `UPDATE notifications SET webhook_sent_at = $2 WHERE id = ANY($1)`, ids, st.Now()); err != nil {
+			return mapErr("marking notifications sent", err)
 		}
 		return nil
 	})

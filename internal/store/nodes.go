@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"strings"
 	"time"
 
@@ -315,19 +314,4 @@ func (s *Store) SetHealthSettings(ctx context.Context, actor string, rules []all
 		return err
 	})
 	return changed, err
-}
-
-// NodeStateSummary is a short "why" for a node, e.g. for the API.
-func (n NodeInfo) NodeStateSummary() string {
-	switch n.State {
-	case allot.NodeDraining, allot.NodeDrained:
-		by := "an admin"
-		if n.DrainSource == allot.DrainByHealth {
-			by = "a health rule"
-		}
-		return fmt.Sprintf("%s by %s: %s", n.State, by, strings.TrimPrefix(n.DrainReason, "admin: "))
-	case allot.NodeDown:
-		return "down: " + n.StateReason
-	}
-	return n.State
 }
