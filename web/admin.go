@@ -1040,27 +1040,11 @@ func (s *Server) apiPutPolicy(c echo.Context) error {
 		}
 		return err
 	}
-	var raw map[string]json.RawMessage
-	if err := json.Unmarshal([]byte(body.String()), &raw); err != nil {
-		return &badRequest{"malformed JSON: " + err.Error()}
-	}
-	if b, ok := raw["burst_monthly_budget"]; ok {
-		var v string
-		if json.Unmarshal(b, &v) != nil {
-			return (allot.FieldErrors{"burst_monthly_budget": "must be a decimal string, e.g. \"5000.00\""}).Err()
-		}
-		m, err := allot.ParseMoney(v, "USD")
-		if err != nil {
-			return (allot.FieldErrors{"burst_monthly_budget": err.Error()}).Err()
-		}
-		raw["burst_monthly_budget"], _ = json.Marshal(m.Decimal())
-	}
-	delete(raw, "note")
-	patch, err := json.Marshal(raw)
-	if err != nil {
-		return err
-	}
-	r, err := s.updatePolicy(c, u, patch, probe.Note)
+	// The body is patched onto the current values; "note" lands in the
+	// wrapper, not the policy.
+	r, err := s.st.UpdatePolicy(c.Request().Context(), policyChange(u, "policy.update", "policy", probe.Note), func(v *store.PolicyValues) error {
+		return json.Unmarshal([]byte(body.String()), &policyPutJSON{PolicyValues: v})
+	})
 	if err != nil {
 		return err
 	}
