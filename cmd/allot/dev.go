@@ -11,7 +11,9 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
+	"github.com/allotlabs/allot/internal/clock"
 	"github.com/allotlabs/allot/internal/demo"
 	"github.com/allotlabs/allot/internal/devdb"
 	"github.com/allotlabs/allot/internal/oidcdev"
@@ -37,11 +39,23 @@ func devMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL to use as is (default: env DATABASE_URL; unset: find or start one)")
 	noOIDC := fs.Bool("no-oidc", false, "do not start the development OIDC provider (with ALLOT_OIDC_ISSUER set, that provider is used instead)")
 	oidcPassword := fs.String("oidc-password", "demo", "password of the development OIDC provider's users noah, nadia, finn and ada")
+	now := fs.String("now", "", "run the whole demo as if it were this RFC 3339 instant (e.g. 2026-12-01T00:00:30Z); time then passes at real speed (default: env ALLOT_NOW, else the real time)")
 	bf := addBurstFlags(fs, "local")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
+	if *now != "" {
+		at, err := clock.Parse(*now)
+		if err != nil {
+			fmt.Fprintf(stderr, "allot dev: --now: %v\n", err)
+			return 2
+		}
+		clock.Set(at)
+	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	if clock.Shifted() {
+		log.Info("the clock is shifted: the demo runs as if it were "+clock.Now().UTC().Format(time.RFC3339), "offset", clock.Offset().Round(time.Second).String())
+	}
 
 	db, err := devdb.Find(ctx, devdb.Options{EnvURL: *dbURL, DataDir: *dataDir, Logger: log})
 	if err != nil {
@@ -87,13 +101,16 @@ func devMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		idp.Register(oidcdev.Client{ID: m.OIDC.ClientID, Secret: m.OIDC.ClientSecret, RedirectURIs: []string{m.URL() + "/oidc/callback"}})
 	}
 	defer m.Close()
-	n, err := m.Store.CountTeams(ctx)
-	if err == nil && n == 0 {
-		log.Info("seeding the demo organisation")
-		err = demo.Seed(ctx, m.Store)
-		if err == nil {
-			err = demo.SeedActivity(ctx, m.Store)
-		}
+	state, err := demo.Inspect(ctx, m.Store)
+	switch {
+	case err != nil:
+	case state == demo.Empty:
+		log.Info("seeding the demo organisation", "as_of", m.Store.Now().UTC().Format(time.RFC3339))
+		err = demo.SeedAll(ctx, m.Store)
+	case state == demo.Foreign:
+		err = fmt.Errorf("the database %s holds teams but no complete demo seed (an interrupted seed of an older version, or an organisation of its own): "+
+			"refusing to run the demo on it; start over with an empty database (stop allot dev, remove %s, or pass --database-url of another database)",
+			redactURL(url), *dataDir)
 	}
 	if err == nil && m.Burst.Provider != nil {
 		err = ensureBurstGPUType(ctx, m.Store, m.Burst.GPUType)

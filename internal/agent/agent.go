@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/allotlabs/allot/internal/agentproto"
+	"github.com/allotlabs/allot/internal/clock"
 )
 
 // Version is reported in the inventory.
@@ -370,7 +371,7 @@ func (a *Agent) heartbeat() agentproto.Heartbeat {
 	if err != nil {
 		a.log.Warn("reading GPU metrics", "err", err)
 	}
-	hb := agentproto.Heartbeat{Time: time.Now().UTC(), GPUs: gpus, Jobs: []agentproto.JobStats{}}
+	hb := agentproto.Heartbeat{Time: clock.Now().UTC(), GPUs: gpus, Jobs: []agentproto.JobStats{}}
 	a.mu.Lock()
 	var running []*job
 	for _, j := range a.jobs {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/allotlabs/allot/internal/agentproto"
+	"github.com/allotlabs/allot/internal/clock"
 )
 
 // GPUBackend reads a node's GPUs: NVML on a real node, Fake elsewhere.
@@ -110,7 +111,7 @@ func NewFake(opts FakeOptions) *Fake {
 		opts.MemoryMiB = 81920
 	}
 	if opts.Now == nil {
-		opts.Now = time.Now
+		opts.Now = clock.Now
 	}
 	f := &Fake{
 		opts:     opts,

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/allotlabs/allot/internal/agentproto"
+	"github.com/allotlabs/allot/internal/clock"
 )
 
 type jobState int
@@ -61,7 +62,7 @@ func (a *Agent) start(ref agentproto.LeaseRef) {
 		a.mu.Unlock()
 		log.Warn("start order for a lease this agent has not taken")
 		a.out.exited(agentproto.JobExited{JobID: ref.JobID, Segment: ref.Segment, ExitCode: 127, Reason: ReasonStartFailed,
-			Message: "the agent holds no lease for this job (not taken or lost by an agent restart)", Time: time.Now().UTC()})
+			Message: "the agent holds no lease for this job (not taken or lost by an agent restart)", Time: clock.Now().UTC()})
 		return
 	}
 	if j.state != stateTaken {
@@ -78,7 +79,7 @@ func (a *Agent) start(ref agentproto.LeaseRef) {
 		delete(a.jobs, ref)
 		a.mu.Unlock()
 		a.out.exited(agentproto.JobExited{JobID: ref.JobID, Segment: ref.Segment, ExitCode: 127, Reason: ReasonStartFailed,
-			Message: err.Error(), Time: time.Now().UTC()})
+			Message: err.Error(), Time: clock.Now().UTC()})
 	}
 	if len(l.Command) == 0 {
 		fail(errors.New("the lease has an empty command"))
@@ -163,7 +164,7 @@ func (a *Agent) wait(j *job, cmd *exec.Cmd, pr *os.File, readDone chan struct{})
 	pr.Close()
 	j.logs.close()
 
-	e := agentproto.JobExited{JobID: j.ref.JobID, Segment: j.ref.Segment, Time: time.Now().UTC(),
+	e := agentproto.JobExited{JobID: j.ref.JobID, Segment: j.ref.Segment, Time: clock.Now().UTC(),
 		LastCheckpoint: lastCheckpoint(j.lease.CheckpointDir)}
 	ws, _ := cmd.ProcessState.Sys().(syscall.WaitStatus)
 	a.mu.Lock()
@@ -209,7 +210,7 @@ func (a *Agent) stopJob(jobID int64, segment int, grace time.Duration, reason st
 			delete(a.jobs, ref)
 			log.Info("released a lease that had not started")
 			a.out.exited(agentproto.JobExited{JobID: ref.JobID, Segment: ref.Segment, ExitCode: -1, Reason: reason,
-				Message: "stopped before it started", Time: time.Now().UTC()})
+				Message: "stopped before it started", Time: clock.Now().UTC()})
 		case stateStarting:
 			if j.pending == nil || grace < j.pending.grace {
 				j.pending = &pendingStop{grace: grace, reason: reason}

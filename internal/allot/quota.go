@@ -3,6 +3,7 @@ package allot
 import (
 	"fmt"
 	"math/big"
+	"time"
 )
 
 // QuotaOutcome is the result of the budget check at submission.
@@ -54,4 +55,16 @@ func CheckQuota(spec *JobSpec, budgetGPUHours int64, usedGPUSeconds int64) Quota
 func Hours(gpuSeconds int64) string {
 	r := new(big.Rat).SetFrac64(gpuSeconds, 3600)
 	return r.FloatString(1)
+}
+
+// BudgetAlertMessage is the text of a budget alert: team has used
+// gpuSeconds of its budgetHours in the month of at; demote says the demotion
+// threshold was crossed.
+func BudgetAlertMessage(team string, gpuSeconds, budgetHours int64, at time.Time, demote bool) string {
+	msg := fmt.Sprintf("Team %s has used %d %% of its monthly GPU budget: %s of %d GPU-hours in %s.",
+		team, gpuSeconds*100/(budgetHours*3600), Hours(gpuSeconds), budgetHours, at.UTC().Format("January 2006"))
+	if demote {
+		msg += " Its tier 3–4 jobs now run as preemptible until the month ends; production tiers are not affected."
+	}
+	return msg
 }

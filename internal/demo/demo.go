@@ -1,8 +1,8 @@
 // Package demo seeds a demonstration organisation: three teams with leads
 // and engineers, finance and admin people, 16 GPU nodes in two interconnect
 // domains, GPU types with rates, the five tiers, a policy, and this month's
-// usage history, so every page has something true to show. Tests use it as
-// their fixture too.
+// and last month's usage history, so every page has something true to show
+// at any instant of any month. Tests use it as their fixture too.
 package demo
 
 import (
@@ -52,11 +52,22 @@ var people = []person{
 	{"Nina Rossi", "nina@example.com", "nlp", allot.TeamRoleMember, false, false},
 }
 
-// team describes one demo team and the share of its budget already used.
-type team struct {
+// Team is one demo team and the share of its monthly budget its story uses.
+type Team struct {
 	allot.Team
-	usedPct int      // percent of the monthly budget used so far
-	nodes   []string // nodes its history ran on
+	UsedPct int      // percent of the monthly budget a whole month of history uses
+	Nodes   []string // nodes its history ran on
+}
+
+// Teams is the demo organisation's teams. Their budgets (2000, 3000 and
+// 4000 GPU-hours a month) are the same at every instant.
+var Teams = []Team{
+	{allot.Team{Slug: "fraud", Name: "Fraud Detection", CostCenter: "CC-4100", MonthlyBudgetGPUHours: 2000, FairShareWeight: 1,
+		Guarantees: map[string]int{"A100-80GB": 16}}, 35, []string{"gpu01", "gpu02", "gpu03", "gpu04"}},
+	{allot.Team{Slug: "recs", Name: "Recommendations", CostCenter: "CC-4200", MonthlyBudgetGPUHours: 3000, FairShareWeight: 1,
+		Guarantees: map[string]int{"A100-80GB": 24, "T4": 16}}, 82, []string{"gpu05", "gpu06", "gpu07", "gpu08"}},
+	{allot.Team{Slug: "nlp", Name: "Language Models", CostCenter: "CC-4300", MonthlyBudgetGPUHours: 4000, FairShareWeight: 2,
+		Guarantees: map[string]int{"A100-80GB": 32}}, 104, []string{"gpu09", "gpu10", "gpu11", "gpu12"}},
 }
 
 // Tiers are the five tiers of DESIGN.md with demo prices and limits.
@@ -94,11 +105,70 @@ func Nodes() []allot.Node {
 	return out
 }
 
+// StoryFrom is how far into a month the month itself tells the budget
+// story (recs past 80 %, nlp past 100 %): from then on this month's history
+// holds each team's full share; before, each team is on the pace of that
+// story (its share × the part of the month gone by), and last month, seeded
+// complete with its alerts, holds the full story.
+const StoryFrom = 7 * 24 * time.Hour
+
+// SeededKey is the allot_meta key that marks a complete demo seed; its
+// value is the instant the demo was seeded as of.
+const SeededKey = "demo_seeded"
+
 // Seed fills an empty, migrated database with the demo organisation as of
-// st.Now(). It fails if the database already holds teams.
+// st.Now(), in one transaction: on any error nothing is left behind. It
+// fails if the database already holds teams.
 func Seed(ctx context.Context, st *store.Store) error {
+	return st.InTx(ctx, func(tx *store.Store) error { return seed(ctx, tx) })
+}
+
+// SeedAll is Seed and SeedActivity in one transaction: what `allot dev`
+// runs on an empty database.
+func SeedAll(ctx context.Context, st *store.Store) error {
+	return st.InTx(ctx, func(tx *store.Store) error {
+		if err := seed(ctx, tx); err != nil {
+			return err
+		}
+		return seedActivity(ctx, tx)
+	})
+}
+
+// State says what a database holds: nothing yet, a complete demo seed, or
+// teams that no complete demo seed made (an interrupted seed of an older
+// version, or an organisation of its own).
+type State int
+
+// The States.
+const (
+	Empty State = iota
+	Seeded
+	Foreign
+)
+
+// Inspect tells the State of st's database.
+func Inspect(ctx context.Context, st *store.Store) (State, error) {
+	n, err := st.CountTeams(ctx)
+	if err != nil || n == 0 {
+		return Empty, err
+	}
+	_, ok, err := st.Meta(ctx, SeededKey)
+	if err != nil || !ok {
+		return Foreign, err
+	}
+	return Seeded, nil
+}
+
+func seed(ctx context.Context, st *store.Store) error {
+	if n, err := st.CountTeams(ctx); err != nil || n > 0 {
+		if err == nil {
+			err = fmt.Errorf("seeding: the database already holds %d teams", n)
+		}
+		return err
+	}
 	now := st.Now().UTC()
 	monthStart := store.MonthStart(now)
+	lastMonth := monthStart.AddDate(0, -1, 0)
 	for _, g := range []allot.GPUType{
 		{Name: "A100-80GB", MemoryGB: 80, HourlyRate: allot.Money{Micros: 3_200_000, Currency: "USD"}},
 		{Name: "T4", MemoryGB: 16, HourlyRate: allot.Money{Micros: 350_000, Currency: "USD"}},
@@ -121,30 +191,9 @@ func Seed(ctx context.Context, st *store.Store) error {
 	if err := st.InsertPolicy(ctx, &p); err != nil {
 		return fmt.Errorf("seeding policy: %w", err)
 	}
-
-	teams := []team{
-		{allot.Team{Slug: "fraud", Name: "Fraud Detection", CostCenter: "CC-4100", MonthlyBudgetGPUHours: 2000, FairShareWeight: 1,
-			Guarantees: map[string]int{"A100-80GB": 16}}, 35, []string{"gpu01", "gpu02", "gpu03", "gpu04"}},
-		{allot.Team{Slug: "recs", Name: "Recommendations", CostCenter: "CC-4200", MonthlyBudgetGPUHours: 3000, FairShareWeight: 1,
-			Guarantees: map[string]int{"A100-80GB": 24, "T4": 16}}, 82, []string{"gpu05", "gpu06", "gpu07", "gpu08"}},
-		{allot.Team{Slug: "nlp", Name: "Language Models", CostCenter: "CC-4300", MonthlyBudgetGPUHours: 4000, FairShareWeight: 2,
-			Guarantees: map[string]int{"A100-80GB": 32}}, 104, []string{"gpu09", "gpu10", "gpu11", "gpu12"}},
-	}
-	// Early in a month there is little time to have used anything: scale
-	// budgets down so the usage percentages still fit before now.
-	elapsed := now.Sub(monthStart).Hours()
-	scale := 1.0
-	for _, t := range teams {
-		need := float64(t.MonthlyBudgetGPUHours) * float64(t.usedPct) / 100
-		capacity := float64(len(t.nodes)*8) * elapsed * 0.9
-		if need > capacity && capacity > 0 {
-			scale = min(scale, capacity/need)
-		}
-	}
-	for i := range teams {
-		t := &teams[i]
-		t.MonthlyBudgetGPUHours = max(1, int64(float64(t.MonthlyBudgetGPUHours)*scale))
-		if err := st.CreateTeam(ctx, &t.Team); err != nil {
+	for i := range Teams {
+		t := Teams[i].Team
+		if err := st.CreateTeam(ctx, &t); err != nil {
 			return fmt.Errorf("seeding teams: %w", err)
 		}
 	}
@@ -163,45 +212,104 @@ func Seed(ctx context.Context, st *store.Store) error {
 			byTeam[p.team] = append(byTeam[p.team], u)
 		}
 	}
-	for _, t := range teams {
-		if err := seedHistory(ctx, st, t, byTeam[t.Slug], monthStart, now); err != nil {
+	k := 0
+	for _, t := range Teams {
+		budget := t.MonthlyBudgetGPUHours * 3600 // GPU-seconds
+		// Last month: the whole story, with the alerts it fired.
+		if err := seedHistory(ctx, st, t, byTeam[t.Slug], lastMonth, monthStart, budget*int64(t.UsedPct)/100, p, &k); err != nil {
+			return err
+		}
+		if err := seedHistory(ctx, st, t, byTeam[t.Slug], monthStart, now, ThisMonthUse(t, now), allot.Policy{}, &k); err != nil {
 			return err
 		}
 	}
-	return seedQueue(ctx, st, users)
+	if err := seedQueue(ctx, st, users); err != nil {
+		return err
+	}
+	return st.SetMeta(ctx, SeededKey, now.Format(time.RFC3339))
 }
 
-// seedHistory records completed 8-GPU jobs back to back on the team's nodes
-// from the start of the month until the team has used usedPct of its budget.
-func seedHistory(ctx context.Context, st *store.Store, t team, members []*allot.User, monthStart, now time.Time) error {
-	target := time.Duration(t.MonthlyBudgetGPUHours*int64(t.usedPct)/100) * time.Hour / 8 // node-time at 8 GPUs
-	// Jobs of at most 6 h, spread over the team's nodes (early in a month
-	// they are short, so that everything fits before now).
-	chunk := min(6*time.Hour, max(time.Minute, (target+time.Duration(len(t.nodes))-1)/time.Duration(len(t.nodes))))
-	nodeFree := make([]time.Time, len(t.nodes))
-	for i := range nodeFree {
-		nodeFree[i] = monthStart
+// ThisMonthUse is the GPU-seconds team t's history holds for the month of
+// now (see StoryFrom).
+func ThisMonthUse(t Team, now time.Time) int64 {
+	monthStart := store.MonthStart(now)
+	full := t.MonthlyBudgetGPUHours * 3600 * int64(t.UsedPct) / 100
+	elapsed := now.Sub(monthStart)
+	if elapsed >= StoryFrom {
+		return full
 	}
+	month := monthStart.AddDate(0, 1, 0).Sub(monthStart)
+	return int64(float64(full) * float64(elapsed) / float64(month))
+}
+
+// seedHistory records finished 8-GPU jobs on the team's nodes between from
+// and until, gpuSeconds in all, in jobs of at most 6 h, each on the node
+// free soonest. With a policy (last month), it records the budget alerts
+// the month fired where the usage crossed their thresholds.
+func seedHistory(ctx context.Context, st *store.Store, t Team, members []*allot.User, from, until time.Time, gpuSeconds int64, p allot.Policy, k *int) error {
+	target := time.Duration(gpuSeconds/8) * time.Second // node-time at 8 GPUs
+	if target < time.Minute {
+		return nil
+	}
+	nodes := len(t.Nodes)
+	chunk := min(6*time.Hour, ((target+time.Duration(nodes)-1)/time.Duration(nodes)).Round(time.Second))
+	nodeFree := make([]time.Time, nodes)
+	for i := range nodeFree {
+		nodeFree[i] = from
+	}
+	type crossing struct {
+		pct int
+		at  time.Time
+	}
+	var thresholds []int
+	if p.BudgetWarnPct > 0 {
+		thresholds = []int{p.BudgetWarnPct, p.BudgetDemotePct}
+	}
+	budget := t.MonthlyBudgetGPUHours * 3600
+	var used int64
+	var crossed []crossing
 	names := []string{"bert-finetune", "ranker-train", "eval-sweep", "ablation", "distill", "pretrain-shard"}
-	for k := 0; target > 0; k++ {
+	for target > 0 {
 		d := min(chunk, target)
 		target -= d
-		n := k % len(t.nodes)
+		n := 0
+		for i := range nodeFree {
+			if nodeFree[i].Before(nodeFree[n]) {
+				n = i
+			}
+		}
 		start := nodeFree[n]
 		end := start.Add(d)
-		if !end.Before(now) {
-			return fmt.Errorf("seeding history of %s: not enough time this month", t.Slug)
+		if end.After(until.Add(-time.Minute)) {
+			return fmt.Errorf("seeding history of %s: %s of usage does not fit between %s and %s", t.Slug, allot.FormatDuration(target+d), from.Format(time.RFC3339), until.Format(time.RFC3339))
 		}
 		nodeFree[n] = end
-		u := members[k%len(members)]
-		spec := allot.JobSpec{Name: fmt.Sprintf("%s-%d", names[k%len(names)], k+1), Team: t.Slug, Tier: []allot.TierID{allot.Tier3, allot.Tier4, allot.Tier3, allot.Tier2}[k%4],
+		i := *k
+		*k++
+		u := members[i%len(members)]
+		spec := allot.JobSpec{Name: fmt.Sprintf("%s-%d", names[i%len(names)], i+1), Team: t.Slug, Tier: []allot.TierID{allot.Tier3, allot.Tier4, allot.Tier3, allot.Tier2}[i%4],
 			GPUs: 8, GPUType: "A100-80GB", TimeLimit: 8 * time.Hour, Command: []string{"python", "train.py", "--epochs", "3"}}
 		state := allot.JobCompleted
-		if k%9 == 4 {
+		if i%9 == 4 {
 			state = allot.JobFailed
 		}
-		if err := st.RecordFinishedJob(ctx, u, spec, state, start.Add(-time.Duration(k%5)*time.Minute), start, end, t.nodes[n], []int{0, 1, 2, 3, 4, 5, 6, 7}); err != nil {
+		if err := st.RecordFinishedJob(ctx, u, spec, state, start.Add(-time.Duration(i%5)*time.Minute), start, end, t.Nodes[n], []int{0, 1, 2, 3, 4, 5, 6, 7}); err != nil {
 			return fmt.Errorf("seeding history of %s: %w", t.Slug, err)
+		}
+		before := used
+		used += int64(d/time.Second) * 8
+		for _, pct := range thresholds {
+			if before*100 < budget*int64(pct) && used*100 >= budget*int64(pct) {
+				crossed = append(crossed, crossing{pct, end})
+			}
+		}
+	}
+	for _, c := range crossed {
+		a := store.BudgetAlert{Team: t.Slug, Month: from, ThresholdPct: c.pct, FiredAt: c.at, UsedGPUSeconds: budget * int64(c.pct) / 100,
+			BudgetGPUHours: t.MonthlyBudgetGPUHours}
+		a.Message = allot.BudgetAlertMessage(t.Slug, a.UsedGPUSeconds, t.MonthlyBudgetGPUHours, from, c.pct >= p.BudgetDemotePct)
+		if _, err := st.FireBudgetAlert(ctx, &a); err != nil {
+			return fmt.Errorf("seeding alerts of %s: %w", t.Slug, err)
 		}
 	}
 	return nil
@@ -249,6 +357,10 @@ func seedQueue(ctx context.Context, st *store.Store, users map[string]*allot.Use
 // history. Each team's recent jobs add about 5 % of its monthly budget.
 // `allot dev` runs it after Seed; tests call it when they need history.
 func SeedActivity(ctx context.Context, st *store.Store) error {
+	return st.InTx(ctx, func(tx *store.Store) error { return seedActivity(ctx, tx) })
+}
+
+func seedActivity(ctx context.Context, st *store.Store) error {
 	now := st.Now().UTC()
 	teams, err := st.ListTeams(ctx)
 	if err != nil {

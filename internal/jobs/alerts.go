@@ -64,11 +64,7 @@ func BudgetCheck(ctx context.Context, st *store.Store, inserter func(ctx context
 				if used*100 < budget*int64(pct) {
 					continue
 				}
-				msg := fmt.Sprintf("Team %s has used %d %% of its monthly GPU budget: %s of %d GPU-hours in %s.",
-					t.Slug, used*100/budget, allot.Hours(used), t.MonthlyBudgetGPUHours, now.UTC().Format("January 2006"))
-				if pct >= p.BudgetDemotePct {
-					msg += " Its tier 3–4 jobs now run as preemptible until the month ends; production tiers are not affected."
-				}
+				msg := allot.BudgetAlertMessage(t.Slug, used, t.MonthlyBudgetGPUHours, now, pct >= p.BudgetDemotePct)
 				a := store.BudgetAlert{Team: t.Slug, Month: store.MonthStart(now), ThresholdPct: pct, FiredAt: now,
 					UsedGPUSeconds: used, BudgetGPUHours: t.MonthlyBudgetGPUHours, Message: msg}
 				isNew, err := s.FireBudgetAlert(ctx, &a)

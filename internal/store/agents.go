@@ -29,14 +29,14 @@ func (s *Store) CreateNodeToken(ctx context.Context, node, createdBy string) (st
 		return "", (allot.FieldErrors{"node": fmt.Sprintf("unknown node %q: add it first (allot node add)", node)}).Err()
 	}
 	secret := NodeTokenPrefix + randomSecret()
-	_, err := s.db.Exec(ctx, `INSERT INTO node_tokens (node, prefix, token_hash, created_by) VALUES ($1, $2, $3, $4)`,
-		node, secret[:len(NodeTokenPrefix)+6], hashSecret(secret), createdBy)
+	_, err := s.db.Exec(ctx, `INSERT INTO node_tokens (node, prefix, token_hash, created_by, created_at) VALUES ($1, $2, $3, $4, $5)`,
+		node, secret[:len(NodeTokenPrefix)+6], hashSecret(secret), createdBy, s.Now())
 	return secret, mapErr("creating node token", err)
 }
 
 // RevokeNodeTokens revokes node's tokens made by createdBy.
 func (s *Store) RevokeNodeTokens(ctx context.Context, node, createdBy string) error {
-	_, err := s.db.Exec(ctx, `UPDATE node_tokens SET revoked_at = now() WHERE node = $1 AND created_by = $2 AND revoked_at IS NULL`, node, createdBy)
+	_, err := s.db.Exec(ctx, `UPDATE node_tokens SET revoked_at = $3 WHERE node = $1 AND created_by = $2 AND revoked_at IS NULL`, node, createdBy, s.Now())
 	return mapErr("revoking node tokens", err)
 }
 

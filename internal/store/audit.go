@@ -21,9 +21,9 @@ func (s *Store) Audit(ctx context.Context, e *allot.AuditEntry) error {
 		version = &e.PolicyVersion
 	}
 	err := s.db.QueryRow(ctx, `
-		INSERT INTO audit_log (actor, action, object, policy_version, before, after, note)
-		VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id, at`,
-		e.Actor, e.Action, e.Object, version, nullJSON(e.Before), nullJSON(e.After), e.Note).Scan(&e.ID, &e.At)
+		INSERT INTO audit_log (actor, action, object, policy_version, before, after, note, at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id, at`,
+		e.Actor, e.Action, e.Object, version, nullJSON(e.Before), nullJSON(e.After), e.Note, s.Now()).Scan(&e.ID, &e.At)
 	return mapErr("writing audit log", err)
 }
 

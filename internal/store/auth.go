@@ -84,8 +84,8 @@ func (s *Store) CreateAPITokenExpiring(ctx context.Context, userID int64, name s
 	if !expires.IsZero() {
 		exp = &expires
 	}
-	err := s.db.QueryRow(ctx, `INSERT INTO api_tokens (user_id, name, prefix, token_hash, expires_at) VALUES ($1, $2, $3, $4, $5) RETURNING id, created_at`,
-		userID, name, t.Prefix, hashSecret(secret), exp).Scan(&t.ID, &t.CreatedAt)
+	err := s.db.QueryRow(ctx, `INSERT INTO api_tokens (user_id, name, prefix, token_hash, expires_at, created_at) VALUES ($1, $2, $3, $4, $5, $6) RETURNING id, created_at`,
+		userID, name, t.Prefix, hashSecret(secret), exp, s.Now()).Scan(&t.ID, &t.CreatedAt)
 	if err != nil {
 		return "", APIToken{}, mapErr("creating API token", err)
 	}
@@ -232,7 +232,7 @@ func (s *Store) DeleteExpiredSessions(ctx context.Context) (int64, error) {
 
 // RevokeAPITokensNamed revokes userID's unrevoked tokens called name.
 func (s *Store) RevokeAPITokensNamed(ctx context.Context, userID int64, name string) error {
-	_, err := s.db.Exec(ctx, `UPDATE api_tokens SET revoked_at = now() WHERE user_id = $1 AND name = $2 AND revoked_at IS NULL`, userID, name)
+	_, err := s.db.Exec(ctx, `UPDATE api_tokens SET revoked_at = $3 WHERE user_id = $1 AND name = $2 AND revoked_at IS NULL`, userID, name, s.Now())
 	return mapErr("revoking API tokens", err)
 }
 

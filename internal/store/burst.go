@@ -219,8 +219,8 @@ func (s *Store) RateAt(ctx context.Context, gpuType string, t time.Time) (allot.
 func NewNodeTokenSecret() string { return NodeTokenPrefix + randomSecret() }
 
 func (s *Store) insertNodeToken(ctx context.Context, node, secret, createdBy string) error {
-	_, err := s.db.Exec(ctx, `INSERT INTO node_tokens (node, prefix, token_hash, created_by) VALUES ($1, $2, $3, $4)`,
-		node, secret[:len(NodeTokenPrefix)+6], hashSecret(secret), createdBy)
+	_, err := s.db.Exec(ctx, `INSERT INTO node_tokens (node, prefix, token_hash, created_by, created_at) VALUES ($1, $2, $3, $4, $5)`,
+		node, secret[:len(NodeTokenPrefix)+6], hashSecret(secret), createdBy, s.Now())
 	return mapErr("creating node token", err)
 }
 

@@ -29,8 +29,8 @@ func (s *Store) SetRate(ctx context.Context, gpuType string, rate allot.Money, e
 	if rate.Micros < 0 {
 		return (allot.FieldErrors{"hourly_rate": "must not be negative"}).Err()
 	}
-	_, err := s.db.Exec(ctx, `INSERT INTO gpu_rates (gpu_type, rate_micros, currency, effective_from) VALUES ($1, $2, $3, $4)`,
-		gpuType, rate.Micros, rate.Currency, effectiveFrom)
+	_, err := s.db.Exec(ctx, `INSERT INTO gpu_rates (gpu_type, rate_micros, currency, effective_from, created_at) VALUES ($1, $2, $3, $4, $5)`,
+		gpuType, rate.Micros, rate.Currency, effectiveFrom, s.Now())
 	return mapErr("setting rate", err)
 }
 
@@ -122,9 +122,9 @@ func (s *Store) CreateTeam(ctx context.Context, t *allot.Team) error {
 	}
 	return s.InTx(ctx, func(tx *Store) error {
 		err := tx.db.QueryRow(ctx, `
-			INSERT INTO teams (slug, name, cost_center, monthly_budget_gpu_hours, fair_share_weight)
-			VALUES ($1, $2, $3, $4, $5) RETURNING created_at`,
-			t.Slug, t.Name, t.CostCenter, t.MonthlyBudgetGPUHours, t.FairShareWeight).Scan(&t.CreatedAt)
+			INSERT INTO teams (slug, name, cost_center, monthly_budget_gpu_hours, fair_share_weight, created_at)
+			VALUES ($1, $2, $3, $4, $5, $6) RETURNING created_at`,
+			t.Slug, t.Name, t.CostCenter, t.MonthlyBudgetGPUHours, t.FairShareWeight, tx.Now()).Scan(&t.CreatedAt)
 		if err != nil {
 			return mapErr("creating team", err)
 		}
@@ -183,8 +183,8 @@ func (s *Store) CreateUser(ctx context.Context, u *allot.User) error {
 	}
 	return s.InTx(ctx, func(tx *Store) error {
 		err := tx.db.QueryRow(ctx, `
-			INSERT INTO users (oidc_subject, email, name, is_admin, is_finance) VALUES ($1, $2, $3, $4, $5) RETURNING id`,
-			u.OIDCSubject, u.Email, u.Name, u.Admin, u.Finance).Scan(&u.ID)
+			INSERT INTO users (oidc_subject, email, name, is_admin, is_finance, created_at) VALUES ($1, $2, $3, $4, $5, $6) RETURNING id`,
+			u.OIDCSubject, u.Email, u.Name, u.Admin, u.Finance, tx.Now()).Scan(&u.ID)
 		if err != nil {
 			return mapErr("creating user", err)
 		}
@@ -305,13 +305,13 @@ func (s *Store) InsertPolicy(ctx context.Context, p *allot.Policy) error {
 		INSERT INTO policy_versions (created_by, comment, weight_fair_share, weight_size, weight_age, max_age_s, half_life_s,
 			grace_period_s, min_runtime_s, cycle_s, budget_warn_pct, budget_demote_pct, burst_pending_gpu_hours,
 			burst_mean_wait_s, burst_release_gpu_hours, heartbeat_missed_after_s, burst_max_nodes,
-			burst_monthly_budget_micros, health_rules, auto_undrain_after_s)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)
+			burst_monthly_budget_micros, health_rules, auto_undrain_after_s, created_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)
 		RETURNING version, created_at`,
 		p.CreatedBy, p.Comment, p.WeightFairShare, p.WeightSize, p.WeightAge, sec(p.MaxAge), sec(p.HalfLife),
 		sec(p.GracePeriod), sec(p.MinRuntime), sec(p.Cycle), p.BudgetWarnPct, p.BudgetDemotePct, p.BurstPendingGPUHours,
 		sec(p.BurstMeanWait), p.BurstReleaseGPUHours, sec(p.HeartbeatMissedAfter), p.BurstMaxNodes,
-		p.BurstMonthlyBudget.Micros, rules, sec(p.AutoUndrainAfter)).Scan(&p.Version, &p.CreatedAt)
+		p.BurstMonthlyBudget.Micros, rules, sec(p.AutoUndrainAfter), s.Now()).Scan(&p.Version, &p.CreatedAt)
 	return mapErr("saving policy", err)
 }
 

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/clock"
 	"github.com/allotlabs/allot/migrations"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -36,12 +37,13 @@ type DBTX interface {
 type Store struct {
 	db DBTX
 	// Now is the clock used for timestamps the store computes (month
-	// boundaries, usage up to now). Tests may replace it.
+	// boundaries, usage up to now): the process clock (clock.Now) unless a
+	// test replaces it.
 	Now func() time.Time
 }
 
 // New returns a Store over db (usually a *pgxpool.Pool).
-func New(db DBTX) *Store { return &Store{db: db, Now: time.Now} }
+func New(db DBTX) *Store { return &Store{db: db, Now: clock.Now} }
 
 // Open connects a pool to url and checks the connection.
 func Open(ctx context.Context, url string) (*pgxpool.Pool, error) {
@@ -233,4 +235,21 @@ func Migrations() ([]Migration, error) {
 		}
 	}
 	return out, nil
+}
+
+// SetMeta records a fact about the database (allot_meta).
+func (s *Store) SetMeta(ctx context.Context, key, value string) error {
+	_, err := s.db.Exec(ctx, `INSERT INTO allot_meta (key, value, at) VALUES ($1, $2, $3)
+		ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, at = EXCLUDED.at`, key, value, s.Now())
+	return mapErr("recording "+key, err)
+}
+
+// Meta returns the fact recorded under key ("" and false when none).
+func (s *Store) Meta(ctx context.Context, key string) (string, bool, error) {
+	var v string
+	err := s.db.QueryRow(ctx, `SELECT value FROM allot_meta WHERE key = $1`, key).Scan(&v)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", false, nil
+	}
+	return v, err == nil, mapErr("reading "+key, err)
 }
