@@ -252,7 +252,7 @@ func seedHistory(ctx context.Context, st *store.Store, t Team, members []*allot.
 		return nil
 	}
 	nodes := len(t.Nodes)
-	chunk := min(6*time.Hour, ((target+time.Duration(nodes)-1)/time.Duration(nodes)).Round(time.Second))
+	chunk := min(6*time.Hour, ((target + time.Duration(nodes) - 1) / time.Duration(nodes)).Round(time.Second))
 	nodeFree := make([]time.Time, nodes)
 	for i := range nodeFree {
 		nodeFree[i] = from
