@@ -93,6 +93,9 @@ func (m YearMonth) Next() YearMonth {
 }
 
 // Compare returns -1, 0 or +1 as m is before, equal to or after o.
+// Prev is the month before m.
+func (m YearMonth) Prev() YearMonth { return Month(m.Start().Add(-time.Second)) }
+
 func (m YearMonth) Compare(o YearMonth) int {
 	switch {
 	case m.Year != o.Year:

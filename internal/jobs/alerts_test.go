@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/allotlabs/allot/internal/jobs"
+	"github.com/allotlabs/allot/internal/store"
 )
 
 // TestBudgetAlertsFireOnceAndWebhooksRetry: 80 % and 100 % alerts fire once
@@ -80,6 +81,9 @@ func TestBudgetAlertsFireOnceAndWebhooksRetry(t *testing.T) {
 	}
 	var got []string
 	for _, a := range alerts {
+		if !a.Month.Equal(store.MonthStart(st.Now())) {
+			continue // last month's, seeded with the demo
+		}
 		got = append(got, a.Team+":"+itoa(a.ThresholdPct))
 		if a.Team == "nlp" && a.ThresholdPct == 100 && !strings.Contains(a.Message, "run as preemptible") {
 			t.Errorf("100 %% alert says %q", a.Message)
