@@ -560,3 +560,48 @@ func (s *Store) BackfillTeamUsage(ctx context.Context, halfLife time.Duration) e
 		ON CONFLICT (team) DO UPDATE SET gpu_seconds = EXCLUDED.gpu_seconds, updated_at = EXCLUDED.updated_at`, s.Now(), halfLife.Seconds())
 	return mapErr("backfilling fair-share usage", err)
 }
+
+// GPUTypeSites is how many GPUs of one type the cluster's nodes hold on
+// premises and in the cloud. Cloud nodes are burst nodes; their rows stay
+// after a release, so Cloud is what burst has provided of the type, not
+// only what is alive.
+type GPUTypeSites struct {
+	OnPrem, Cloud int
+}
+
+// Fits reports whether a job of tier asking for gpus GPUs could be placed
+// on nodes of the type at all: production tiers (1–2) only on premises
+// (they never run on burst nodes), every other tier on either site.
+func (g GPUTypeSites) Fits(tier allot.TierID, gpus int) bool {
+	if tier.Production() {
+		return g.OnPrem >= gpus
+	}
+	return g.OnPrem+g.Cloud >= gpus
+}
+
+// BurstOnly reports whether the type exists only on burst (cloud) nodes.
+func (g GPUTypeSites) BurstOnly() bool { return g.OnPrem == 0 && g.Cloud > 0 }
+
+// GPUTypeSiteCapacity returns, by GPU type, the GPUs its nodes hold at each
+// site (right-sizing suggests only types a job's tier may run on). A type
+// without nodes is absent.
+func (s *Store) GPUTypeSiteCapacity(ctx context.Context) (map[string]GPUTypeSites, error) {
+	rows, err := s.db.Query(ctx, `SELECT gpu_type, site, sum(gpu_count)::int FROM nodes GROUP BY 1, 2`)
+	if err != nil {
+		return nil, mapErr("loading GPU capacity by site", err)
+	}
+	out := map[string]GPUTypeSites{}
+	var typ, site string
+	var gpus int
+	_, err = pgx.ForEachRow(rows, []any{&typ, &site, &gpus}, func() error {
+		g := out[typ]
+		if site == allot.SiteCloud {
+			g.Cloud += gpus
+		} else {
+			g.OnPrem += gpus
+		}
+		out[typ] = g
+		return nil
+	})
+	return out, mapErr("loading GPU capacity by site", err)
+}

@@ -288,8 +288,12 @@ type gpuHour struct {
 //     while another GPU of the segment is at or above 5 %. Savings = the
 //     idle GPUs' GPU-seconds priced like the job's, per hour.
 //   - cheaper_gpu_type: the peak memory used fits a GPU type with a lower
-//     rate (peak ≤ memory_gb × 1024 MiB; the cheapest such type is
-//     suggested). Savings = per hour, the job's cost minus the same
+//     rate (peak ≤ memory_gb × 1024 MiB; a type of the same or more memory
+//     only when its rate is lower) that the job's tier may run on: the
+//     cluster's nodes of that type at the sites the tier may use hold the
+//     job's GPUs (production tiers 1–2 never run on burst nodes, so a type
+//     only burst nodes have is not for them). The cheapest such type is
+//     suggested. Savings = per hour, the job's cost minus the same
 //     GPU-seconds at that type's rate then (hours when it had none count 0).
 //
 // A job's savings is the largest of its flags' (they overlap); team, user
@@ -301,6 +305,10 @@ func (s *Store) RightSizing(ctx context.Context, from, to time.Time, scope Right
 		return nil, err
 	}
 	types, err := s.ListGPUTypes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	sites, err := s.GPUTypeSiteCapacity(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -373,7 +381,7 @@ func (s *Store) RightSizing(ctx context.Context, from, to time.Time, scope Right
 	rep.Total = UsageSummary{Cost: zero, Savings: zero}
 	for _, id := range order {
 		j := jobs[id]
-		if err := evaluate(card, types, j, zero); err != nil {
+		if err := evaluate(card, types, sites, j, zero); err != nil {
 			return nil, err
 		}
 		t := teams[j.Team]
@@ -472,8 +480,9 @@ func hourCost(card *billing.RateCard, gpuType string, tier allot.TierID, h time.
 	return amt, true, err
 }
 
-// evaluate computes a job's cost, means and flags.
-func evaluate(card *billing.RateCard, types []allot.GPUType, j *reportJob, zero allot.Money) error {
+// evaluate computes a job's cost, means and flags; sites says where each
+// GPU type's nodes are (GPUTypeSiteCapacity).
+func evaluate(card *billing.RateCard, types []allot.GPUType, sites map[string]GPUTypeSites, j *reportJob, zero allot.Money) error {
 	j.Cost, j.Savings = zero, zero
 	cost := map[[2]int64]allot.Money{} // (segment, hour) → cost
 	typeSeconds := map[string]int64{}
@@ -595,14 +604,15 @@ func evaluate(card *billing.RateCard, types []allot.GPUType, j *reportJob, zero 
 				want-maxIdle, want, maxIdle, IdleGPUPct)})
 	}
 
-	// (c) a cheaper GPU type fits the peak memory.
+	// (c) a cheaper GPU type fits the peak memory, and the job's tier may
+	// run on it.
 	if j.PeakMemMiB != nil {
 		cur, ok := card.RateAt(j.GPUType, j.hours[len(j.hours)-1].Hour)
 		var best *allot.GPUType
 		var bestRate int64
 		for i := range types {
 			t := &types[i]
-			if t.Name == j.GPUType || int64(t.MemoryGB)*1024 < *j.PeakMemMiB {
+			if t.Name == j.GPUType || int64(t.MemoryGB)*1024 < *j.PeakMemMiB || !sites[t.Name].Fits(j.Tier, j.GPUs) {
 				continue
 			}
 			r, rok := card.RateAt(t.Name, j.hours[len(j.hours)-1].Hour)
@@ -628,8 +638,12 @@ func evaluate(card *billing.RateCard, types []allot.GPUType, j *reportJob, zero 
 				}
 			}
 			if saved.Micros > 0 {
+				where := ""
+				if sites[best.Name].BurstOnly() {
+					where = " (on burst nodes: tiers 3, 4 and preemptible only)"
+				}
 				j.Flags = append(j.Flags, Flag{Rule: RuleCheaperGPUType, Savings: saved,
-					Suggestion: fmt.Sprintf("use gpu_type %s: peak memory %s GB fits its %d GB", best.Name, gb(*j.PeakMemMiB), best.MemoryGB)})
+					Suggestion: fmt.Sprintf("use gpu_type %s%s: peak memory %s GB fits its %d GB", best.Name, where, gb(*j.PeakMemMiB), best.MemoryGB)})
 			}
 		}
 	}
