@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -302,41 +303,107 @@ const maxDuration = int64(math.MaxInt64)
 
 var errDurationTooLong = errors.New("duration too long")
 
-// ParseDuration accepts Go durations ("4h", "90m", "1h30m") and a day
-// suffix ("2d", "1d12h"), and plain seconds ("3600").
+type durationUnit struct {
+	names []string
+	unit  time.Duration
+}
+
+// durationUnits are the units ParseDuration accepts, largest first; a
+// duration names each unit at most once, in this order ("1d2h30m").
+var durationUnits = []durationUnit{
+	{[]string{"d"}, 24 * time.Hour},
+	{[]string{"h"}, time.Hour},
+	{[]string{"m"}, time.Minute},
+	{[]string{"s"}, time.Second},
+	{[]string{"ms"}, time.Millisecond},
+	{[]string{"us", "µs", "μs"}, time.Microsecond},
+	{[]string{"ns"}, time.Nanosecond},
+}
+
+// ParseDuration accepts Go durations ("4h", "90m", "1h30m", "1.5h"), a day
+// unit ("2d", "1d12h") and plain seconds ("3600"). Each unit may appear
+// once, largest first: "1h1h" and "30m1h" are refused, not added up.
 func ParseDuration(s string) (time.Duration, error) {
 	s = strings.TrimSpace(s)
 	if s == "" {
 		return 0, fmt.Errorf("empty duration")
 	}
+	orig := s
+	neg := false
+	if s[0] == '-' || s[0] == '+' {
+		neg, s = s[0] == '-', s[1:]
+	}
 	if digits(s) {
 		var n int64
-		if _, err := fmt.Sscan(s, &n); err != nil {
-			return 0, err
-		}
-		if n > maxDuration/int64(time.Second) {
+		if _, err := fmt.Sscan(s, &n); err != nil || n > maxDuration/int64(time.Second) {
 			return 0, errDurationTooLong
 		}
-		return time.Duration(n) * time.Second, nil
+		d := time.Duration(n) * time.Second
+		if neg {
+			d = -d
+		}
+		return d, nil
 	}
-	var days time.Duration
-	if i := strings.Index(s, "d"); i > 0 && digits(s[:i]) {
-		var n int64
-		if _, err := fmt.Sscan(s[:i], &n); err != nil || n > maxDuration/int64(24*time.Hour) {
+	invalid := func() error { return fmt.Errorf("invalid duration %q: use e.g. 4h, 90m, 1h30m, 2d", orig) }
+	var total time.Duration
+	last := -1 // index in durationUnits of the previous unit
+	for s != "" {
+		i := 0
+		for i < len(s) && (s[i] == '.' || s[i] >= '0' && s[i] <= '9') {
+			i++
+		}
+		j := i
+		for j < len(s) && s[j] != '.' && (s[j] < '0' || s[j] > '9') {
+			j++
+		}
+		num, name := s[:i], s[i:j]
+		if num == "" || num == "." || strings.Count(num, ".") > 1 || name == "" {
+			return 0, invalid()
+		}
+		k := slices.IndexFunc(durationUnits, func(u durationUnit) bool { return slices.Contains(u.names, name) })
+		switch {
+		case k < 0:
+			return 0, invalid()
+		case k == last:
+			return 0, fmt.Errorf("invalid duration %q: the unit %q appears twice; give each unit once, largest first (e.g. 1d2h30m)", orig, name)
+		case k < last:
+			return 0, fmt.Errorf("invalid duration %q: %q comes after a smaller unit; write the units largest first (e.g. 1d2h30m)", orig, name)
+		}
+		last = k
+		d, err := scaleDuration(num, durationUnits[k].unit)
+		if err != nil || d > time.Duration(maxDuration)-total {
 			return 0, errDurationTooLong
 		}
-		days = time.Duration(n) * 24 * time.Hour
-		s = s[i+1:]
-		if s == "" {
-			return days, nil
+		total += d
+		s = s[j:]
+	}
+	if neg {
+		total = -total
+	}
+	return total, nil
+}
+
+// scaleDuration is the decimal number num ("90", "1.5", ".25") times unit,
+// exact to the nanosecond (the fraction is truncated there).
+func scaleDuration(num string, unit time.Duration) (time.Duration, error) {
+	whole, frac, _ := strings.Cut(num, ".")
+	var w int64
+	if whole != "" {
+		if _, err := fmt.Sscan(whole, &w); err != nil || w > maxDuration/int64(unit) {
+			return 0, errDurationTooLong
 		}
 	}
-	d, err := time.ParseDuration(s)
-	if err != nil {
-		return 0, fmt.Errorf("invalid duration %q: use e.g. 4h, 90m, 1h30m, 2d", s)
+	d := time.Duration(w) * unit
+	scale := int64(unit)
+	for _, c := range frac {
+		scale /= 10
+		if scale == 0 {
+			break
+		}
+		d += time.Duration(int64(c-'0') * scale)
 	}
-	if d > time.Duration(maxDuration)-days {
+	if d < 0 {
 		return 0, errDurationTooLong
 	}
-	return days + d, nil
+	return d, nil
 }

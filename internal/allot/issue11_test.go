@@ -1,0 +1,72 @@
+package allot_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/allotlabs/allot/internal/allot"
+)
+
+// TestParseDurationUnitsOnceLargestFirst: every unit at most once, largest
+// first; a repeated or out-of-order unit is refused with a message that
+// says so, not added up ("1h1h" was 2h).
+func TestParseDurationUnitsOnceLargestFirst(t *testing.T) {
+	t.Parallel()
+	good := []struct {
+		in   string
+		want time.Duration
+	}{
+		{"4h", 4 * time.Hour},
+		{"90m", 90 * time.Minute},
+		{"1h30m", 90 * time.Minute},
+		{"1d12h", 36 * time.Hour},
+		{"2d", 48 * time.Hour},
+		{"1d2h3m4s", 24*time.Hour + 2*time.Hour + 3*time.Minute + 4*time.Second},
+		{"1.5h", 90 * time.Minute},
+		{".5m", 30 * time.Second},
+		{"1d0.5h", 24*time.Hour + 30*time.Minute},
+		{"1s500ms", 1500 * time.Millisecond},
+		{"3600", time.Hour},
+		{"0", 0},
+		{"0s", 0},
+		{" 10m ", 10 * time.Minute},
+		{"-5m", -5 * time.Minute}, // callers refuse negatives with their own message
+		{"2h45m30s", 2*time.Hour + 45*time.Minute + 30*time.Second},
+	}
+	for _, tt := range good {
+		if got, err := allot.ParseDuration(tt.in); err != nil || got != tt.want {
+			t.Errorf("ParseDuration(%q) = %v, %v; want %v", tt.in, got, err, tt.want)
+		}
+	}
+	bad := []struct{ in, msg string }{
+		{"1h1h", `the unit "h" appears twice`},
+		{"1d1d", `the unit "d" appears twice`},
+		{"30m30m", `the unit "m" appears twice`},
+		{"1h30m1h", `"h" comes after a smaller unit`},
+		{"30m1h", `"h" comes after a smaller unit`},
+		{"10s1m", `"m" comes after a smaller unit`},
+		{"1h1d", `"d" comes after a smaller unit`},
+		{"", "empty duration"},
+		{"soon", "use e.g. 4h"},
+		{"4x", "use e.g. 4h"},
+		{"h", "use e.g. 4h"},
+		{"1.2.3h", "use e.g. 4h"},
+		{"1h30", "use e.g. 4h"},
+		{"1 h", "use e.g. 4h"},
+		{"99999999999999d", "too long"},
+		{"9223372036854775807", "too long"},
+	}
+	for _, tt := range bad {
+		_, err := allot.ParseDuration(tt.in)
+		if err == nil || !strings.Contains(err.Error(), tt.msg) {
+			t.Errorf("ParseDuration(%q) = %v, want an error containing %q", tt.in, err, tt.msg)
+		}
+	}
+	// What FormatDuration prints parses back to the same duration.
+	for _, d := range []time.Duration{time.Second, 90 * time.Minute, 49*time.Hour + 61*time.Second, 30 * 24 * time.Hour} {
+		if got, err := allot.ParseDuration(allot.FormatDuration(d)); err != nil || got != d {
+			t.Errorf("round trip of %v via %q: %v, %v", d, allot.FormatDuration(d), got, err)
+		}
+	}
+}
