@@ -37,6 +37,7 @@ import (
 
 	"github.com/allotlabs/allot/internal/agentproto"
 	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/clock"
 	"github.com/allotlabs/allot/internal/demo"
 	"github.com/allotlabs/allot/internal/store"
 	"github.com/allotlabs/allot/internal/store/storetest"
@@ -446,7 +447,7 @@ func BenchmarkHeartbeatIngest(b *testing.B) {
 	b.Logf("registered %d agents through the API in %v", agents, time.Since(regStart).Round(time.Millisecond))
 
 	beat := func(i int) agentproto.Heartbeat {
-		hb := agentproto.Heartbeat{Time: time.Now().UTC(), Jobs: []agentproto.JobStats{}}
+		hb := agentproto.Heartbeat{Time: clock.Now().UTC(), Jobs: []agentproto.JobStats{}}
 		for g := range gpus {
 			hb.GPUs = append(hb.GPUs, agentproto.GPUMetrics{Index: g, UUID: fmt.Sprintf("GPU-sim%04d-%d", i, g), UtilPct: float64(rand.IntN(101)),
 				MemUsedMiB: rand.Int64N(81920), MemTotalMiB: 81920, TempC: 30 + float64(rand.IntN(50)), PowerW: 60 + float64(rand.IntN(600))})

@@ -12,6 +12,7 @@ import (
 
 	"github.com/allotlabs/allot/internal/allot"
 	"github.com/allotlabs/allot/internal/billing"
+	"github.com/allotlabs/allot/internal/clock"
 	"github.com/allotlabs/allot/internal/demo"
 	"github.com/allotlabs/allot/internal/jobs"
 	"github.com/chromedp/chromedp"
@@ -97,7 +98,7 @@ func TestBrowserPendingExplained(t *testing.T) {
 func TestBrowserChargebackCSV(t *testing.T) {
 	e := boot(t)
 	ctx := context.Background()
-	if _, err := jobs.Rollup(ctx, e.m.Store, time.Now().Add(time.Hour)); err != nil {
+	if _, err := jobs.Rollup(ctx, e.m.Store, clock.Now().Add(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
 	b := browse(t)
@@ -105,7 +106,7 @@ func TestBrowserChargebackCSV(t *testing.T) {
 	b.do(chromedp.Navigate(e.url+"/finance"), chromedp.WaitVisible(chromedp.CSS(`[data-testid="export"]`)))
 	shown := b.text(`[data-testid="finance-teams"] tfoot td:last-child`)
 	href, err := chromedp.Run(b.ctx, chromedp.AttributeValue(chromedp.CSS(`[data-testid="export"]`), "href"))
-	if err != nil || !strings.Contains(href.Value, "month="+billing.Month(time.Now()).String()) {
+	if err != nil || !strings.Contains(href.Value, "month="+billing.Month(clock.Now()).String()) {
 		t.Fatalf("export link %q: %v", href.Value, err)
 	}
 	body, err := chromedp.Run(b.ctx, chromedp.Evaluate[string](`fetch(document.querySelector('[data-testid="export"]').href, {credentials: "same-origin"})
@@ -140,7 +141,7 @@ func TestBrowserPages(t *testing.T) {
 	}
 	dashboardFixture(t, e)
 	e.exec(`UPDATE nodes SET state = 'up' WHERE name IN ('gpu03', 'gpu04', 'gpu05', 'gpu09', 'gpu10', 'gpu15', 'gpu16')`)
-	if _, err := jobs.Rollup(ctx, e.m.Store, time.Now().Add(time.Hour)); err != nil {
+	if _, err := jobs.Rollup(ctx, e.m.Store, clock.Now().Add(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
 	// A job too wide for the nodes that are up (6 whole A100 nodes of

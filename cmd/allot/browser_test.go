@@ -101,6 +101,7 @@ func screenshot(t *testing.T, ctx context.Context, name string) {
 // (HTMX), get an inline field error, fix it, submit, and find the job.
 func TestBrowserSubmit(t *testing.T) {
 	e := boot(t)
+	e.tightBudget("nlp")
 	b := browse(t)
 	b.login(e.url+"/", demo.Engineer, `[data-testid="jobs-table"]`)
 	if whoami := b.text(`[data-testid="whoami"]`); !strings.Contains(whoami, "Noah Kim") {

@@ -18,6 +18,7 @@ import (
 	"github.com/allotlabs/allot/internal/agent"
 	"github.com/allotlabs/allot/internal/allot"
 	"github.com/allotlabs/allot/internal/burst"
+	"github.com/allotlabs/allot/internal/clock"
 	"github.com/allotlabs/allot/internal/demo"
 	"github.com/allotlabs/allot/internal/jobs"
 	"github.com/allotlabs/allot/internal/store"
@@ -298,7 +299,7 @@ func TestBurstLocal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, err := jobs.BurstCost(all, time.Time{}, time.Now(), "USD")
+	want, err := jobs.BurstCost(all, time.Time{}, clock.Now(), "USD")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -611,7 +612,7 @@ echo '{"nodes":[{"name":"spot-a"},{"name":"spot-b"}]}'
 		t.Fatalf("spot-b while its release is unconfirmed: %+v (listed %v)", n, ok)
 	}
 	l.eventually(30*time.Second, "the release to fail for good", func() bool { return l.burstEvent(rel1.ID).Status == store.BurstFailed })
-	failedAt := time.Now()
+	failedAt := clock.Now()
 	if e := l.burstEvent(rel1.ID); e.Attempts != 2 || !strings.Contains(e.Error, "throttled") {
 		t.Fatalf("failed release %+v", e)
 	}

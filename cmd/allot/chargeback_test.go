@@ -7,10 +7,10 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/allotlabs/allot/internal/allot"
 	"github.com/allotlabs/allot/internal/billing"
+	"github.com/allotlabs/allot/internal/clock"
 	"github.com/allotlabs/allot/internal/demo"
 	"github.com/allotlabs/allot/internal/jobs"
 	"github.com/allotlabs/allot/web"
@@ -34,12 +34,13 @@ func TestChargebackAddsUp(t *testing.T) {
 	if _, err := e.m.Pool.Exec(ctx, `UPDATE jobs SET name = '=HYPERLINK("http://x")' WHERE id = (SELECT min(job_id) FROM allocations)`); err != nil {
 		t.Fatal(err)
 	}
-	// An hour ahead, so that even in the first hour of a month the demo's
-	// history (all finished) is billed.
-	if _, err := jobs.Rollup(ctx, e.m.Store, time.Now().Add(time.Hour)); err != nil {
+	// Last month: complete at every instant of this one (the demo's
+	// oldest job, renamed above, ran then).
+	if _, err := jobs.Rollup(ctx, e.m.Store, clock.Now()); err != nil {
 		t.Fatal(err)
 	}
-	month := billing.Month(time.Now()).String()
+	current := billing.Month(clock.Now()).String()
+	month := billing.Month(clock.Now()).Prev().String()
 	code, _, b := e.api("GET", "/api/v1/chargeback?month="+month, demo.Finance, "")
 	if code != 200 {
 		t.Fatalf("chargeback: %d %s", code, b)
@@ -104,7 +105,7 @@ func TestChargebackAddsUp(t *testing.T) {
 	if code != 200 || len(mine.Teams) != 1 || mine.Teams[0].Team != "nlp" {
 		t.Errorf("lead's chargeback: %d %+v", code, mine.Teams)
 	}
-	future := billing.Month(time.Now()).Next().Next().String()
+	future := billing.Month(clock.Now()).Next().Next().String()
 	for _, tt := range []struct {
 		name, path, persona string
 		status              int
@@ -118,7 +119,7 @@ func TestChargebackAddsUp(t *testing.T) {
 		{"future month", "/api/v1/chargeback?month=" + future, demo.Finance, 422, "invalid input"},
 		{"month without data", "/api/v1/chargeback?month=2020-01", demo.Finance, 404, "no charges for 2020-01"},
 		{"month without data, CSV", "/api/v1/chargeback.csv?month=2020-01", demo.Finance, 404, "no charges for 2020-01"},
-		{"close the current month", "/api/v1/chargeback/" + month + "/close", demo.Finance, 422, "invalid input"},
+		{"close the current month", "/api/v1/chargeback/" + current + "/close", demo.Finance, 422, "invalid input"},
 		{"engineer closes", "/api/v1/chargeback/2020-01/close", demo.Engineer, 403, "only finance and admins"},
 	} {
 		method := "GET"
@@ -165,14 +166,17 @@ func TestChargebackAddsUp(t *testing.T) {
 }
 
 func TestBudgetAlertsInAPIAndPortal(t *testing.T) {
-	e := boot(t)
+	e := bootStory(t)
 	if _, err := jobs.BudgetCheck(context.Background(), e.m.Store, nil); err != nil {
 		t.Fatal(err)
 	}
 	code, _, b := e.api("GET", "/api/v1/alerts", demo.Engineer, "")
 	var out struct{ Alerts []web.AlertJSON }
 	json.Unmarshal(b, &out) //nolint:errcheck
-	if code != 200 || len(out.Alerts) != 2 || out.Alerts[0].Team != "nlp" || out.Alerts[1].Team != "nlp" {
+	// This month's two, newest first, then last month's history.
+	this := billing.Month(e.m.Store.Now()).String()
+	if code != 200 || len(out.Alerts) != 4 || out.Alerts[0].Team != "nlp" || out.Alerts[1].Team != "nlp" ||
+		out.Alerts[0].Month != this || out.Alerts[1].Month != this || out.Alerts[2].Month == this {
 		t.Errorf("engineer's alerts: %d %+v", code, out.Alerts)
 	}
 	if _, page := e.login(demo.Engineer).get("/jobs"); strings.Count(page, `data-testid="budget-alert"`) != 2 {
@@ -194,7 +198,7 @@ func TestBudgetAlertsInAPIAndPortal(t *testing.T) {
 }
 
 func TestTeamBudgetDashboard(t *testing.T) {
-	e := boot(t)
+	e := bootStory(t)
 	code, _, b := e.api("GET", "/api/v1/teams/nlp/budget", demo.Lead, "")
 	var bj web.BudgetJSON
 	if err := json.Unmarshal(b, &bj); err != nil || code != 200 {

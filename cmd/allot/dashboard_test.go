@@ -15,6 +15,7 @@ import (
 
 	"github.com/PuerkitoBio/goquery"
 	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/clock"
 	"github.com/allotlabs/allot/internal/demo"
 	"github.com/allotlabs/allot/internal/store"
 	"github.com/allotlabs/allot/web"
@@ -87,12 +88,12 @@ func dashboardFixture(t *testing.T, e *env) time.Time {
 	if err != nil {
 		t.Fatal(err)
 	}
-	start := time.Now().Add(-30 * time.Minute).Truncate(time.Second)
+	start := clock.Now().Add(-30 * time.Minute).Truncate(time.Second)
 	if _, err := e.m.Store.Allocate(ctx, j.ID, "gpu01", []int{0, 1, 2, 3}, start); err != nil {
 		t.Fatal(err)
 	}
 	e.exec(`UPDATE jobs SET state = 'running', started_at = $2, submitted_at = $2::timestamptz - interval '5 minutes', segment = 1, pending_reason = '' WHERE id = $1`, j.ID, start)
-	h := time.Now().UTC().Truncate(time.Hour).Add(-5 * time.Hour)
+	h := clock.Now().UTC().Truncate(time.Hour).Add(-5 * time.Hour)
 	if err := e.m.Store.RecordFinishedJob(ctx, &noah, allot.JobSpec{Name: "finished-8", Team: "nlp", Tier: allot.Tier2, GPUs: 8, GPUType: "A100-80GB",
 		TimeLimit: 4 * time.Hour, Command: []string{"python", "eval.py"}}, allot.JobCompleted, h.Add(-10*time.Minute), h, h.Add(90*time.Minute),
 		"gpu03", []int{0, 1, 2, 3, 4, 5, 6, 7}); err != nil {
@@ -496,7 +497,7 @@ func TestTeamPageStanding(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	now := time.Now().UTC()
+	now := clock.Now().UTC()
 	s := now.Truncate(time.Minute).Add(-30 * time.Minute)
 	if s.Before(store.MonthStart(now)) {
 		s = store.MonthStart(now)
@@ -560,7 +561,7 @@ func TestTeamFindings(t *testing.T) {
 		t.Fatal(err)
 	}
 	var rep web.RightSizingJSON
-	now := time.Now().UTC()
+	now := clock.Now().UTC()
 	from := store.MonthStart(now)
 	if now.Sub(from) < 3*24*time.Hour {
 		t.Skip("the demo's sampled history must reach into this month: run it after the 3rd of a month")

@@ -12,8 +12,11 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/allotlabs/allot/internal/clock"
 	"github.com/allotlabs/allot/internal/demo"
+	"github.com/allotlabs/allot/internal/store"
 	"github.com/allotlabs/allot/internal/store/storetest"
 	"github.com/allotlabs/allot/web"
 )
@@ -30,6 +33,33 @@ type env struct {
 func boot(t *testing.T) *env {
 	t.Helper()
 	return bootMain(t, &Main{Config: Config{Worker: true, DevMode: true}}).withTokens()
+}
+
+// bootStory is boot for tests of the demo's budget story (recs past 80 %,
+// nlp past 100 % this month): their cluster runs at noon on the 20th of
+// the test clock's month (see storyClock), when demo.Seed gives every team
+// its whole share of the month. Tests that only need a team short of
+// budget use boot and tightBudget, and run at the test clock itself.
+func bootStory(t *testing.T) *env {
+	t.Helper()
+	return bootMain(t, &Main{Config: Config{Worker: true, DevMode: true, Now: storyClock()}}).withTokens()
+}
+
+// storyClock runs at real speed from noon on the 20th of the test clock's
+// month.
+func storyClock() func() time.Time {
+	now := clock.Now()
+	shift := store.MonthStart(now).Add(19*24*time.Hour + 12*time.Hour).Sub(now)
+	return func() time.Time { return clock.Now().Add(shift) }
+}
+
+// tightBudget cuts team's monthly budget to one GPU-hour, so that any job
+// asking for more than that is over budget at every instant of a month.
+func (e *env) tightBudget(team string) {
+	e.t.Helper()
+	if _, err := e.m.Pool.Exec(context.Background(), `UPDATE teams SET monthly_budget_gpu_hours = 1 WHERE slug = $1`, team); err != nil {
+		e.t.Fatal(err)
+	}
 }
 
 // startSeeded runs *m on a port of 127.0.0.1 over its own database (it
@@ -170,6 +200,7 @@ func (b *browser) post(path, page string, v url.Values) (int, string) {
 
 func TestSubmitThreeWaysAndList(t *testing.T) {
 	e := boot(t)
+	e.tightBudget("nlp")
 	before := e.jobCount()
 
 	// 1. The portal form, as the engineer.
@@ -186,7 +217,7 @@ func TestSubmitThreeWaysAndList(t *testing.T) {
 
 	// 2. The JSON API (curl), as the engineer.
 	code, hdr, body := e.api("POST", "/api/v1/jobs", demo.Engineer,
-		`{"name":"api-job","team":"nlp","tier":3,"gpus":1,"gpu_type":"T4","time_limit_s":3600,"command":["python","eval.py"]}`)
+		`{"name":"api-job","team":"nlp","tier":3,"gpus":2,"gpu_type":"T4","time_limit_s":3600,"command":["python","eval.py"]}`)
 	if code != http.StatusCreated || !strings.HasPrefix(hdr.Get("Location"), "/api/v1/jobs/") {
 		t.Fatalf("API submit: %d %s", code, body)
 	}
@@ -420,6 +451,7 @@ func TestAPIErrorsAndAccess(t *testing.T) {
 
 func TestPortalPagesAndHealth(t *testing.T) {
 	e := boot(t)
+	e.tightBudget("nlp")
 	for path, want := range map[string]string{"/healthz": "ok", "/readyz": "ready"} {
 		resp, err := http.Get(e.url + path)
 		if err != nil {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/allotlabs/allot/internal/agent"
 	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/clock"
 	"github.com/allotlabs/allot/internal/demo"
 	"github.com/allotlabs/allot/internal/health"
 	"github.com/allotlabs/allot/internal/store"
@@ -182,7 +183,7 @@ func TestHealthECCDrainsWithinOneHeartbeat(t *testing.T) {
 	faults := filepath.Join(t.TempDir(), "faults.json")
 	l.startAgentCLI("gpu03", "--fake-faults", faults)
 	time.Sleep(3 * testHeartbeat) // some healthy history
-	injected := time.Now()
+	injected := clock.Now()
 	writeFaults(t, faults, `{"gpus":[{"index":5,"ecc_dbe":1}]}`)
 	var drainedAfter time.Duration
 	l.eventually(10*time.Second, "gpu03 drained", func() bool {
@@ -327,7 +328,7 @@ func TestHealthCmdAndAutoUndrain(t *testing.T) {
 		t.Errorf("node page lacks the health check output")
 	}
 	// Fixed: it passes, and a second later it is back up by itself.
-	fixed := time.Now()
+	fixed := clock.Now()
 	script(`echo ok`)
 	l.eventually(15*time.Second, "gpu05 undrained automatically", func() bool { return l.node("gpu05").State == allot.NodeUp })
 	t.Logf("measured: health check fixed → undrained automatically in %v (auto_undrain_after 1s)", time.Since(fixed).Round(time.Millisecond))
@@ -482,7 +483,7 @@ func TestHealthThrottleWarnThenDrain(t *testing.T) {
 	e := boot(t)
 	ctx := context.Background()
 	// A day ahead: the worker's lost-node check never sees this node silent.
-	base := time.Now().UTC().Add(24 * time.Hour).Truncate(time.Minute)
+	base := clock.Now().UTC().Add(24 * time.Hour).Truncate(time.Minute)
 	now := base
 	st := store.New(e.m.Pool)
 	st.Now = func() time.Time { return now }

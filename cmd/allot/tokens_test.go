@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allotlabs/allot/internal/clock"
 	"github.com/allotlabs/allot/internal/demo"
 	"github.com/allotlabs/allot/web"
 )
@@ -66,7 +67,7 @@ func TestTokensPage(t *testing.T) {
 	if n := e.tokenCount(); n != before {
 		t.Fatalf("bad input stored tokens: %d → %d", before, n)
 	}
-	tomorrow := time.Now().UTC().AddDate(0, 0, 1).Format(time.DateOnly)
+	tomorrow := clock.Now().UTC().AddDate(0, 0, 1).Format(time.DateOnly)
 	status, body := br.post("/tokens", page, url.Values{"name": {"laptop CLI"}, "expires": {tomorrow}})
 	m := secretRE.FindStringSubmatch(body)
 	if status != http.StatusCreated || m == nil {
@@ -130,7 +131,7 @@ func TestTokensAPI(t *testing.T) {
 	if n := e.tokenCount(); n != before {
 		t.Fatalf("bad input stored tokens: %d → %d", before, n)
 	}
-	exp := time.Now().Add(48 * time.Hour).UTC().Truncate(time.Second)
+	exp := clock.Now().Add(48 * time.Hour).UTC().Truncate(time.Second)
 	code, hdr, b := e.api("POST", "/api/v1/tokens", demo.Engineer, `{"name":"ci","expires_at":"`+exp.Format(time.RFC3339)+`"}`)
 	var tok web.TokenJSON
 	if err := json.Unmarshal(b, &tok); code != http.StatusCreated || err != nil || !strings.HasPrefix(tok.Token, "allot_") ||
@@ -183,7 +184,7 @@ func TestTokensAPI(t *testing.T) {
 		t.Errorf("self-revoked token: %d, want 401", c)
 	}
 	// An expired token is refused.
-	code, _, b = e.api("POST", "/api/v1/tokens", demo.Finance, `{"name":"expiring","expires_at":"`+time.Now().Add(time.Hour).UTC().Format(time.RFC3339)+`"}`)
+	code, _, b = e.api("POST", "/api/v1/tokens", demo.Finance, `{"name":"expiring","expires_at":"`+clock.Now().Add(time.Hour).UTC().Format(time.RFC3339)+`"}`)
 	var expiring web.TokenJSON
 	if err := json.Unmarshal(b, &expiring); code != http.StatusCreated || err != nil {
 		t.Fatalf("create: %d %s", code, b)
@@ -234,7 +235,7 @@ func TestTokenCLI(t *testing.T) {
 	if e.tokenCount() != before {
 		t.Fatal("bad input stored a token")
 	}
-	rc, out, errOut := full(demo.Engineer, "create", "--name", "laptop", "--expires", time.Now().UTC().AddDate(0, 1, 0).Format(time.DateOnly))
+	rc, out, errOut := full(demo.Engineer, "create", "--name", "laptop", "--expires", clock.Now().UTC().AddDate(0, 1, 0).Format(time.DateOnly))
 	secret := strings.TrimSpace(out)
 	if rc != 0 || !strings.HasPrefix(secret, "allot_") || !strings.Contains(errOut, "shown only this once") {
 		t.Fatalf("token create: rc %d %q %q", rc, out, errOut)
@@ -283,7 +284,7 @@ func TestTokensDoNotOutliveTheirMaker(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, b
 	}
-	exp := time.Now().Add(48 * time.Hour).UTC().Truncate(time.Second)
+	exp := clock.Now().Add(48 * time.Hour).UTC().Truncate(time.Second)
 	code, _, b := e.api("POST", "/api/v1/tokens", demo.Engineer, `{"name":"parent","expires_at":"`+exp.Format(time.RFC3339)+`"}`)
 	var parent web.TokenJSON
 	if err := json.Unmarshal(b, &parent); code != http.StatusCreated || err != nil {
