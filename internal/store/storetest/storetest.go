@@ -9,6 +9,8 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -69,9 +71,82 @@ func migrationsHash() string {
 	return hex.EncodeToString(h.Sum(nil))[:12]
 }
 
+// templatePrefix starts the name of every template database; each
+// checkout's templates continue with its own checkoutID.
+const templatePrefix = "allot_tmpl_"
+
+// checkoutID names this checkout of the code among all that may share one
+// PostgreSQL server (other clones, other machines): a hash of the host name
+// and the module's directory, found from the working directory (go test
+// runs in the package's directory) or else from this file's path.
+func checkoutID() string {
+	dir := ""
+	if wd, err := os.Getwd(); err == nil {
+		for d := wd; ; d = filepath.Dir(d) {
+			if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+				dir = d
+				break
+			}
+			if filepath.Dir(d) == d {
+				break
+			}
+		}
+	}
+	if dir == "" {
+		_, file, _, _ := runtime.Caller(0)
+		dir = filepath.Dir(file)
+	}
+	host, _ := os.Hostname()
+	h := sha256.Sum256([]byte(host + "\x00" + dir))
+	return hex.EncodeToString(h[:])[:10]
+}
+
+// templateNameFor is the template of a checkout for a migration set.
+func templateNameFor(checkout, migrations string) string {
+	return templatePrefix + checkout + "_" + migrations
+}
+
+// staleTemplates picks, among the databases names, the templates to drop
+// once own is built: those of the same checkout for other migration sets.
+// Other checkouts' templates, older-style names and builds in progress are
+// never touched: another test run may be cloning from them.
+func staleTemplates(names []string, own string) []string {
+	mine := strings.TrimPrefix(own, templatePrefix)
+	checkout, _, ok := strings.Cut(mine, "_")
+	if !ok || !strings.HasPrefix(own, templatePrefix) {
+		return nil
+	}
+	var stale []string
+	for _, n := range names {
+		rest, ok := strings.CutPrefix(n, templatePrefix+checkout+"_")
+		if !ok || n == own || rest == "" || strings.Contains(rest, "_") {
+			continue
+		}
+		stale = append(stale, n)
+	}
+	return stale
+}
+
+// dropStaleTemplates drops this checkout's templates of other migration
+// sets, without FORCE: one that a test run of the same checkout is still
+// cloning from stays, for the next run to drop.
+func dropStaleTemplates(ctx context.Context, admin *pgx.Conn, own string) {
+	rows, err := admin.Query(ctx, `SELECT datname FROM pg_database WHERE datname LIKE 'allot\_tmpl\_%'`)
+	if err != nil {
+		return
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return
+	}
+	for _, name := range staleTemplates(names, own) {
+		admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()) //nolint:errcheck // in use: kept
+	}
+}
+
 func ensureTemplate(ctx context.Context) (string, error) {
 	templateOnce.Do(func() {
-		templateName = "allot_tmpl_" + migrationsHash()
+		templateName = templateNameFor(checkoutID(), migrationsHash())
 		admin, err := pgx.Connect(ctx, AdminURL())
 		if err != nil {
 			templateErr = fmt.Errorf("no PostgreSQL for tests at %s (run `make test`, which finds or starts one): %w", AdminURL(), err)
@@ -112,15 +187,7 @@ func ensureTemplate(ctx context.Context) (string, error) {
 			templateErr = fmt.Errorf("renaming template database: %w", err)
 			return
 		}
-		// Templates of older migration sets are stale: drop them.
-		rows, err := admin.Query(ctx, `SELECT datname FROM pg_database WHERE datname LIKE 'allot\_tmpl\_%' AND datname <> $1 AND datname NOT LIKE '%\_build'`, templateName)
-		if err != nil {
-			return
-		}
-		stale, _ := pgx.CollectRows(rows, pgx.RowTo[string])
-		for _, name := range stale {
-			admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)") //nolint:errcheck
-		}
+		dropStaleTemplates(ctx, admin, templateName)
 	})
 	return templateName, templateErr
 }
