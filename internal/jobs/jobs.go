@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/allotlabs/allot/internal/store"
@@ -211,7 +212,7 @@ func NewClient(cfg Config) (*river.Client[pgx.Tx], error) {
 		// wake the producer through LISTEN/NOTIFY, polling is the fallback.
 		FetchCooldown:     10 * time.Millisecond,
 		FetchPollInterval: 250 * time.Millisecond,
-		Logger:            cfg.Logger,
+		Logger:            RiverLogger(cfg.Logger),
 		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: cfg.MaxWorkers}},
 		Workers:           workers,
 		PeriodicJobs: []*river.PeriodicJob{
@@ -259,6 +260,39 @@ func NewClient(cfg Config) (*river.Client[pgx.Tx], error) {
 			}, nil))
 	}
 	return client, nil
+}
+
+// RiverLogger is the logger River itself gets from log: River's records
+// at warn and above and its reports of failed jobs (which River logs at
+// info; they come out as warnings), and all of River's lines once log is
+// at debug. River reports its routine work (job counts, maintenance runs)
+// at info every few seconds, which would drown Allot's own lines.
+func RiverLogger(log *slog.Logger) *slog.Logger {
+	return slog.New(riverHandler{log.Handler()})
+}
+
+type riverHandler struct{ h slog.Handler }
+
+func (r riverHandler) Enabled(ctx context.Context, l slog.Level) bool {
+	return r.h.Enabled(ctx, l)
+}
+
+func (r riverHandler) Handle(ctx context.Context, rec slog.Record) error {
+	if rec.Level < slog.LevelWarn && !r.h.Enabled(ctx, slog.LevelDebug) {
+		if !strings.Contains(rec.Message, ": Job errored") && !strings.Contains(rec.Message, ": Job panicked") {
+			return nil
+		}
+		rec.Level = slog.LevelWarn
+	}
+	return r.h.Handle(ctx, rec)
+}
+
+func (r riverHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return riverHandler{r.h.WithAttrs(as)}
+}
+
+func (r riverHandler) WithGroup(name string) slog.Handler {
+	return riverHandler{r.h.WithGroup(name)}
 }
 
 // NewInserter returns an insert-only River client, for processes (servers)
