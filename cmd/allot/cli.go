@@ -15,6 +15,7 @@ import (
 
 	"github.com/allotlabs/allot/internal/allot"
 	"github.com/allotlabs/allot/internal/client"
+	"github.com/allotlabs/allot/internal/cliflag"
 	"github.com/allotlabs/allot/web"
 )
 
@@ -26,8 +27,8 @@ func clientFlags(fs *flag.FlagSet) func() *client.Client {
 		def = "http://localhost:8080"
 	}
 	server := fs.String("server", def, "Allot server URL (env ALLOT_URL)")
-	token := fs.String("token", os.Getenv("ALLOT_TOKEN"), "API token (env ALLOT_TOKEN)")
-	return func() *client.Client { return client.New(*server, *token) }
+	token := cliflag.Secret(fs, "token", "ALLOT_TOKEN", "API `token`")
+	return func() *client.Client { return client.New(*server, token()) }
 }
 
 type envFlag map[string]string

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/allotlabs/allot/internal/cliflag"
 )
 
 // Main runs `allot agent` with args (without the subcommand name) and
@@ -35,7 +37,7 @@ func MainContext(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs := flag.NewFlagSet("allot agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	server := fs.String("server", os.Getenv("ALLOT_URL"), "Allot server base URL (env ALLOT_URL)")
-	token := fs.String("token", os.Getenv("ALLOT_NODE_TOKEN"), "node token from `allot node-token create` (env ALLOT_NODE_TOKEN)")
+	nodeToken := cliflag.Secret(fs, "token", "ALLOT_NODE_TOKEN", "node `token` from allot node-token create")
 	gpu := fs.String("gpu", "nvml", "GPU backend: nvml (NVIDIA driver) or fake (no GPUs needed)")
 	fakeGPUs := fs.Int("fake-gpus", 8, "number of GPUs of the fake backend")
 	fakeModel := fs.String("fake-model", "A100-80GB", "GPU model name of the fake backend")
@@ -72,7 +74,8 @@ func MainContext(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	if !strings.HasPrefix(*server, "http://") && !strings.HasPrefix(*server, "https://") {
 		return bad("--server %q must be an http:// or https:// URL", *server)
 	}
-	if *token == "" {
+	token := nodeToken()
+	if token == "" {
 		return bad("--token is required (or set ALLOT_NODE_TOKEN); an admin creates one with `allot node-token create <node>`")
 	}
 	if *heartbeat <= 0 {
@@ -124,7 +127,7 @@ func MainContext(ctx context.Context, args []string, stdout, stderr io.Writer) i
 
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	a := New(Config{
-		Server: *server, Token: *token, Hostname: *hostname, Domain: *domain,
+		Server: *server, Token: token, Hostname: *hostname, Domain: *domain,
 		Backend: backend, HeartbeatInterval: *heartbeat, Logger: logger,
 		HealthCmd: *healthCmd, HealthInterval: *healthEvery,
 	})
