@@ -1,8 +1,6 @@
 package web
 
 import (
-	"encoding/json"
-	"errors"
 	"io"
 	"net/http"
 	"strconv"
@@ -40,24 +38,15 @@ func (s *Server) agentNode(c echo.Context) (string, error) {
 	return node, nil
 }
 
-// decodeStrict reads one JSON value into v, refusing unknown fields.
+// decodeStrict reads a body that must be one JSON object into v: unknown
+// and wrongly typed fields are field errors, each under its own name (see
+// readObject).
 func decodeStrict(body io.Reader, v any) error {
-	dec := json.NewDecoder(body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) {
-			return (allot.FieldErrors{te.Field: "must be a " + jsonKind(te.Type.Kind().String())}).Err()
-		}
-		if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-			return (allot.FieldErrors{strings.Trim(name, `"`): "unknown field"}).Err()
-		}
-		if errors.Is(err, io.EOF) {
-			return &badRequest{"request body is empty"}
-		}
-		return &badRequest{"malformed JSON: " + err.Error()}
+	f, err := readObject(body, v)
+	if err != nil {
+		return err
 	}
-	return nil
+	return f.Err()
 }
 
 func (s *Server) trigger(c echo.Context) { s.jobEvent(c.Request().Context()) }

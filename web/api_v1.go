@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -93,31 +95,183 @@ type JobRequest struct {
 	Preemptible    bool              `json:"preemptible"`
 }
 
-// decodeJobRequest turns a request body into a spec; problems with single
-// fields come back as field errors, malformed JSON as a bad request.
-func decodeJobRequest(body io.Reader) (allot.JobSpec, error) {
-	var r JobRequest
-	dec := json.NewDecoder(body)
+// readObject reads a body that must be one JSON object into v (a
+// pointer to a struct). A field of the wrong type or an unknown field is a
+// field error under its own (JSON) name, and every other field is still
+// read into v, so one bad field does not make the others look missing. A
+// body that is not an object is a field error under "body". Malformed JSON
+// and an empty body are bad requests (the error).
+func readObject(body io.Reader, v any) (allot.FieldErrors, error) {
+	b, err := io.ReadAll(body)
+	if err != nil {
+		return nil, &badRequest{"reading the request body: " + err.Error()}
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
+	err = dec.Decode(v)
+	var te *json.UnmarshalTypeError
+	switch {
+	case errors.Is(err, io.EOF):
+		return nil, &badRequest{"request body is empty: send a JSON object"}
+	case err != nil && !errors.As(err, &te) && !strings.HasPrefix(err.Error(), "json: unknown field "):
+		return nil, &badRequest{"malformed JSON: " + err.Error()}
+	}
+	if _, terr := dec.Token(); terr != io.EOF {
+		return nil, &badRequest{"malformed JSON: more than one value in the body"}
+	}
 	f := allot.FieldErrors{}
-	if err := dec.Decode(&r); err != nil {
-		var te *json.UnmarshalTypeError
+	if t := bytes.TrimSpace(b); t[0] != '{' {
+		f.Add("body", "must be a JSON object ({\"field\": value, …}), not %s", jsonValueKind(t[0]))
+		return f, nil
+	}
+	if err == nil {
+		return f, nil
+	}
+	// Something is wrong: look at each field alone, then read what fits.
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(b, &fields); err != nil {
+		return nil, &badRequest{"malformed JSON: " + err.Error()}
+	}
+	typ := reflect.TypeOf(v).Elem()
+	var wrong [][]int
+	for k, raw := range fields {
+		one, _ := json.Marshal(map[string]json.RawMessage{k: raw})
+		d := json.NewDecoder(bytes.NewReader(one))
+		d.DisallowUnknownFields()
+		name, sf, known := jsonField(typ, k)
+		err := d.Decode(reflect.New(typ).Interface())
 		switch {
-		case errors.As(err, &te):
-			f.Add(te.Field, "must be a %s", jsonKind(te.Type.Kind().String()))
-			return allot.JobSpec{}, f.Err()
-		case strings.HasPrefix(err.Error(), "json: unknown field "):
-			name := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
-			f.Add(name, "unknown field")
-			return allot.JobSpec{}, f.Err()
-		case errors.Is(err, io.EOF):
-			return allot.JobSpec{}, &badRequest{"request body is empty: send a JSON job spec"}
+		case err == nil:
+			continue
+		case !known:
+			f.Add(k, "unknown field")
+			continue
+		case errors.As(err, &te) && te.Field != "" && strings.HasPrefix(strings.ToLower(te.Field), strings.ToLower(name)+"."):
+			f.Add(te.Field, "must be %s", jsonTypeName(te.Type, true))
 		default:
-			return allot.JobSpec{}, &badRequest{"malformed JSON: " + err.Error()}
+			f.Add(name, "must be %s", jsonTypeName(sf.Type, true))
+		}
+		wrong = append(wrong, sf.Index)
+	}
+	// Read what fits; a wrongly typed field stays unset.
+	_ = json.Unmarshal(b, v)
+	for _, idx := range wrong {
+		if fv, err := reflect.ValueOf(v).Elem().FieldByIndexErr(idx); err == nil {
+			fv.SetZero()
 		}
 	}
-	if dec.More() {
-		return allot.JobSpec{}, &badRequest{"malformed JSON: more than one value in the body"}
+	return f, nil
+}
+
+// jsonField finds the field of struct type t that JSON key k fills (as
+// encoding/json does: the exact name first, else case-insensitively;
+// embedded structs included) and returns its JSON name and the field, its
+// Index the path from t.
+func jsonField(t reflect.Type, k string) (string, reflect.StructField, bool) {
+	var foldName string
+	var fold reflect.StructField
+	var walk func(t reflect.Type, path []int) (string, reflect.StructField, bool)
+	walk = func(t reflect.Type, path []int) (string, reflect.StructField, bool) {
+		for t.Kind() == reflect.Pointer {
+			t = t.Elem()
+		}
+		for i := 0; i < t.NumField(); i++ {
+			sf := t.Field(i)
+			sf.Index = append(slices.Clone(path), i)
+			tag, _, _ := strings.Cut(sf.Tag.Get("json"), ",")
+			if tag == "-" || !sf.IsExported() && !sf.Anonymous {
+				continue
+			}
+			if et := sf.Type; sf.Anonymous && tag == "" && (et.Kind() == reflect.Struct || et.Kind() == reflect.Pointer && et.Elem().Kind() == reflect.Struct) {
+				if n, f, ok := walk(et, sf.Index); ok {
+					return n, f, true
+				}
+				continue
+			}
+			if tag == "" {
+				tag = sf.Name
+			}
+			if tag == k {
+				return tag, sf, true
+			}
+			if foldName == "" && strings.EqualFold(tag, k) {
+				foldName, fold = tag, sf
+			}
+		}
+		return "", reflect.StructField{}, false
+	}
+	if n, f, ok := walk(t, nil); ok {
+		return n, f, true
+	}
+	if foldName != "" {
+		return foldName, fold, true
+	}
+	return k, reflect.StructField{}, false
+}
+
+// jsonTypeName says in words what JSON a Go type takes: with an article
+// ("a whole number", "a list of strings") or in the plural.
+func jsonTypeName(t reflect.Type, article bool) string {
+	name, plural := "a JSON value", "JSON values"
+	for t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch {
+	case t == nil || t == reflect.TypeFor[json.RawMessage]():
+	case t == reflect.TypeFor[time.Time]():
+		name, plural = "an RFC 3339 time string", "RFC 3339 time strings"
+	default:
+		switch t.Kind() {
+		case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+			reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+			name, plural = "a whole number", "whole numbers"
+		case reflect.Float32, reflect.Float64:
+			name, plural = "a number", "numbers"
+		case reflect.String:
+			name, plural = "a string", "strings"
+		case reflect.Bool:
+			name, plural = "true or false", "true or false"
+		case reflect.Slice, reflect.Array:
+			name, plural = "a list of "+jsonTypeName(t.Elem(), false), "lists"
+		case reflect.Map:
+			name, plural = "an object of "+jsonTypeName(t.Elem(), false), "objects"
+		case reflect.Struct:
+			name, plural = "an object", "objects"
+		}
+	}
+	if article {
+		return name
+	}
+	return plural
+}
+
+// jsonValueKind names the kind of JSON value that starts with c.
+func jsonValueKind(c byte) string {
+	switch c {
+	case '[':
+		return "a list"
+	case '"':
+		return "a string"
+	case 't', 'f':
+		return "true or false"
+	case 'n':
+		return "null"
+	}
+	return "a number"
+}
+
+// decodeJobRequest turns a request body into a spec; problems with single
+// fields come back as field errors (the other fields are still read, so
+// the domain's checks do not call them missing), malformed JSON as a bad
+// request.
+func decodeJobRequest(body io.Reader) (allot.JobSpec, error) {
+	var r JobRequest
+	f, err := readObject(body, &r)
+	if err != nil {
+		return allot.JobSpec{}, err
+	}
+	if _, bad := f["body"]; bad {
+		return allot.JobSpec{}, f.Err()
 	}
 	spec := allot.JobSpec{Name: r.Name, Team: r.Team, GPUType: r.GPUType, GPUsPerNode: r.GPUsPerNode, Command: r.Command,
 		Env: r.Env, WorkDir: r.WorkDir, Checkpointable: r.Checkpointable, Preemptible: r.Preemptible}
@@ -158,20 +312,6 @@ func decodeJobRequest(body io.Reader) (allot.JobSpec, error) {
 		spec.TimeLimit = d
 	}
 	return spec, f.Err()
-}
-
-func jsonKind(k string) string {
-	switch k {
-	case "int", "int64", "float64":
-		return "number"
-	case "slice":
-		return "list"
-	case "map", "struct":
-		return "object"
-	case "bool":
-		return "boolean"
-	}
-	return k
 }
 
 // submit is the one submission path behind the form and the API: parse
