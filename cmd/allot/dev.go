@@ -13,10 +13,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/allotlabs/allot/internal/cliflag"
 	"github.com/allotlabs/allot/internal/clock"
 	"github.com/allotlabs/allot/internal/demo"
 	"github.com/allotlabs/allot/internal/devdb"
 	"github.com/allotlabs/allot/internal/oidcdev"
+	"github.com/jackc/pgx/v5"
 )
 
 const devTokenName = "dev persona token"
@@ -34,14 +36,28 @@ func devMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	addr := fs.String("addr", ":8080", "listen address of the portal and API")
-	dataDir := fs.String("data-dir", ".allot/pgdata", "where a private PostgreSQL keeps its data when one must be started")
+	dataDir := fs.String("data-dir", ".allot/pgdata", "where a private PostgreSQL keeps its data when one must be started; tokens.env and faults/ go next to it")
 	noAgents := fs.Bool("no-agents", false, "do not start the 16 in-process agents with fake GPUs")
-	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL to use as is (default: env DATABASE_URL; unset: find or start one)")
+	dbURL := cliflag.Secret(fs, "database-url", "DATABASE_URL", "PostgreSQL `URL` to use as is (unset: find or start one)")
 	noOIDC := fs.Bool("no-oidc", false, "do not start the development OIDC provider (with ALLOT_OIDC_ISSUER set, that provider is used instead)")
+	oidcAddr := fs.String("oidc-addr", defaultDevOIDCAddr, "listen address of the development OIDC provider; when the default is taken it moves to a free port and says so, when one given here is taken allot dev stops")
 	oidcPassword := fs.String("oidc-password", "demo", "password of the development OIDC provider's users noah, nadia, finn and ada")
+	faultsDir := fs.String("faults-dir", "", "folder whose <node>.json files inject GPU faults into the in-process agents (default: faults next to --data-dir, .allot/faults)")
 	now := fs.String("now", "", "run the whole demo as if it were this RFC 3339 instant (e.g. 2026-12-01T00:00:30Z); time then passes at real speed (default: env ALLOT_NOW, else the real time)")
+	level := cliflag.LogLevel(fs, slog.LevelInfo, "log `level`: debug, info, warn or error (default info; debug adds River's own lines and the agents')")
 	bf := addBurstFlags(fs, "local")
 	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "allot dev: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	oidcExplicit := false
+	fs.Visit(func(f *flag.Flag) { oidcExplicit = oidcExplicit || f.Name == "oidc-addr" })
+	var err error
+	if *oidcAddr, err = devOIDCAddr(*oidcAddr); err != nil {
+		fmt.Fprintf(stderr, "allot dev: %v\n", err)
 		return 2
 	}
 	if *now != "" {
@@ -52,12 +68,18 @@ func devMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		clock.Set(at)
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level.Level}))
+	// The in-process agents and burst nodes are 16+ loggers of their own:
+	// warnings only, unless asked for debug.
+	quiet := max(level.Level, slog.LevelWarn)
+	if level.Level <= slog.LevelDebug {
+		quiet = level.Level
+	}
 	if clock.Shifted() {
 		log.Info("the clock is shifted: the demo runs as if it were "+clock.Now().UTC().Format(time.RFC3339), "offset", clock.Offset().Round(time.Second).String())
 	}
 
-	db, err := devdb.Find(ctx, devdb.Options{EnvURL: *dbURL, DataDir: *dataDir, Logger: log})
+	db, err := devdb.Find(ctx, devdb.Options{EnvURL: dbURL(), DataDir: *dataDir, Logger: log})
 	if err != nil {
 		fmt.Fprintf(stderr, "allot dev: %v\n", err)
 		return 1
@@ -70,29 +92,57 @@ func devMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 	}
-	cpRoot, _ := filepath.Abs(filepath.Join(filepath.Dir(*dataDir), "checkpoints"))
+	// One allot dev per database: a second would revoke the first one's
+	// persona tokens and node tokens, and both would run the demo's agents.
+	lock, err := lockDevDatabase(ctx, url)
+	if err != nil {
+		fmt.Fprintf(stderr, "allot dev: %v\n", err)
+		return 1
+	}
+	defer lock.Close(context.Background())
+	stateDir := filepath.Dir(*dataDir)
+	if *faultsDir == "" {
+		*faultsDir = filepath.Join(stateDir, "faults")
+	}
+	if *faultsDir, err = filepath.Abs(*faultsDir); err == nil {
+		err = os.MkdirAll(*faultsDir, 0o755)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "allot dev: --faults-dir: %v\n", err)
+		return 1
+	}
+	cpRoot, _ := filepath.Abs(filepath.Join(stateDir, "checkpoints"))
 	m := &Main{Config: Config{DatabaseURL: url, Addr: *addr, Worker: true, Migrate: true, DevMode: true, Logger: log, CheckpointRoot: cpRoot}}
 	// Single sign-on: the company's provider when ALLOT_OIDC_* says so,
 	// else a development provider with the demo personas.
 	var idp *oidcdev.Server
+	var oidcMoved string
 	if m.OIDC, err = oidcFlags(flag.NewFlagSet("env", flag.ContinueOnError))(); err != nil {
 		fmt.Fprintf(stderr, "allot dev: %v\n", err)
 		return 2
 	}
 	if !m.OIDC.Enabled() && !*noOIDC {
-		if idp, m.OIDC, err = devOIDC(*oidcPassword); err != nil {
+		if idp, m.OIDC, oidcMoved, err = devOIDC(*oidcAddr, !oidcExplicit, *oidcPassword); err != nil {
 			fmt.Fprintf(stderr, "allot dev: %v\n", err)
 			return 1
 		}
 		defer idp.Close()
+		if oidcMoved != "" {
+			log.Warn(oidcMoved)
+		}
 	}
-	local := newLocalBurst(m, slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	local := newLocalBurst(m, slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: quiet})))
 	defer local.Close()
 	if m.Burst, err = bf.config(local); err != nil {
 		fmt.Fprintf(stderr, "allot dev: %v\n", err)
 		return 2
 	}
 	if err := m.Run(ctx); err != nil {
+		fmt.Fprintf(stderr, "allot dev: %v\n", err)
+		m.Close()
+		return 1
+	}
+	if err := lock.announce(ctx, m.URL()); err != nil {
 		fmt.Fprintf(stderr, "allot dev: %v\n", err)
 		m.Close()
 		return 1
@@ -120,19 +170,22 @@ func devMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	if !*noAgents {
-		stopAgents, err := startDevAgents(ctx, m, slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+		stopAgents, err := startDevAgentsWithFaults(ctx, m, slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: quiet})), *faultsDir)
 		if err != nil {
 			fmt.Fprintf(stderr, "allot dev: %v\n", err)
 			return 1
 		}
 		defer stopAgents()
 	}
-	var tokens strings.Builder
+	var tokens []envVar
 	fmt.Fprintf(stdout, "\nAllot is running at %s (database: %s, %s)\n", m.URL(), db.Source, redactURL(url))
 	fmt.Fprintf(stdout, "Open %s/login and pick a persona", m.URL())
 	switch {
 	case idp != nil:
 		fmt.Fprintf(stdout, ", or \"Sign in with SSO\" through the development OIDC provider at %s:\n", idp.Issuer())
+		if oidcMoved != "" {
+			fmt.Fprintf(stdout, "  (%s)\n", oidcMoved)
+		}
 		for _, u := range oidcdev.DemoUsers(*oidcPassword) {
 			fmt.Fprintf(stdout, "  %-6s password %-6s groups %s\n", u.Username, u.Password, strings.Join(u.Groups, ", "))
 		}
@@ -158,32 +211,112 @@ func devMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 		fmt.Fprintf(stdout, "  %-9s %-18s %s\n", p, u.Email, secret)
-		fmt.Fprintf(&tokens, "ALLOT_TOKEN_%s=%s\n", strings.ToUpper(p), secret)
+		tokens = append(tokens, envVar{"ALLOT_TOKEN_" + strings.ToUpper(p), secret})
 		if p == demo.Engineer {
-			fmt.Fprintf(&tokens, "ALLOT_TOKEN=%s\n", secret)
+			tokens = append(tokens, envVar{"ALLOT_TOKEN", secret})
 		}
 	}
-	fmt.Fprintf(&tokens, "ALLOT_URL=%s\n", m.URL())
-	envFile := filepath.Join(filepath.Dir(*dataDir), "tokens.env")
-	if err := os.MkdirAll(filepath.Dir(envFile), 0o700); err == nil {
-		if err := os.WriteFile(envFile, []byte(tokens.String()), 0o600); err == nil {
-			fmt.Fprintf(stdout, "\n(also in %s: `set -a; . %s; set +a` makes the engineer's token the CLI default)\n", envFile, envFile)
-		}
+	tokens = append(tokens, envVar{"ALLOT_URL", m.URL()})
+	envFile := filepath.Join(stateDir, "tokens.env")
+	if err := writeEnvFile(envFile, tokens); err != nil {
+		log.Warn("could not write the tokens file", "err", err)
+	} else {
+		fmt.Fprintf(stdout, "\n(also in %[1]s: `. %[1]s` exports them; the engineer's is ALLOT_TOKEN, the CLI's default)\n", envFile)
+	}
+	if !*noAgents {
+		fmt.Fprintf(stdout, "\nInject GPU faults into the fake GPUs here (this instance only), e.g.\n  echo '{\"gpus\":[{\"index\":0,\"ecc_dbe\":1}]}' > %s\n", devFaultFile(*faultsDir, "gpu03"))
 	}
 	fmt.Fprintf(stdout, `
-Try:
-  go run ./cmd/allot submit --server %[1]s --token <engineer token> --team nlp --tier 3 --gpus 8 --time 4h -- python train.py --lr 3e-4
-  curl -H "Authorization: Bearer <engineer token>" -H "Content-Type: application/json" \
+Try (make build first: bin/allot exits 2 on bad flags and 1 when the server refuses; go run always exits 1):
+  . %[2]s
+  bin/allot submit --team nlp --tier 3 --gpus 8 --time 4h -- python train.py --lr 3e-4
+  bin/allot jobs
+  curl -H "Authorization: Bearer $ALLOT_TOKEN" -H "Content-Type: application/json" \
        -d '{"team":"nlp","tier":3,"gpus":1,"time_limit":"1h","command":["python","eval.py"]}' %[1]s/api/v1/jobs
 
 Ctrl-C stops everything.
-`, m.URL())
+`, m.URL(), envFile)
 	if err := m.Wait(ctx); err != nil {
 		fmt.Fprintf(stderr, "allot dev: %v\n", err)
 		return 1
 	}
 	fmt.Fprintln(stderr, "allot dev: stopping")
 	return 0
+}
+
+type envVar struct{ name, value string }
+
+// writeEnvFile writes vars as `export NAME='value'` lines, so that a plain
+// `. file` puts them in the environment of the commands the shell runs.
+func writeEnvFile(path string, vars []envVar) error {
+	var b strings.Builder
+	for _, v := range vars {
+		fmt.Fprintf(&b, "export %s=%s\n", v.name, shellQuote(v.value))
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o600)
+}
+
+// shellQuote quotes s for a POSIX shell.
+func shellQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// devLockKey is the advisory lock `allot dev` holds on its database for
+// as long as it runs (pg_try_advisory_lock; advisory locks are per
+// database, so other databases on the same server are not affected).
+const devLockKey = 740122310
+
+// devLock is the connection that holds devLockKey; closing it frees the
+// database for the next allot dev.
+type devLock struct{ *pgx.Conn }
+
+// lockDevDatabase takes devLockKey on the database at url, or says which
+// allot dev holds it and what to do.
+func lockDevDatabase(ctx context.Context, url string) (*devLock, error) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	cfg.RuntimeParams["application_name"] = devLockName("(starting)")
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to %s: %w", redactURL(url), err)
+	}
+	var ok bool
+	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", devLockKey).Scan(&ok); err != nil {
+		conn.Close(ctx)
+		return nil, err
+	}
+	if ok {
+		return &devLock{conn}, nil
+	}
+	var holder string
+	conn.QueryRow(ctx, `SELECT coalesce(a.application_name, '') FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'advisory' AND l.granted AND l.classid::int8 = 0 AND l.objid::int8 = $1 AND l.objsubid = 1
+		  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())`, devLockKey).Scan(&holder) //nolint:errcheck // only for the message
+	conn.Close(ctx)
+	if holder == "" {
+		holder = "allot dev"
+	}
+	return nil, fmt.Errorf("another allot dev (%s) is already running on the database %s, and a second one would revoke its persona tokens: "+
+		"stop that one (Ctrl-C where it runs), or give this one a database of its own with --database-url (or DATABASE_URL; "+
+		"with no PostgreSQL at 127.0.0.1:5432, --data-dir starts a private one)", holder, redactURL(url))
+}
+
+// announce names this allot dev on the lock's connection, so a second one
+// can say where the first one serves.
+func (l *devLock) announce(ctx context.Context, url string) error {
+	_, err := l.Exec(ctx, "SELECT set_config('application_name', $1, false)", devLockName("at "+url))
+	return err
+}
+
+// devLockName is the application_name of the lock's connection (at most
+// 63 bytes are kept): where this allot dev serves, its process and host.
+func devLockName(where string) string {
+	return fmt.Sprintf("allot dev %s, pid %d on %s", where, os.Getpid(), hostname())
 }
 
 func redactURL(u string) string {

@@ -15,6 +15,7 @@ import (
 	"syscall"
 
 	"github.com/allotlabs/allot/internal/agent"
+	"github.com/allotlabs/allot/internal/cliflag"
 	"github.com/allotlabs/allot/internal/scheduler/sim"
 	"github.com/allotlabs/allot/internal/store"
 	"github.com/allotlabs/allot/web"
@@ -106,6 +107,7 @@ func cmdServe(name string, args []string, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	dbURL := fs.String("database-url", "", "PostgreSQL URL (default: env DATABASE_URL)")
 	migrate := fs.Bool("migrate", false, "apply migrations before starting")
+	level := cliflag.LogLevel(fs, slog.LevelInfo, "log `level`: debug, info, warn or error (default info; River's own routine lines only at debug)")
 	addr := ":8080"
 	var oidcConfig func() (web.OIDCConfig, error)
 	if name == "server" {
@@ -121,7 +123,7 @@ func cmdServe(name string, args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "allot %s: %v\n", name, err)
 		return 2
 	}
-	log := slog.New(slog.NewJSONHandler(stderr, nil))
+	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level.Level}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	cfg := Config{DatabaseURL: url, Migrate: *migrate, Logger: log}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/allotlabs/allot/internal/agent"
 	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/cliflag"
 	"github.com/allotlabs/allot/internal/store"
 	"github.com/allotlabs/allot/web"
 )
@@ -96,6 +97,12 @@ func cmdNodeToken(args []string, stdout, stderr io.Writer) int {
 // startDevAgents runs one in-process agent with fake GPUs for every node,
 // so demo jobs really run. They stop when ctx ends.
 func startDevAgents(ctx context.Context, m *Main, log *slog.Logger) (func(), error) {
+	return startDevAgentsWithFaults(ctx, m, log, "")
+}
+
+// startDevAgentsWithFaults is startDevAgents whose agents read injected
+// GPU faults from faultsDir/<node>.json ("": none).
+func startDevAgentsWithFaults(ctx context.Context, m *Main, log *slog.Logger, faultsDir string) (func(), error) {
 	nodes, err := m.Store.ListNodes(ctx)
 	if err != nil {
 		return nil, err
@@ -118,7 +125,7 @@ func startDevAgents(ctx context.Context, m *Main, log *slog.Logger) (func(), err
 		}
 		a := agent.New(agent.Config{Server: m.URL(), Token: tok, Hostname: n.Name, Domain: n.Domain, HeartbeatInterval: m.HeartbeatInterval,
 			Backend: agent.NewFake(agent.FakeOptions{GPUs: n.GPUCount, Model: n.GPUType, MemoryMiB: mem, Hostname: n.Name,
-				FaultFile: DevFaultFile(n.Name)}),
+				FaultFile: devFaultFile(faultsDir, n.Name)}),
 			Logger: log.With("node", n.Name), ShutdownGrace: 5e9})
 		go func() {
 			if err := a.Run(actx); err != nil && actx.Err() == nil {
@@ -135,10 +142,15 @@ func startDevAgents(ctx context.Context, m *Main, log *slog.Logger) (func(), err
 	}, nil
 }
 
-// DevFaultFile is where `allot dev` agents read injected GPU faults, e.g.
-// echo '{"gpus":[{"index":0,"ecc_dbe":1}]}' > $TMPDIR/allot-dev-faults/gpu03.json
-func DevFaultFile(node string) string {
-	return filepath.Join(os.TempDir(), "allot-dev-faults", node+".json")
+// devFaultFile is where the `allot dev` agent of node reads injected GPU
+// faults: one folder per dev instance (--faults-dir, by default next to
+// its --data-dir: .allot/faults), e.g.
+// echo '{"gpus":[{"index":0,"ecc_dbe":1}]}' > .allot/faults/gpu03.json
+func devFaultFile(dir, node string) string {
+	if dir == "" {
+		return ""
+	}
+	return filepath.Join(dir, node+".json")
 }
 
 // cmdNode is `allot node list|drain|undrain`: admin node operations over
@@ -151,7 +163,7 @@ func cmdNode(args []string, stdout, stderr io.Writer) int {
 		def = "http://localhost:8080"
 	}
 	server := fs.String("server", def, "Allot server URL (env ALLOT_URL)")
-	token := fs.String("token", os.Getenv("ALLOT_TOKEN"), "API token (env ALLOT_TOKEN)")
+	token := cliflag.Secret(fs, "token", "ALLOT_TOKEN", "API `token`")
 	reason := fs.String("reason", "", "drain: why (required)")
 	requeue := fs.Bool("requeue", false, "drain: also stop the node's running jobs with the policy's grace and requeue them")
 	note := fs.String("note", "", "undrain: why the node is fit again (required)")
@@ -193,7 +205,7 @@ func cmdNode(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "allot node: %v\n", err)
 		return 2
 	}
-	req.Header.Set("Authorization", "Bearer "+*token)
+	req.Header.Set("Authorization", "Bearer "+token())
 	req.Header.Set("Accept", "application/json")
 	if c.body != "" {
 		req.Header.Set("Content-Type", "application/json")

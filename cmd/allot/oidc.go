@@ -11,9 +11,11 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 
+	"github.com/allotlabs/allot/internal/cliflag"
 	"github.com/allotlabs/allot/internal/oidcdev"
 	"github.com/allotlabs/allot/web"
 )
@@ -32,7 +34,7 @@ func oidcFlags(fs *flag.FlagSet) func() (web.OIDCConfig, error) {
 	var scopes string
 	fs.StringVar(&c.Issuer, "oidc-issuer", env("ALLOT_OIDC_ISSUER", ""), "OIDC issuer URL; empty: no single sign-on (env ALLOT_OIDC_ISSUER)")
 	fs.StringVar(&c.ClientID, "oidc-client-id", env("ALLOT_OIDC_CLIENT_ID", ""), "OIDC client ID (env ALLOT_OIDC_CLIENT_ID)")
-	fs.StringVar(&c.ClientSecret, "oidc-client-secret", env("ALLOT_OIDC_CLIENT_SECRET", ""), "OIDC client secret; prefer the env ALLOT_OIDC_CLIENT_SECRET")
+	clientSecret := cliflag.Secret(fs, "oidc-client-secret", "ALLOT_OIDC_CLIENT_SECRET", "OIDC client `secret`; prefer the env")
 	fs.StringVar(&c.RedirectURL, "oidc-redirect-url", env("ALLOT_OIDC_REDIRECT_URL", ""),
 		"this server's callback as registered at the provider, https://allot.example.com/oidc/callback (env ALLOT_OIDC_REDIRECT_URL; default: the listen URL)")
 	fs.StringVar(&scopes, "oidc-scopes", env("ALLOT_OIDC_SCOPES", "profile email"), "scopes besides openid, space-separated (env ALLOT_OIDC_SCOPES)")
@@ -43,6 +45,7 @@ func oidcFlags(fs *flag.FlagSet) func() (web.OIDCConfig, error) {
 	fs.StringVar(&c.Claims.LeadSuffix, "oidc-lead-suffix", env("ALLOT_OIDC_LEAD_SUFFIX", ":lead"), "prefix + team + this suffix = lead of the team (env ALLOT_OIDC_LEAD_SUFFIX)")
 	return func() (web.OIDCConfig, error) {
 		c.Scopes = strings.Fields(scopes)
+		c.ClientSecret = clientSecret()
 		return c, checkOIDC(c)
 	}
 }
@@ -160,18 +163,54 @@ type multiFlag []string
 func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
 func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 
-// devOIDC starts the development provider for `allot dev` on 127.0.0.1:8081
-// (any free port if that is taken) and returns it with the SSO
-// configuration that points at it.
-func devOIDC(password string) (*oidcdev.Server, web.OIDCConfig, error) {
+// defaultDevOIDCAddr is where `allot dev` starts its development OIDC
+// provider unless --oidc-addr says otherwise (a variable for one test,
+// which must not run in parallel).
+var defaultDevOIDCAddr = "127.0.0.1:8081"
+
+// devOIDCAddr checks --oidc-addr: a loopback host and a port. An empty host
+// (":8081") is 127.0.0.1; the provider is only for this machine, since its
+// issuer is plain http.
+func devOIDCAddr(addr string) (string, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", fmt.Errorf("--oidc-addr %q: want HOST:PORT, e.g. 127.0.0.1:8081", addr)
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return "", fmt.Errorf("--oidc-addr %q: %q is not a port", addr, port)
+	}
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	if !loopbackHost(host) {
+		return "", fmt.Errorf("--oidc-addr %q: the development OIDC provider serves plain http, so it listens on this machine only (127.0.0.1, ::1 or localhost)", addr)
+	}
+	return net.JoinHostPort(host, port), nil
+}
+
+// devOIDC starts the development provider for `allot dev` on addr and
+// returns it with the SSO configuration that points at it. When addr is
+// taken and fallback is set (addr is the default, not the user's choice),
+// it listens on a free port of the same host instead and says so in
+// moved; otherwise a taken addr is an error.
+func devOIDC(addr string, fallback bool, password string) (srv *oidcdev.Server, c web.OIDCConfig, moved string, err error) {
 	users := oidcdev.DemoUsers(password)
 	cfg := oidcdev.Config{Users: users, Hint: oidcdev.DemoHint(users)}
-	srv, err := oidcdev.Listen("127.0.0.1:8081", cfg)
+	srv, err = oidcdev.Listen(addr, cfg)
 	if err != nil {
-		if srv, err = oidcdev.Listen("127.0.0.1:0", cfg); err != nil {
-			return nil, web.OIDCConfig{}, err
+		if !fallback {
+			cause := err
+			if u := errors.Unwrap(err); u != nil {
+				cause = u
+			}
+			return nil, c, "", fmt.Errorf("the development OIDC provider cannot listen on --oidc-addr %s (%v): stop what uses it, pick another address with --oidc-addr, or pass --no-oidc", addr, cause)
 		}
+		host, _, _ := net.SplitHostPort(addr)
+		if srv, err = oidcdev.Listen(net.JoinHostPort(host, "0"), cfg); err != nil {
+			return nil, c, "", err
+		}
+		moved = fmt.Sprintf("%s is taken, so the development OIDC provider listens on %s instead (--oidc-addr chooses its address)", addr, strings.TrimPrefix(srv.Issuer(), "http://"))
 	}
-	c := web.OIDCConfig{Issuer: srv.Issuer(), ClientID: "allot-dev", ClientSecret: "allot-dev-secret"}
-	return srv, c, nil
+	c = web.OIDCConfig{Issuer: srv.Issuer(), ClientID: "allot-dev", ClientSecret: "allot-dev-secret"}
+	return srv, c, moved, nil
 }
