@@ -48,8 +48,8 @@ func bootBurst(t *testing.T, cfg func(m *Main) jobs.BurstConfig) (*live, *jobs.B
 func (l *live) queueOld(body string, waited time.Duration) int64 {
 	l.t.Helper()
 	j := l.submit(demo.Engineer, body)
-	if _, err := l.m.Pool.Exec(context.Background(), `UPDATE jobs SET submitted_at = now() - $2::interval WHERE id = $1`,
-		j.ID, fmt.Sprintf("%d seconds", int(waited/time.Second))); err != nil {
+	if _, err := l.m.Pool.Exec(context.Background(), `UPDATE jobs SET submitted_at = $3::timestamptz - $2::interval WHERE id = $1`,
+		j.ID, fmt.Sprintf("%d seconds", int(waited/time.Second)), l.m.Store.Now()); err != nil {
 		l.t.Fatal(err)
 	}
 	return j.ID
@@ -734,7 +734,7 @@ func TestBurstStuckEvents(t *testing.T) {
 	}
 	// A request whose job died while retrying is given up on.
 	id = newRequest()
-	if _, err := l.m.Pool.Exec(ctx, `UPDATE burst_events SET status = 'retrying', attempts = 1, error = 'boom', at = now() - interval '2 hours' WHERE id = $1`, id); err != nil {
+	if _, err := l.m.Pool.Exec(ctx, `UPDATE burst_events SET status = 'retrying', attempts = 1, error = 'boom', at = $2::timestamptz - interval '2 hours' WHERE id = $1`, id, l.m.Store.Now()); err != nil {
 		t.Fatal(err)
 	}
 	fresh := newRequest()

@@ -28,6 +28,13 @@ func bootQuiet(t *testing.T) *env {
 	return bootMain(t, &Main{Config: Config{DevMode: true}}).withTokens()
 }
 
+// bootQuietStory is bootQuiet at noon on the 20th of the test clock's
+// month (storyClock), for tests of a month's accumulated figures.
+func bootQuietStory(t *testing.T) *env {
+	t.Helper()
+	return bootMain(t, &Main{Config: Config{DevMode: true, Now: storyClock()}}).withTokens()
+}
+
 func (e *env) exec(sql string, args ...any) {
 	e.t.Helper()
 	if _, err := e.m.Pool.Exec(context.Background(), sql, args...); err != nil {
@@ -375,8 +382,8 @@ func TestJobPageExplains(t *testing.T) {
 	// at 10 %, every 10 s over the last 10 minutes (4 GPUs held).
 	e.exec(`INSERT INTO gpu_samples (node, gpu_index, at, job_id, util_pct, mem_used_mib, mem_total_mib, temp_c, power_w, ecc_sbe_vol, ecc_dbe_vol,
 			throttle_reasons, xid_errors)
-		SELECT 'gpu01', g, now() - i * interval '10 seconds', $1, CASE g WHEN 0 THEN 90 WHEN 3 THEN 10 ELSE 50 END, 1000, 81920, 40, 200, 0, 0, 0, 0
-		FROM generate_series(0, 3) g, generate_series(1, 60) i`, run)
+		SELECT 'gpu01', g, $2::timestamptz - i * interval '10 seconds', $1, CASE g WHEN 0 THEN 90 WHEN 3 THEN 10 ELSE 50 END, 1000, 81920, 40, 200, 0, 0, 0, 0
+		FROM generate_series(0, 3) g, generate_series(1, 60) i`, run, e.m.Store.Now())
 	var r web.JobDetailJSON
 	e.getJSON(fmt.Sprintf("/api/v1/jobs/%d", run), demo.Engineer, &r)
 	perGPU := map[string][]float64{}
@@ -469,13 +476,13 @@ func TestJobsListFilters(t *testing.T) {
 }
 
 func TestTeamPageStanding(t *testing.T) {
-	e := bootQuiet(t)
+	e := bootQuietStory(t)
 	ctx := context.Background()
 	// Known fair-share inputs: weights fraud 1, nlp 2, recs 1 (the demo's);
 	// decayed usage 1000, 3000 and 0 GPU-hours.
 	for team, h := range map[string]float64{"fraud": 1000, "nlp": 3000, "recs": 0} {
-		e.exec(`INSERT INTO team_usage (team, gpu_seconds, updated_at) VALUES ($1, $2, now())
-			ON CONFLICT (team) DO UPDATE SET gpu_seconds = EXCLUDED.gpu_seconds`, team, h*3600)
+		e.exec(`INSERT INTO team_usage (team, gpu_seconds, updated_at) VALUES ($1, $2, $3)
+			ON CONFLICT (team) DO UPDATE SET gpu_seconds = EXCLUDED.gpu_seconds`, team, h*3600, e.m.Store.Now())
 	}
 	var fs web.FairShareJSON
 	e.getJSON("/api/v1/fairshare", demo.Engineer, &fs)
@@ -497,11 +504,8 @@ func TestTeamPageStanding(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	now := clock.Now().UTC()
+	now := e.m.Store.Now().UTC()
 	s := now.Truncate(time.Minute).Add(-30 * time.Minute)
-	if s.Before(store.MonthStart(now)) {
-		s = store.MonthStart(now)
-	}
 	if err := e.m.Store.RecordFinishedJob(ctx, &nadia, allot.JobSpec{Name: "t4-probe", Team: "nlp", Tier: allot.TierPreemptible, GPUs: 2, GPUType: "T4",
 		TimeLimit: time.Hour, Command: []string{"true"}}, allot.JobCompleted, s, s, s.Add(18*time.Minute), "gpu16", []int{0, 1}); err != nil {
 		t.Fatal(err)
@@ -555,17 +559,14 @@ func TestTeamPageStanding(t *testing.T) {
 // TestTeamFindings: the team page lists the team's right-sizing findings
 // (from the demo's sampled history) and an engineer sees only their own.
 func TestTeamFindings(t *testing.T) {
-	e := bootQuiet(t)
+	e := bootQuietStory(t)
 	ctx := context.Background()
 	if err := demo.SeedActivity(ctx, e.m.Store); err != nil {
 		t.Fatal(err)
 	}
 	var rep web.RightSizingJSON
-	now := clock.Now().UTC()
+	now := e.m.Store.Now().UTC()
 	from := store.MonthStart(now)
-	if now.Sub(from) < 3*24*time.Hour {
-		t.Skip("the demo's sampled history must reach into this month: run it after the 3rd of a month")
-	}
 	e.getJSON("/api/v1/rightsizing?team=nlp&from="+from.Format(time.RFC3339)+"&to="+now.Add(time.Minute).Format(time.RFC3339), demo.Lead, &rep)
 	lead := e.login(demo.Lead)
 	_, page := lead.get("/teams/nlp")

@@ -54,7 +54,9 @@ func storyClock() func() time.Time {
 }
 
 // tightBudget cuts team's monthly budget to one GPU-hour, so that any job
-// asking for more than that is over budget at every instant of a month.
+// asking for more than that runs as preemptible at every instant of a
+// month. The warning says "Budget exceeded by …" once the team has used
+// its hour, "Only … remaining" before (a month's first minutes).
 func (e *env) tightBudget(team string) {
 	e.t.Helper()
 	if _, err := e.m.Pool.Exec(context.Background(), `UPDATE teams SET monthly_budget_gpu_hours = 1 WHERE slug = $1`, team); err != nil {
@@ -226,14 +228,14 @@ func TestSubmitThreeWaysAndList(t *testing.T) {
 		t.Fatal(err)
 	}
 	if apiJob.State != "pending" || apiJob.User != "noah@example.com" || *apiJob.GPUType != "T4" || apiJob.SubmittedAt.IsZero() ||
-		apiJob.StartedAt != nil || !apiJob.Preemptible || !strings.Contains(apiJob.QuotaWarning, "Budget exceeded by") {
+		apiJob.StartedAt != nil || !apiJob.Preemptible || !strings.Contains(apiJob.QuotaWarning, "will run as preemptible") {
 		t.Errorf("API job = %+v", apiJob)
 	}
 
 	// 3. The CLI, as the lead.
 	rc, out, errOut := e.cli(demo.Lead, "submit", "--team", "nlp", "--tier", "3", "--gpus", "8", "--time", "4h", "--gpu-type", "A100-80GB",
 		"--checkpointable", "--name", "cli-job", "--", "python", "train.py", "--lr", "3e-4")
-	if rc != 0 || !strings.Contains(out, "submitted job") || !strings.Contains(out, "warning: Budget exceeded") {
+	if rc != 0 || !strings.Contains(out, "submitted job") || !strings.Contains(out, "warning: ") || !strings.Contains(out, "will run as preemptible") {
 		t.Fatalf("CLI submit: rc=%d out=%q err=%q", rc, out, errOut)
 	}
 
@@ -488,7 +490,7 @@ func TestPortalPagesAndHealth(t *testing.T) {
 	for _, tt := range []struct {
 		team, gpus, limit, kind, msg string
 	}{
-		{"nlp", "8", "4h", "warn", "Budget exceeded by"},
+		{"nlp", "8", "4h", "warn", "will run as preemptible"},
 		{"nlp", "x", "4h", "none", "Fix the highlighted fields"},
 	} {
 		_, frag := br.post("/jobs/quota", form, url.Values{"team": {tt.team}, "tier": {"3"}, "gpus": {tt.gpus}, "time_limit": {tt.limit}, "command": {"python t.py"}})

@@ -350,7 +350,7 @@ func TestHealthAdminBadInput(t *testing.T) {
 	ctx := context.Background()
 	// No queued work, so no cycle places a job on gpu07 once it is up (the
 	// CLI drain below expects an empty node to go straight to drained).
-	if _, err := e.m.Pool.Exec(ctx, `UPDATE jobs SET state = 'cancelled', ended_at = now() WHERE state = 'pending'`); err != nil {
+	if _, err := e.m.Pool.Exec(ctx, `UPDATE jobs SET state = 'cancelled', ended_at = $1 WHERE state = 'pending'`, e.m.Store.Now()); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e.m.Pool.Exec(ctx, `UPDATE nodes SET state = 'up' WHERE name = 'gpu07'`); err != nil {

@@ -192,7 +192,7 @@ func TestTokensAPI(t *testing.T) {
 	if c := e.bearer("GET", "/api/v1/me", expiring.Token); c != http.StatusOK {
 		t.Fatalf("before expiry: %d", c)
 	}
-	if _, err := e.m.Pool.Exec(context.Background(), "UPDATE api_tokens SET expires_at = now() - interval '1 second' WHERE id = $1", expiring.ID); err != nil {
+	if _, err := e.m.Pool.Exec(context.Background(), "UPDATE api_tokens SET expires_at = $2::timestamptz - interval '1 second' WHERE id = $1", expiring.ID, e.m.Store.Now()); err != nil {
 		t.Fatal(err)
 	}
 	if c := e.bearer("GET", "/api/v1/me", expiring.Token); c != http.StatusUnauthorized {

@@ -434,6 +434,7 @@ func lastCheckpoint(dir string) *time.Time {
 	if newest.IsZero() {
 		return nil
 	}
-	newest = newest.UTC()
+	// File times are the real time; the agent reports on its clock.
+	newest = newest.Add(clock.Offset()).UTC()
 	return &newest
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allotlabs/allot/internal/clock"
 	"github.com/allotlabs/allot/internal/allot"
 	"github.com/allotlabs/allot/internal/demo"
 	"github.com/allotlabs/allot/internal/jobs"
@@ -62,9 +63,9 @@ func TestCyclesKilledMidwayLoseNothing(t *testing.T) {
 			}
 			// Jobs finish now and then, so there is always work to place.
 			pool.Exec(ctx, `WITH done AS (SELECT id FROM jobs WHERE state = 'running' ORDER BY random() LIMIT 3)
-				UPDATE allocations SET released_at = now() WHERE released_at IS NULL AND job_id IN (SELECT id FROM done)`) //nolint:errcheck
-			pool.Exec(ctx, `UPDATE jobs SET state = 'completed', ended_at = now() WHERE state = 'running'
-				AND NOT EXISTS (SELECT 1 FROM allocations a WHERE a.job_id = jobs.id AND a.released_at IS NULL)`) //nolint:errcheck
+				UPDATE allocations SET released_at = $1 WHERE released_at IS NULL AND job_id IN (SELECT id FROM done)`, clock.Now()) //nolint:errcheck
+			pool.Exec(ctx, `UPDATE jobs SET state = 'completed', ended_at = $1 WHERE state = 'running'
+				AND NOT EXISTS (SELECT 1 FROM allocations a WHERE a.job_id = jobs.id AND a.released_at IS NULL)`, clock.Now()) //nolint:errcheck
 		}
 	}()
 	wg.Wait()
@@ -100,10 +101,10 @@ func TestUntakenOffersExpire(t *testing.T) {
 		t.Fatalf("no offer on gpu13: %v", err)
 	}
 	id := offered[0]
-	if got, err := st.ExpireOffers(ctx, time.Now().Add(-time.Minute)); err != nil || len(got) != 0 {
+	if got, err := st.ExpireOffers(ctx, st.Now().Add(-time.Minute)); err != nil || len(got) != 0 {
 		t.Fatalf("fresh offer expired: %v %v", got, err)
 	}
-	got, err := st.ExpireOffers(ctx, time.Now().Add(time.Minute))
+	got, err := st.ExpireOffers(ctx, st.Now().Add(time.Minute))
 	if err != nil || fmt.Sprint(got) != fmt.Sprint(offered) {
 		t.Fatalf("ExpireOffers = %v, %v; want %v", got, err, offered)
 	}
@@ -122,7 +123,7 @@ func TestUntakenOffersExpire(t *testing.T) {
 // budget after submission waits as preemptible, and its reason says so.
 func TestOverBudgetJobsSayWhy(t *testing.T) {
 	ctx := context.Background()
-	st, pool := seeded(t, "-")
+	st, pool := seededAt(t, "-", storyClock())
 	noah, err := st.UserByEmail(ctx, "noah@example.com")
 	if err != nil {
 		t.Fatal(err)
@@ -172,10 +173,10 @@ func TestAgentRestartEndsLostLeases(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Its exit report may still come; without one, the stop ends it.
-	if n, err := st.EndUnconfirmedStops(ctx, time.Now().Add(-time.Minute)); err != nil || n != 0 {
+	if n, err := st.EndUnconfirmedStops(ctx, st.Now().Add(-time.Minute)); err != nil || n != 0 {
 		t.Fatalf("ended %d leases too early (%v)", n, err)
 	}
-	if n, err := st.EndUnconfirmedStops(ctx, time.Now().Add(time.Minute)); err != nil || n != 1 {
+	if n, err := st.EndUnconfirmedStops(ctx, st.Now().Add(time.Minute)); err != nil || n != 1 {
 		t.Fatalf("EndUnconfirmedStops = %d, %v; want 1", n, err)
 	}
 	j, err := st.GetJob(ctx, ref.JobID)
@@ -193,15 +194,32 @@ func TestAgentRestartEndsLostLeases(t *testing.T) {
 // with the named nodes up as if their agents had registered ("" = all).
 func seeded(t *testing.T, nodes string) (*store.Store, *pgxpool.Pool) {
 	t.Helper()
+	return seededAt(t, nodes, nil)
+}
+
+// storyClock runs at real speed from noon on the 20th of the test clock's
+// month: the demo's budget story (nlp over budget) holds this month then.
+func storyClock() func() time.Time {
+	now := clock.Now()
+	shift := store.MonthStart(now).Add(19*24*time.Hour + 12*time.Hour).Sub(now)
+	return func() time.Time { return clock.Now().Add(shift) }
+}
+
+// seededAt is seeded on the clock now (nil: the test clock).
+func seededAt(t *testing.T, nodes string, now func() time.Time) (*store.Store, *pgxpool.Pool) {
+	t.Helper()
 	t.Parallel()
 	ctx := context.Background()
 	pool := storetest.Pool(t)
 	st := store.New(pool)
+	if now != nil {
+		st.Now = now
+	}
 	if err := demo.Seed(ctx, st); err != nil {
 		t.Fatal(err)
 	}
 	if nodes != "-" {
-		if _, err := pool.Exec(ctx, `UPDATE nodes SET state = 'up', registered_at = now(), last_heartbeat = now() WHERE $1 = '' OR name = $1`, nodes); err != nil {
+		if _, err := pool.Exec(ctx, `UPDATE nodes SET state = 'up', registered_at = $2, last_heartbeat = $2 WHERE $1 = '' OR name = $1`, nodes, st.Now()); err != nil {
 			t.Fatal(err)
 		}
 	}

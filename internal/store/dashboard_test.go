@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allotlabs/allot/internal/clock"
 	"github.com/allotlabs/allot/internal/allot"
 )
 
@@ -21,7 +22,7 @@ func TestQueuePositionFollowsTierOrder(t *testing.T) {
 		}
 		return j
 	}
-	b.pool.Exec(b.ctx, `UPDATE jobs SET state = 'cancelled', ended_at = now() WHERE state = 'pending'`) //nolint:errcheck
+	b.pool.Exec(b.ctx, `UPDATE jobs SET state = 'cancelled', ended_at = $1 WHERE state = 'pending'`, clock.Now()) //nolint:errcheck
 	t3, t4 := submit(allot.Tier3), submit(allot.Tier4)
 	pos := func(j allot.Job) int {
 		t.Helper()
