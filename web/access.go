@@ -36,6 +36,12 @@ var (
 	// Finance is read-only.
 	RuleSubmitter = Rule{Name: "submitter", Deny: "only team members and admins submit jobs",
 		Allow: func(u *allot.User, _ echo.Context) bool { return u.Admin || len(u.Memberships) > 0 }}
+	// RuleCanceller: the same people as RuleSubmitter (the matrix's
+	// "submitter" row), refused with what cancelling takes; the handler
+	// then checks the job itself (its submitter, a lead of its team, an
+	// admin).
+	RuleCanceller = Rule{Name: "submitter", Deny: "only a job's submitter, a lead of its team or an admin can cancel it; finance can see jobs but not cancel them",
+		Allow: RuleSubmitter.Allow}
 	// RuleTeamMember: members of the :team in the path, finance and admins.
 	RuleTeamMember = Rule{Name: "team-member", Deny: "you are not in this team",
 		Allow: func(u *allot.User, c echo.Context) bool { return u.Admin || u.Finance || u.MemberOf(c.Param("team")) }}

@@ -39,7 +39,7 @@ func (s *Server) routes() {
 	r(post, "/jobs", s.submitJobForm, RuleSubmitter)
 	r(post, "/jobs/quota", s.quotaPreview, RuleSubmitter)
 	r(get, "/jobs/:id", s.jobPage, RuleUser)
-	r(post, "/jobs/:id/cancel", s.cancelJobForm, RuleSubmitter)
+	r(post, "/jobs/:id/cancel", s.cancelJobForm, RuleCanceller)
 
 	// Teams, reports, chargeback.
 	r(get, "/teams/:team", s.teamPage, RuleTeamMember)
@@ -86,7 +86,7 @@ func (s *Server) routes() {
 	r(post, api+"/jobs", s.apiSubmitJob, RuleSubmitter)
 	r(get, api+"/jobs", s.apiListJobs, RuleUser)
 	r(get, api+"/jobs/:id", s.apiGetJob, RuleUser)
-	r(post, api+"/jobs/:id/cancel", s.apiCancelJob, RuleSubmitter)
+	r(post, api+"/jobs/:id/cancel", s.apiCancelJob, RuleCanceller)
 	r(get, api+"/jobs/:id/log", s.apiJobLog, RuleUser)
 	r(get, api+"/alerts", s.apiAlerts, RuleUser)
 	r(get, api+"/teams/:team/budget", s.apiTeamBudget, RuleTeamMember)
