@@ -81,9 +81,16 @@ func TestDevNow(t *testing.T) {
 	case <-time.After(90 * time.Second):
 		t.Fatalf("allot dev did not start in 90 s\n%s", stderr.String())
 	}
-	env, err := os.ReadFile(filepath.Join(dir, "tokens.env"))
-	if err != nil {
-		t.Fatal(err)
+	// The tokens file follows the "running" line.
+	var env []byte
+	for wait := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		env, err = os.ReadFile(filepath.Join(dir, "tokens.env"))
+		if err == nil && strings.Contains(string(env), "ALLOT_URL") {
+			break
+		}
+		if time.Now().After(wait) {
+			t.Fatalf("no tokens file: %v\n%s", err, stderr.String())
+		}
 	}
 	tokens := map[string]string{}
 	for _, line := range strings.Split(string(env), "\n") {
