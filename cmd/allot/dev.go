@@ -177,7 +177,38 @@ func devMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		defer stopAgents()
 	}
+	// The tokens, and the file that holds them, come before the banner: who
+	// sees "Allot is running" may read .allot/tokens.env.
+	type personaToken struct{ persona, email, secret string }
+	var printed []personaToken
 	var tokens []envVar
+	for _, p := range demo.Personas {
+		u, err := m.Store.UserByEmail(ctx, demo.PersonaEmail[p])
+		if err != nil {
+			fmt.Fprintf(stderr, "allot dev: %v\n", err)
+			return 1
+		}
+		if err := m.Store.RevokeAPITokensNamed(ctx, u.ID, devTokenName); err != nil {
+			fmt.Fprintf(stderr, "allot dev: %v\n", err)
+			return 1
+		}
+		secret, _, err := m.Store.CreateAPIToken(ctx, u.ID, devTokenName)
+		if err != nil {
+			fmt.Fprintf(stderr, "allot dev: %v\n", err)
+			return 1
+		}
+		printed = append(printed, personaToken{p, u.Email, secret})
+		tokens = append(tokens, envVar{"ALLOT_TOKEN_" + strings.ToUpper(p), secret})
+		if p == demo.Engineer {
+			tokens = append(tokens, envVar{"ALLOT_TOKEN", secret})
+		}
+	}
+	tokens = append(tokens, envVar{"ALLOT_URL", m.URL()})
+	envFile := filepath.Join(stateDir, "tokens.env")
+	envErr := writeEnvFile(envFile, tokens)
+	if envErr != nil {
+		log.Warn("could not write the tokens file", "err", envErr)
+	}
 	fmt.Fprintf(stdout, "\nAllot is running at %s (database: %s, %s)\n", m.URL(), db.Source, redactURL(url))
 	fmt.Fprintf(stdout, "Open %s/login and pick a persona", m.URL())
 	switch {
@@ -195,32 +226,10 @@ func devMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stdout, ".")
 	}
 	fmt.Fprint(stdout, "\nAPI tokens (new at every start; make your own at /tokens):\n")
-	for _, p := range demo.Personas {
-		u, err := m.Store.UserByEmail(ctx, demo.PersonaEmail[p])
-		if err != nil {
-			fmt.Fprintf(stderr, "allot dev: %v\n", err)
-			return 1
-		}
-		if err := m.Store.RevokeAPITokensNamed(ctx, u.ID, devTokenName); err != nil {
-			fmt.Fprintf(stderr, "allot dev: %v\n", err)
-			return 1
-		}
-		secret, _, err := m.Store.CreateAPIToken(ctx, u.ID, devTokenName)
-		if err != nil {
-			fmt.Fprintf(stderr, "allot dev: %v\n", err)
-			return 1
-		}
-		fmt.Fprintf(stdout, "  %-9s %-18s %s\n", p, u.Email, secret)
-		tokens = append(tokens, envVar{"ALLOT_TOKEN_" + strings.ToUpper(p), secret})
-		if p == demo.Engineer {
-			tokens = append(tokens, envVar{"ALLOT_TOKEN", secret})
-		}
+	for _, p := range printed {
+		fmt.Fprintf(stdout, "  %-9s %-18s %s\n", p.persona, p.email, p.secret)
 	}
-	tokens = append(tokens, envVar{"ALLOT_URL", m.URL()})
-	envFile := filepath.Join(stateDir, "tokens.env")
-	if err := writeEnvFile(envFile, tokens); err != nil {
-		log.Warn("could not write the tokens file", "err", err)
-	} else {
+	if envErr == nil {
 		fmt.Fprintf(stdout, "\n(also in %[1]s: `. %[1]s` exports them; the engineer's is ALLOT_TOKEN, the CLI's default)\n", envFile)
 	}
 	if !*noAgents {
