@@ -925,16 +925,14 @@ type PolicyJSON struct {
 	CreatedBy string    `json:"created_by"`
 	Comment   string    `json:"comment"`
 	store.PolicyValues
-	HealthRules []allot.HealthRule `json:"health_rules"`
+	// HealthRules as GET /api/v1/health/rules shows them (durations in the
+	// "10m" form); they are edited there.
+	HealthRules []HealthRuleJSON `json:"health_rules"`
 }
 
 func policyJSON(p allot.Policy) PolicyJSON {
-	rules := p.HealthRules
-	if rules == nil {
-		rules = []allot.HealthRule{}
-	}
 	return PolicyJSON{Version: p.Version, CreatedAt: p.CreatedAt.UTC(), CreatedBy: p.CreatedBy, Comment: p.Comment,
-		PolicyValues: store.PolicyValuesOf(p), HealthRules: rules}
+		PolicyValues: store.PolicyValuesOf(p), HealthRules: rulesJSON(p.HealthRules)}
 }
 
 // updatePolicy merges patch (a JSON object of PolicyValues fields) into
@@ -1035,6 +1033,9 @@ func (s *Server) apiPutPolicy(c echo.Context) error {
 			out := allot.FieldErrors{}
 			for k, v := range f {
 				out[strings.TrimPrefix(k, "PolicyValues.")] = v
+			}
+			if _, ok := out["health_rules"]; ok {
+				out["health_rules"] = "health rules are edited with PUT /api/v1/health/rules (or at /admin/health), not here"
 			}
 			return out.Err()
 		}

@@ -362,8 +362,8 @@ func versionChanges(hist []allot.Policy, i int) []views.FieldChange {
 func policyDoc(p allot.Policy) any {
 	return struct {
 		store.PolicyValues
-		HealthRules []allot.HealthRule `json:"health_rules"`
-	}{store.PolicyValuesOf(p), p.HealthRules}
+		HealthRules []HealthRuleJSON `json:"health_rules"`
+	}{store.PolicyValuesOf(p), rulesJSON(p.HealthRules)}
 }
 
 func (s *Server) versionsPage(c echo.Context) error {

@@ -1,8 +1,10 @@
 package web
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/allotlabs/allot/internal/agentproto"
 	"github.com/allotlabs/allot/internal/allot"
@@ -68,5 +70,36 @@ func TestReadObjectReportsOnlyTheWrongField(t *testing.T) {
 	var hb agentproto.Heartbeat
 	if err := decodeStrict(strings.NewReader(`[]`), &hb); allot.Fields(err)["body"] == "" {
 		t.Errorf("agent heartbeat []: %v", err)
+	}
+}
+
+// TestHealthRuleDurationsAreNotNanoseconds: a rule's duration is given as
+// a duration ("10m") or in seconds (for_s), never both, and shown as a
+// duration wherever the API shows rules (the policy too).
+func TestHealthRuleDurationsAreNotNanoseconds(t *testing.T) {
+	t.Parallel()
+	secs := int64(5400)
+	rules, f := parseRules([]HealthRuleJSON{
+		{Name: "a", Metric: "throttle", For: "10m", Severity: "info", Action: "warn"},
+		{Name: "b", Metric: "throttle", ForS: &secs, Severity: "info", Action: "warn"},
+		{Name: "c", Metric: "throttle", Severity: "info", Action: "warn"},
+	})
+	if len(f) != 0 || rules[0].For != 10*time.Minute || rules[1].For != 90*time.Minute || rules[2].For != 0 {
+		t.Errorf("rules %+v, errors %v", rules, f)
+	}
+	neg := int64(-1)
+	_, f = parseRules([]HealthRuleJSON{
+		{Name: "a", Metric: "throttle", For: "10m", ForS: &secs, Severity: "info", Action: "warn"},
+		{Name: "b", Metric: "throttle", For: "1h1h", Severity: "info", Action: "warn"},
+		{Name: "c", Metric: "throttle", ForS: &neg, Severity: "info", Action: "warn"},
+		{Name: "d", Metric: "throttle", For: "90s500ms", Severity: "info", Action: "warn"},
+	})
+	if !strings.Contains(f["rules[0].for"], "not both") || !strings.Contains(f["rules[1].for"], "appears twice") ||
+		!strings.Contains(f["rules[2].for_s"], "between 0 and") || !strings.Contains(f["rules[3].for"], "whole seconds") {
+		t.Errorf("errors %v", f)
+	}
+	b, _ := json.Marshal(policyJSON(allot.Policy{HealthRules: allot.DefaultHealthRules()}))
+	if !strings.Contains(string(b), `"for":"10m"`) || !strings.Contains(string(b), `"for":"1h"`) || strings.Contains(string(b), "600000000000") {
+		t.Errorf("policy JSON shows rules as %s", b)
 	}
 }

@@ -74,31 +74,69 @@ type NodeDetailJSON struct {
 	Events []HealthEventJSON `json:"health_events"`
 }
 
-// HealthRuleJSON is a rule in the API, with durations as strings ("10m").
+// HealthRuleJSON is a rule in the API. Its duration is shown in the
+// duration form ("for": "10m", "0s" for at once), like every duration in
+// the portal; a client may send it so or as whole seconds ("for_s": 600),
+// as it sends a job's time_limit or time_limit_s.
 type HealthRuleJSON struct {
 	Name     string  `json:"name"`
 	Metric   string  `json:"metric"`
 	Match    []int   `json:"match"`
 	Over     float64 `json:"over"`
 	For      string  `json:"for"`
+	ForS     *int64  `json:"for_s,omitempty"` // input only: the duration in seconds
 	Severity string  `json:"severity"`
 	Action   string  `json:"action"`
 }
 
-// HealthRulesJSON is GET/PUT /api/v1/health/rules.
+// HealthRulesJSON is GET/PUT /api/v1/health/rules. auto_undrain_after is
+// a duration ("30m", "0s" = never); PUT also takes auto_undrain_after_s
+// (seconds) instead.
 type HealthRulesJSON struct {
-	Version          int64            `json:"version,omitempty"`
-	Rules            []HealthRuleJSON `json:"rules"`
-	AutoUndrainAfter string           `json:"auto_undrain_after"`
-	Note             string           `json:"note,omitempty"`
+	Version           int64            `json:"version,omitempty"`
+	Rules             []HealthRuleJSON `json:"rules"`
+	AutoUndrainAfter  string           `json:"auto_undrain_after"`
+	AutoUndrainAfterS *int64           `json:"auto_undrain_after_s,omitempty"`
+	Note              string           `json:"note,omitempty"`
 }
 
 func ruleJSON(r allot.HealthRule) HealthRuleJSON {
-	m := r.Match
-	if m == nil {
-		m = []int{}
+	d := allot.HealthRuleDocs([]allot.HealthRule{r})[0]
+	return HealthRuleJSON{Name: d.Name, Metric: d.Metric, Match: d.Match, Over: d.Over, For: d.For, Severity: d.Severity, Action: d.Action}
+}
+
+// rulesJSON is rules as the API shows them (never nil).
+func rulesJSON(rules []allot.HealthRule) []HealthRuleJSON {
+	out := make([]HealthRuleJSON, 0, len(rules))
+	for _, r := range rules {
+		out = append(out, ruleJSON(r))
 	}
-	return HealthRuleJSON{Name: r.Name, Metric: r.Metric, Match: m, Over: r.Over, For: allot.FormatDuration(r.For), Severity: r.Severity, Action: r.Action}
+	return out
+}
+
+// durationField reads a duration given as text (the "10m" form, or plain
+// seconds) or as whole seconds; name is the text field's key, name+"_s"
+// the seconds'. Neither given: 0, false.
+func durationField(f allot.FieldErrors, name, text string, secs *int64) (time.Duration, bool) {
+	text = strings.TrimSpace(text)
+	switch {
+	case secs != nil && text != "":
+		f.Add(name, "give %s or %s_s, not both", name, name)
+	case secs != nil:
+		if *secs < 0 || *secs > int64(30*24*time.Hour/time.Second) {
+			f.Add(name+"_s", "must be between 0 and 2592000 seconds (30 days)")
+			return 0, false
+		}
+		return time.Duration(*secs) * time.Second, true
+	case text != "":
+		d, err := allot.ParseDuration(text)
+		if err != nil {
+			f.Add(name, "must be a duration such as 10m, 1h30m or 0s (or %s_s in seconds): %v", name, err)
+			return 0, false
+		}
+		return d, true
+	}
+	return 0, false
 }
 
 // parseRules turns API/form rules into domain rules; duration errors are
@@ -107,13 +145,7 @@ func parseRules(in []HealthRuleJSON) ([]allot.HealthRule, allot.FieldErrors) {
 	f := allot.FieldErrors{}
 	out := make([]allot.HealthRule, 0, len(in))
 	for i, r := range in {
-		var d time.Duration
-		if strings.TrimSpace(r.For) != "" {
-			var err error
-			if d, err = allot.ParseDuration(r.For); err != nil {
-				f.Add(fmt.Sprintf("rules[%d].for", i), "must be a duration such as 10m or 1h")
-			}
-		}
+		d, _ := durationField(f, fmt.Sprintf("rules[%d].for", i), r.For, r.ForS)
 		out = append(out, allot.HealthRule{Name: strings.TrimSpace(r.Name), Metric: strings.TrimSpace(r.Metric), Match: r.Match, Over: r.Over, For: d,
 			Severity: strings.TrimSpace(r.Severity), Action: strings.TrimSpace(r.Action)})
 	}
@@ -255,11 +287,7 @@ func (s *Server) apiHealthRules(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	out := HealthRulesJSON{Version: p.Version, Rules: []HealthRuleJSON{}, AutoUndrainAfter: allot.FormatDuration(p.AutoUndrainAfter)}
-	for _, r := range p.HealthRules {
-		out.Rules = append(out.Rules, ruleJSON(r))
-	}
-	return writeJSON(c, http.StatusOK, out)
+	return writeJSON(c, http.StatusOK, HealthRulesJSON{Version: p.Version, Rules: rulesJSON(p.HealthRules), AutoUndrainAfter: allot.FormatDuration(p.AutoUndrainAfter)})
 }
 
 func (s *Server) apiSetHealthRules(c echo.Context) error {
@@ -272,11 +300,7 @@ func (s *Server) apiSetHealthRules(c echo.Context) error {
 	}
 	rules, f := parseRules(in.Rules)
 	var undrain *time.Duration
-	if in.AutoUndrainAfter != "" {
-		d, err := allot.ParseDuration(in.AutoUndrainAfter)
-		if err != nil {
-			f.Add("auto_undrain_after", "must be a duration such as 30m or 0s")
-		}
+	if d, ok := durationField(f, "auto_undrain_after", in.AutoUndrainAfter, in.AutoUndrainAfterS); ok {
 		undrain = &d
 	}
 	if err := f.Err(); err != nil {

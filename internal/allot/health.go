@@ -38,6 +38,33 @@ type HealthRule struct {
 	Action   string        `json:"action"`   // HealthWarn, HealthDrain, HealthDrainAndRequeue
 }
 
+// HealthRuleDoc is a rule as people and the audit log read it: its
+// duration in the "10m" form, like every duration Allot shows. (HealthRule's
+// own JSON, stored with each policy version, keeps "for" in nanoseconds;
+// it is not shown.)
+type HealthRuleDoc struct {
+	Name     string  `json:"name"`
+	Metric   string  `json:"metric"`
+	Match    []int   `json:"match"`
+	Over     float64 `json:"over"`
+	For      string  `json:"for"`
+	Severity string  `json:"severity"`
+	Action   string  `json:"action"`
+}
+
+// HealthRuleDocs is rules as HealthRuleDocs (never nil).
+func HealthRuleDocs(rules []HealthRule) []HealthRuleDoc {
+	out := make([]HealthRuleDoc, 0, len(rules))
+	for _, r := range rules {
+		m := r.Match
+		if m == nil {
+			m = []int{}
+		}
+		out = append(out, HealthRuleDoc{Name: r.Name, Metric: r.Metric, Match: m, Over: r.Over, For: FormatDuration(r.For), Severity: r.Severity, Action: r.Action})
+	}
+	return out
+}
+
 // Health-rule metrics the agents report.
 const (
 	MetricECCDoubleBit = "ecc_dbe"      // volatile double-bit (uncorrectable) ECC error total of a GPU (since the driver loaded)
@@ -118,6 +145,8 @@ func ValidateHealthRules(rules []HealthRule) error {
 		}
 		if r.For < 0 || r.For > 30*24*time.Hour {
 			f.Add(k("for"), "must be between 0 and 30 days")
+		} else if r.For%time.Second != 0 {
+			f.Add(k("for"), "must be whole seconds")
 		}
 		if len(r.Match) > 0 && r.Metric != MetricXID && r.Metric != MetricThrottle {
 			f.Add(k("match"), "only xid and throttle rules take a match list")

@@ -286,16 +286,17 @@ func (s *Store) SetHealthRules(ctx context.Context, actor string, rules []allot.
 	}
 	return s.changeIfAny(ctx, PolicyChange{Actor: actor, Action: "health.update", Object: "policy:health_rules", Note: note},
 		func(_ *Store, p *allot.Policy) (any, any, error) {
+			// The audit entry shows durations as people read them ("10m").
 			type view struct {
-				Rules       []allot.HealthRule `json:"rules"`
-				AutoUndrain string             `json:"auto_undrain_after"`
+				Rules       []allot.HealthRuleDoc `json:"rules"`
+				AutoUndrain string                `json:"auto_undrain_after"`
 			}
-			before := view{p.HealthRules, p.AutoUndrainAfter.String()}
+			before := view{allot.HealthRuleDocs(p.HealthRules), allot.FormatDuration(p.AutoUndrainAfter)}
 			p.HealthRules = rules
 			if autoUndrain != nil {
 				p.AutoUndrainAfter = *autoUndrain
 			}
-			return before, view{p.HealthRules, p.AutoUndrainAfter.String()}, nil
+			return before, view{allot.HealthRuleDocs(p.HealthRules), allot.FormatDuration(p.AutoUndrainAfter)}, nil
 		})
 }
 
