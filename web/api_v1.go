@@ -345,8 +345,8 @@ func (s *Server) apiSubmitJob(c echo.Context) error {
 		return &badRequest{"Content-Type must be application/json"}
 	}
 	spec, perr := decodeJobRequest(c.Request().Body)
-	if perr != nil && allot.Fields(perr) == nil {
-		return perr
+	if f := allot.Fields(perr); perr != nil && (f == nil || f["body"] != "") {
+		return perr // not a job spec at all: nothing to check it against
 	}
 	j, err := s.submit(c, u, spec, perr)
 	if err != nil {
@@ -368,8 +368,11 @@ func parseJobFilter(c echo.Context, u *allot.User) (store.JobFilter, error) {
 	errs := allot.FieldErrors{}
 	if st := c.QueryParam("state"); st != "" {
 		state, ok := allot.ParseJobState(st)
-		if !ok {
-			errs.Add("state", "unknown state %q", st)
+		switch {
+		case st == "preempted" || st == "lost":
+			errs.Add("state", "no job is ever %s: a preempted job, or one whose node stopped answering, goes back to pending (or fails, with end reason node_lost); its page shows each preemption and lost node", st)
+		case !ok:
+			errs.Add("state", "unknown state %q: use pending, running, completed, failed or cancelled", st)
 		}
 		f.State = state
 	}

@@ -575,7 +575,38 @@ func jobDetailJSON(j *allot.Job, x jobExplanation) JobDetailJSON {
 	return out
 }
 
-// timeline turns the job and its run segments into the steps of its life.
+// nodeWords names a run segment's node(s) in a sentence.
+func nodeWords(nodes []string) string {
+	switch len(nodes) {
+	case 0:
+		return "its node"
+	case 1:
+		return "node " + nodes[0]
+	}
+	return "a node of its gang (" + strings.Join(nodes, ", ") + ")"
+}
+
+// stopReasonText words a run segment's stop reason for the timeline.
+func stopReasonText(reason string, nodes []string) string {
+	node := nodeWords(nodes)
+	switch reason {
+	case "":
+		return node + " was lost"
+	case store.StopDrain:
+		return node + " was drained and its jobs requeued (credited like a preemption)"
+	case "agent_restarted":
+		return "the agent on " + strings.TrimPrefix(node, "node ") + " restarted without it"
+	case "gang_member_failed":
+		return "another member of its gang failed"
+	case "offer_expired":
+		return "the agent on " + strings.TrimPrefix(node, "node ") + " did not take it in time"
+	}
+	return reason
+}
+
+// timeline turns the job and its run segments into the steps of its life:
+// a preemption or a lost node shows as its own step (the job itself goes
+// straight back to pending, or fails).
 func timeline(j *allot.Job, segs []store.RunSegment, now time.Time) []views.TimelineEvent {
 	ev := []views.TimelineEvent{{At: fmtTime(j.SubmittedAt), Kind: "submitted", What: "Submitted",
 		Detail: fmt.Sprintf("by %s, tier %s, %d GPUs", j.User, j.Tier, j.GPUs)}}
@@ -584,6 +615,7 @@ func timeline(j *allot.Job, segs []store.RunSegment, now time.Time) []views.Time
 		ev = append(ev, views.TimelineEvent{At: fmtTime(r.Start), Kind: "started", What: fmt.Sprintf("Run %d started", r.Segment),
 			Detail: fmt.Sprintf("%d GPUs on %s", r.GPUs, nodes)})
 		last := i == len(segs)-1
+		requeued := !last || j.State == allot.JobPending || j.State == allot.JobRunning
 		switch {
 		case r.End.IsZero():
 			ev = append(ev, views.TimelineEvent{At: "now", Kind: "running", What: fmt.Sprintf("Run %d running", r.Segment),
@@ -594,12 +626,16 @@ func timeline(j *allot.Job, segs []store.RunSegment, now time.Time) []views.Time
 				d = fmt.Sprintf("by job %d; ", r.PreemptedBy) + d
 			}
 			ev = append(ev, views.TimelineEvent{At: fmtTime(r.End), Kind: "preempted", What: fmt.Sprintf("Run %d preempted", r.Segment), Detail: d})
-		case !last || j.State == allot.JobPending:
-			why := r.StopReason
-			if why == "" {
-				why = "its node was lost"
+		case strings.Contains(r.StopReason, "node_lost"):
+			d := "requeued with its original submit time; being checkpointable, it resumes from its last checkpoint"
+			if !requeued {
+				d = "not checkpointable, so it cannot resume elsewhere: the job failed"
 			}
-			ev = append(ev, views.TimelineEvent{At: fmtTime(r.End), Kind: "requeued", What: fmt.Sprintf("Run %d stopped, requeued", r.Segment), Detail: why})
+			ev = append(ev, views.TimelineEvent{At: fmtTime(r.End), Kind: "lost",
+				What: fmt.Sprintf("Run %d lost: %s stopped answering", r.Segment, nodeWords(r.Nodes)), Detail: d})
+		case requeued:
+			ev = append(ev, views.TimelineEvent{At: fmtTime(r.End), Kind: "requeued", What: fmt.Sprintf("Run %d stopped, requeued", r.Segment),
+				Detail: stopReasonText(r.StopReason, r.Nodes)})
 		default:
 			if j.EndedAt.IsZero() {
 				ev = append(ev, views.TimelineEvent{At: fmtTime(r.End), Kind: "ended", What: fmt.Sprintf("Run %d released its GPUs", r.Segment), Detail: r.StopReason})

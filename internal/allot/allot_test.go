@@ -16,11 +16,7 @@ func TestJobTransitions(t *testing.T) {
 		{allot.JobRunning, allot.JobCompleted}: true,
 		{allot.JobRunning, allot.JobFailed}:    true,
 		{allot.JobRunning, allot.JobCancelled}: true,
-		{allot.JobRunning, allot.JobPreempted}: true,
-		{allot.JobRunning, allot.JobLost}:      true,
-		{allot.JobPreempted, allot.JobPending}: true,
-		{allot.JobLost, allot.JobPending}:      true,
-		{allot.JobLost, allot.JobFailed}:       true,
+		{allot.JobRunning, allot.JobPending}:   true, // requeued
 	}
 	for _, from := range allot.JobStates {
 		for _, to := range allot.JobStates {

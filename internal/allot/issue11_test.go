@@ -70,3 +70,25 @@ func TestParseDurationUnitsOnceLargestFirst(t *testing.T) {
 		}
 	}
 }
+
+// TestOnlyWrittenJobStates: the states offered as filters are the ones a
+// job is ever in; preempted and lost jobs are requeued (running → pending)
+// or fail, in one transaction.
+func TestOnlyWrittenJobStates(t *testing.T) {
+	t.Parallel()
+	for _, s := range []string{"preempted", "lost"} {
+		if _, ok := allot.ParseJobState(s); ok {
+			t.Errorf("state %q is accepted, but no job is ever in it", s)
+		}
+	}
+	var names []string
+	for _, s := range allot.JobStates {
+		names = append(names, string(s))
+	}
+	if got := strings.Join(names, ","); got != "pending,running,completed,failed,cancelled" {
+		t.Errorf("JobStates = %s", got)
+	}
+	if !allot.CanTransition(allot.JobRunning, allot.JobPending) {
+		t.Error("a requeue (running → pending) must be a legal transition")
+	}
+}

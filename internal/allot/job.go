@@ -12,6 +12,13 @@ import (
 )
 
 // JobState is where a job is in its life.
+//
+// A job stopped for a higher claim (preemption, a drain with requeue) or
+// whose node stopped answering is not in a state of its own: in the same
+// transaction it goes back to pending (checkpointable, or preempted) or
+// ends failed with end reason node_lost. What happened is kept on its run
+// segments (stop reason, who preempted it) and its preemption count, and
+// the job's timeline shows it.
 type JobState string
 
 const (
@@ -20,12 +27,10 @@ const (
 	JobCompleted JobState = "completed"
 	JobFailed    JobState = "failed"
 	JobCancelled JobState = "cancelled"
-	JobPreempted JobState = "preempted" // stopped for a higher claim; goes back to pending
-	JobLost      JobState = "lost"      // its node stopped answering; requeued or failed
 )
 
-// JobStates lists every state.
-var JobStates = []JobState{JobPending, JobRunning, JobCompleted, JobFailed, JobCancelled, JobPreempted, JobLost}
+// JobStates lists every state a job is ever in.
+var JobStates = []JobState{JobPending, JobRunning, JobCompleted, JobFailed, JobCancelled}
 
 // ParseJobState returns the state named s.
 func ParseJobState(s string) (JobState, bool) {
@@ -38,10 +43,10 @@ func ParseJobState(s string) (JobState, bool) {
 }
 
 var transitions = map[JobState][]JobState{
-	JobPending:   {JobRunning, JobCancelled},
-	JobRunning:   {JobCompleted, JobFailed, JobCancelled, JobPreempted, JobLost},
-	JobPreempted: {JobPending},
-	JobLost:      {JobPending, JobFailed},
+	JobPending: {JobRunning, JobCancelled},
+	// Running → pending: requeued after a preemption, a drain with requeue
+	// or a lost node.
+	JobRunning: {JobCompleted, JobFailed, JobCancelled, JobPending},
 }
 
 // CanTransition reports whether a job may move from one state to another.
