@@ -42,6 +42,7 @@ func devMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	noOIDC := fs.Bool("no-oidc", false, "do not start the development OIDC provider (with ALLOT_OIDC_ISSUER set, that provider is used instead)")
 	oidcAddr := fs.String("oidc-addr", defaultDevOIDCAddr, "listen address of the development OIDC provider; when the default is taken it moves to a free port and says so, when one given here is taken allot dev stops")
 	oidcPassword := fs.String("oidc-password", "demo", "password of the development OIDC provider's users noah, nadia, finn and ada")
+	jobsDir := fs.String("jobs-dir", "", "working directory of jobs that name none, holding the demo's train.py, eval.py and sweep.py (default: work next to --data-dir, .allot/work)")
 	faultsDir := fs.String("faults-dir", "", "folder whose <node>.json files inject GPU faults into the in-process agents (default: faults next to --data-dir, .allot/faults)")
 	now := fs.String("now", "", "run the whole demo as if it were this RFC 3339 instant (e.g. 2026-12-01T00:00:30Z); time then passes at real speed (default: env ALLOT_NOW, else the real time)")
 	level := cliflag.LogLevel(fs, slog.LevelInfo, "log `level`: debug, info, warn or error (default info; debug adds River's own lines and the agents')")
@@ -107,8 +108,16 @@ func devMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if *faultsDir, err = filepath.Abs(*faultsDir); err == nil {
 		err = os.MkdirAll(*faultsDir, 0o755)
 	}
+	if err == nil {
+		if *jobsDir == "" {
+			*jobsDir = filepath.Join(stateDir, "work")
+		}
+		if *jobsDir, err = filepath.Abs(*jobsDir); err == nil {
+			err = demo.WriteWorkspace(*jobsDir)
+		}
+	}
 	if err != nil {
-		fmt.Fprintf(stderr, "allot dev: --faults-dir: %v\n", err)
+		fmt.Fprintf(stderr, "allot dev: --faults-dir or --jobs-dir: %v\n", err)
 		return 1
 	}
 	cpRoot, _ := filepath.Abs(filepath.Join(stateDir, "checkpoints"))
@@ -170,7 +179,7 @@ func devMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	if !*noAgents {
-		stopAgents, err := startDevAgentsWithFaults(ctx, m, slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: quiet})), *faultsDir)
+		stopAgents, err := startDevAgentsWithFaults(ctx, m, slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: quiet})), *faultsDir, *jobsDir)
 		if err != nil {
 			fmt.Fprintf(stderr, "allot dev: %v\n", err)
 			return 1
@@ -238,10 +247,10 @@ func devMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, `
 Try (make build first: bin/allot exits 2 on bad flags and 1 when the server refuses; go run always exits 1):
   . %[2]s
-  bin/allot submit --team nlp --tier 3 --gpus 8 --time 4h -- python train.py --lr 3e-4
+  bin/allot submit --team nlp --tier 3 --gpus 8 --time 4h -- python3 train.py --lr 3e-4
   bin/allot jobs
   curl -H "Authorization: Bearer $ALLOT_TOKEN" -H "Content-Type: application/json" \
-       -d '{"team":"nlp","tier":3,"gpus":1,"time_limit":"1h","command":["python","eval.py"]}' %[1]s/api/v1/jobs
+       -d '{"team":"nlp","tier":3,"gpus":1,"time_limit":"1h","command":["python3","eval.py"]}' %[1]s/api/v1/jobs
 
 Ctrl-C stops everything.
 `, m.URL(), envFile)

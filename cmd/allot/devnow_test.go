@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -153,6 +154,38 @@ func TestDevNow(t *testing.T) {
 			t.Fatalf("%d of 16 nodes up after 60 s", up)
 		}
 		time.Sleep(500 * time.Millisecond)
+	}
+	// The README's example runs as written: python3 train.py in the demo's
+	// job directory (.allot/work next to --data-dir), its output in the log.
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Log("no python3: the README example is not run")
+	} else {
+		body := `{"team":"nlp","tier":3,"gpus":8,"gpu_type":"A100-80GB","time_limit":"4h","command":["python3","train.py","--lr","3e-4"]}`
+		req, _ := http.NewRequest("POST", base+"/api/v1/jobs", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+tokens["ALLOT_TOKEN"])
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var job web.JobJSON
+		json.NewDecoder(resp.Body).Decode(&job) //nolint:errcheck
+		resp.Body.Close()
+		if resp.StatusCode != 201 {
+			t.Fatalf("submitting the README example: %d", resp.StatusCode)
+		}
+		for wait := time.Now().Add(60 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+			var log web.JobLogJSON
+			get(fmt.Sprintf("/api/v1/jobs/%d/log", job.ID), tokens["ALLOT_TOKEN"], &log)
+			if l := strings.Join(log.Lines, "\n"); strings.Contains(l, "train: args ['--lr', '3e-4']") {
+				break
+			} else if time.Now().After(wait) || strings.Contains(l, "can't open file") {
+				t.Fatalf("the README example did not run in the demo's job directory: %q", l)
+			}
+		}
+		if st, err := os.Stat(filepath.Join(dir, "work", "train.py")); err != nil || st.Size() == 0 {
+			t.Errorf("no .allot/work/train.py: %v", err)
+		}
 	}
 	pool, err := store.Open(context.Background(), strings.TrimSpace(cmdDatabaseURL(cmd.Env)))
 	if err != nil {

@@ -97,12 +97,13 @@ func cmdNodeToken(args []string, stdout, stderr io.Writer) int {
 // startDevAgents runs one in-process agent with fake GPUs for every node,
 // so demo jobs really run. They stop when ctx ends.
 func startDevAgents(ctx context.Context, m *Main, log *slog.Logger) (func(), error) {
-	return startDevAgentsWithFaults(ctx, m, log, "")
+	return startDevAgentsWithFaults(ctx, m, log, "", "")
 }
 
 // startDevAgentsWithFaults is startDevAgents whose agents read injected
-// GPU faults from faultsDir/<node>.json ("": none).
-func startDevAgentsWithFaults(ctx context.Context, m *Main, log *slog.Logger, faultsDir string) (func(), error) {
+// GPU faults from faultsDir/<node>.json ("": none) and run jobs that name
+// no working directory in workDir ("": the process's own).
+func startDevAgentsWithFaults(ctx context.Context, m *Main, log *slog.Logger, faultsDir, workDir string) (func(), error) {
 	nodes, err := m.Store.ListNodes(ctx)
 	if err != nil {
 		return nil, err
@@ -126,7 +127,7 @@ func startDevAgentsWithFaults(ctx context.Context, m *Main, log *slog.Logger, fa
 		a := agent.New(agent.Config{Server: m.URL(), Token: tok, Hostname: n.Name, Domain: n.Domain, HeartbeatInterval: m.HeartbeatInterval,
 			Backend: agent.NewFake(agent.FakeOptions{GPUs: n.GPUCount, Model: n.GPUType, MemoryMiB: mem, Hostname: n.Name,
 				FaultFile: devFaultFile(faultsDir, n.Name)}),
-			Logger: log.With("node", n.Name), ShutdownGrace: 5e9})
+			Logger: log.With("node", n.Name), ShutdownGrace: 5e9, WorkDir: workDir})
 		go func() {
 			if err := a.Run(actx); err != nil && actx.Err() == nil {
 				log.Error("agent stopped", "node", n.Name, "err", err)

@@ -45,6 +45,9 @@ type Config struct {
 	// (KEY=VALUE). Default: PATH, HOME, LANG, USER and TMPDIR from the
 	// agent's own environment.
 	BaseEnv []string
+	// WorkDir is the working directory of a job that names none
+	// (JobSpec.WorkDir). Default: the agent's own working directory.
+	WorkDir string
 
 	StopGrace      time.Duration // grace of a Stop order without one, default 120s
 	TimeLimitGrace time.Duration // grace after the time limit, default 30s

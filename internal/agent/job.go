@@ -99,6 +99,9 @@ func (a *Agent) start(ref agentproto.LeaseRef) {
 	cmd := exec.Command(l.Command[0], l.Command[1:]...)
 	cmd.Env = jobEnv(a.cfg.BaseEnv, l.Env)
 	cmd.Dir = l.WorkDir
+	if cmd.Dir == "" {
+		cmd.Dir = a.cfg.WorkDir
+	}
 	cmd.Stdout = pw
 	cmd.Stderr = pw
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

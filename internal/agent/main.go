@@ -49,6 +49,7 @@ func MainContext(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	healthCmd := fs.String("health-cmd", "", "health check program run every --health-interval; a non-zero exit reports the node unhealthy with its output")
 	healthEvery := fs.Duration("health-interval", 60*time.Second, "how often --health-cmd runs (also its timeout, at most 5m)")
+	workDir := fs.String("workdir", "", "absolute working directory of jobs that name none (default: the agent's own)")
 	fakeFaults := fs.String("fake-faults", "", `fake backend: JSON file of injected faults, re-read at every reading, e.g. {"gpus":[{"index":3,"ecc_dbe":1}]}`)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: allot agent --server URL --token TOKEN [flags]")
@@ -87,6 +88,11 @@ func MainContext(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	if *healthCmd != "" {
 		if st, err := os.Stat(*healthCmd); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
 			return bad("--health-cmd %s is not an executable file", *healthCmd)
+		}
+	}
+	if *workDir != "" {
+		if st, err := os.Stat(*workDir); !strings.HasPrefix(*workDir, "/") || err != nil || !st.IsDir() {
+			return bad("--workdir %q must be an absolute path to a directory", *workDir)
 		}
 	}
 	if *fakeFaults != "" && *gpu != "fake" {
@@ -129,7 +135,7 @@ func MainContext(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	a := New(Config{
 		Server: *server, Token: token, Hostname: *hostname, Domain: *domain,
 		Backend: backend, HeartbeatInterval: *heartbeat, Logger: logger,
-		HealthCmd: *healthCmd, HealthInterval: *healthEvery,
+		HealthCmd: *healthCmd, HealthInterval: *healthEvery, WorkDir: *workDir,
 	})
 
 	if *metricsAddr != "" {

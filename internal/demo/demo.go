@@ -8,6 +8,8 @@ package demo
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/allotlabs/allot/internal/allot"
@@ -422,4 +424,68 @@ func seedActivity(ctx context.Context, st *store.Store) error {
 		return err
 	}
 	return st.BackfillTeamUsage(ctx, p.HalfLife)
+}
+
+// Workspace is what `allot dev` puts in the directory its in-process
+// agents run jobs in (agent.Config.WorkDir) when a job names none: the
+// scripts the README's and the demo's examples run, as stand-ins that work
+// anywhere with a python3 (or python). Each prints steps and a loss, stops
+// cleanly on SIGTERM, and checkpoints into ALLOT_CHECKPOINT_DIR when set.
+var Workspace = map[string]string{
+	"train.py": standIn("train", 600),
+	"eval.py":  standIn("eval", 60),
+	"sweep.py": standIn("sweep", 300),
+	"README.txt": `This is the demo's job directory: a job submitted without a working
+directory (--workdir, "workdir") runs here. train.py, eval.py and sweep.py
+are stand-ins for real training scripts: they print a step and a loss
+every 5 seconds, honour SIGTERM (preemption) and write a checkpoint into
+$ALLOT_CHECKPOINT_DIR when the job is checkpointable.
+`,
+}
+
+func standIn(name string, secs int) string {
+	return fmt.Sprintf(`#!/usr/bin/env python3
+"""Allot demo stand-in for %[1]s: prints steps and a loss, honours SIGTERM
+and checkpoints into $ALLOT_CHECKPOINT_DIR. Arguments are shown, not used."""
+import os, signal, sys, time
+
+def stop(signum, frame):
+    print("%[1]s: SIGTERM, checkpointing and stopping", flush=True)
+    sys.exit(0)
+
+signal.signal(signal.SIGTERM, stop)
+print("%[1]s: args %%s on GPUs %%s (rank %%s of %%s)" %% (sys.argv[1:], os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+      os.environ.get("RANK", "0"), os.environ.get("WORLD_SIZE", "1")), flush=True)
+ckpt = os.environ.get("ALLOT_CHECKPOINT_DIR", "")
+step = 0
+if ckpt and os.path.exists(os.path.join(ckpt, "step")):
+    step = int(open(os.path.join(ckpt, "step")).read() or 0)
+    print("%[1]s: resuming from step %%d" %% step, flush=True)
+while step < %[2]d:
+    time.sleep(5)
+    step += 5
+    if ckpt:
+        with open(os.path.join(ckpt, "step"), "w") as f:
+            f.write(str(step))
+    print("%[1]s step %%d loss %%.4f" %% (step, 2.0 / (1 + step / 100.0)), flush=True)
+print("%[1]s: done", flush=True)
+`, name, secs)
+}
+
+// WriteWorkspace writes Workspace into dir (created if needed), leaving
+// files a user changed alone.
+func WriteWorkspace(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("demo workspace: %w", err)
+	}
+	for name, body := range Workspace {
+		p := filepath.Join(dir, name)
+		if _, err := os.Stat(p); err == nil {
+			continue
+		}
+		if err := os.WriteFile(p, []byte(body), 0o755); err != nil {
+			return fmt.Errorf("demo workspace: %w", err)
+		}
+	}
+	return nil
 }

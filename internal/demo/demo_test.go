@@ -1,8 +1,13 @@
 package demo_test
 
 import (
+	"bufio"
 	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -155,5 +160,49 @@ func TestSeedIsAllOrNothing(t *testing.T) {
 	}
 	if err := demo.Seed(ctx, st); err == nil || !strings.Contains(err.Error(), "already holds") {
 		t.Fatalf("seeding over teams: %v; want a refusal", err)
+	}
+}
+
+// The demo workspace's stand-ins run as the README's examples do: they
+// start, print a step, and stop cleanly on SIGTERM, checkpointing.
+func TestWorkspaceStandIns(t *testing.T) {
+	t.Parallel()
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("no python3 on this machine: the demo's stand-ins need one")
+	}
+	dir, ckpt := t.TempDir(), t.TempDir()
+	if err := demo.WriteWorkspace(dir); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(py, "train.py", "--lr", "3e-4")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "ALLOT_CHECKPOINT_DIR="+ckpt, "CUDA_VISIBLE_DEVICES=0,1")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(out)
+	var lines []string
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+		if strings.HasPrefix(sc.Text(), "train step 5 ") {
+			cmd.Process.Signal(syscall.SIGTERM) //nolint:errcheck
+		}
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("train.py after SIGTERM: %v\n%s", err, strings.Join(lines, "\n"))
+	}
+	got := strings.Join(lines, "\n")
+	for _, want := range []string{"['--lr', '3e-4'] on GPUs 0,1", "train step 5 loss", "SIGTERM, checkpointing"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("output lacks %q:\n%s", want, got)
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(ckpt, "step")); err != nil || string(b) != "5" {
+		t.Errorf("checkpoint %q, %v", b, err)
 	}
 }
