@@ -69,7 +69,7 @@ func devMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		clock.Set(at)
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level.Level}))
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level.Level, ReplaceAttr: clock.LogTime}))
 	// The in-process agents and burst nodes are 16+ loggers of their own:
 	// warnings only, unless asked for debug.
 	quiet := max(level.Level, slog.LevelWarn)
@@ -140,7 +140,7 @@ func devMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			log.Warn(oidcMoved)
 		}
 	}
-	local := newLocalBurst(m, slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: quiet})))
+	local := newLocalBurst(m, slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: quiet, ReplaceAttr: clock.LogTime})))
 	defer local.Close()
 	if m.Burst, err = bf.config(local); err != nil {
 		fmt.Fprintf(stderr, "allot dev: %v\n", err)
@@ -179,7 +179,7 @@ func devMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	if !*noAgents {
-		stopAgents, err := startDevAgentsWithFaults(ctx, m, slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: quiet})), *faultsDir, *jobsDir)
+		stopAgents, err := startDevAgentsWithFaults(ctx, m, slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: quiet, ReplaceAttr: clock.LogTime})), *faultsDir, *jobsDir)
 		if err != nil {
 			fmt.Fprintf(stderr, "allot dev: %v\n", err)
 			return 1

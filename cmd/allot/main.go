@@ -16,6 +16,7 @@ import (
 
 	"github.com/allotlabs/allot/internal/agent"
 	"github.com/allotlabs/allot/internal/cliflag"
+	"github.com/allotlabs/allot/internal/clock"
 	"github.com/allotlabs/allot/internal/scheduler/sim"
 	"github.com/allotlabs/allot/internal/store"
 	"github.com/allotlabs/allot/web"
@@ -123,7 +124,7 @@ func cmdServe(name string, args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "allot %s: %v\n", name, err)
 		return 2
 	}
-	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level.Level}))
+	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level.Level, ReplaceAttr: clock.LogTime}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	cfg := Config{DatabaseURL: url, Migrate: *migrate, Logger: log}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/allotlabs/allot/internal/cliflag"
+	"github.com/allotlabs/allot/internal/clock"
 )
 
 // Main runs `allot agent` with args (without the subcommand name) and
@@ -131,7 +132,7 @@ func MainContext(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	}
 	defer backend.Close()
 
-	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level, ReplaceAttr: clock.LogTime}))
 	a := New(Config{
 		Server: *server, Token: token, Hostname: *hostname, Domain: *domain,
 		Backend: backend, HeartbeatInterval: *heartbeat, Logger: logger,

@@ -21,6 +21,7 @@ package clock
 
 import (
 	"fmt"
+	"log/slog"
 	"os"
 	"sync/atomic"
 	"testing"
@@ -105,3 +106,12 @@ func Shifted() bool { return offset.Load() != 0 }
 
 // Now is the process's current time.
 func Now() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
+
+// LogTime is a slog.HandlerOptions.ReplaceAttr that stamps log records
+// with this clock, so a shifted process logs the instant it lives at.
+func LogTime(groups []string, a slog.Attr) slog.Attr {
+	if len(groups) == 0 && a.Key == slog.TimeKey && a.Value.Kind() == slog.KindTime {
+		a.Value = slog.TimeValue(a.Value.Time().Add(Offset()))
+	}
+	return a
+}
