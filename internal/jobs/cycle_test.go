@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/allotlabs/allot/internal/clock"
 	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/clock"
 	"github.com/allotlabs/allot/internal/demo"
 	"github.com/allotlabs/allot/internal/jobs"
 	"github.com/allotlabs/allot/internal/store"

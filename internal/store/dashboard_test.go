@@ -4,8 +4,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/allotlabs/allot/internal/clock"
 	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/clock"
 )
 
 // TestQueuePositionFollowsTierOrder: a pending job's place in the queue
