@@ -18,7 +18,7 @@ func TestFromEnv(t *testing.T) {
 	}
 	for _, tt := range []struct {
 		name, env, want string
-		ok             bool
+		ok              bool
 	}{
 		{"instant", EnvNow + "=2027-03-01T00:00:20Z", "2027-03-01T00:00:2", true},
 		{"test instant", EnvTestNow + "=2028-02-29T23:59:30Z", "2028-02-29T23:59:3", true},
