@@ -29,8 +29,10 @@ type Config struct {
 	Migrate     bool   // apply migrations at start
 	DevMode     bool
 	Logger      *slog.Logger
-	// CycleInterval is the periodic scheduling cycle (default 10 s).
-	CycleInterval time.Duration
+	// CycleTick is how often the worker looks whether the policy's
+	// scheduling period (Policy.Cycle, which admins edit) has passed since
+	// the last cycle (default 1 s).
+	CycleTick time.Duration
 	// HeartbeatInterval is the agents' heartbeat period (default 10 s).
 	HeartbeatInterval time.Duration
 	// CheckpointRoot is where checkpointable jobs get ALLOT_CHECKPOINT_DIR.
@@ -110,7 +112,7 @@ func (m *Main) Run(ctx context.Context) error {
 	m.Registry = metric.NewRegistry()
 	if m.Worker {
 		m.river, err = jobs.NewClient(jobs.Config{Pool: pool, Store: m.Store, Logger: m.Logger, Registry: m.Registry,
-			CycleInterval: m.CycleInterval, HeartbeatInterval: m.HeartbeatInterval, CheckpointRoot: m.CheckpointRoot,
+			CycleTick: m.CycleTick, HeartbeatInterval: m.HeartbeatInterval, CheckpointRoot: m.CheckpointRoot,
 			AllowPrivateWebhooks: m.DevMode, Burst: m.Burst})
 		if err != nil {
 			return err

@@ -85,7 +85,7 @@ func bootBench(b *testing.B, agents bool) *benchEnv {
 		}
 		dbURL += sep + "pool_max_conns=" + n
 	}
-	m := &Main{Config: Config{DatabaseURL: dbURL, Addr: "127.0.0.1:0", Worker: true, CycleInterval: 10 * time.Second,
+	m := &Main{Config: Config{DatabaseURL: dbURL, Addr: "127.0.0.1:0", Worker: true,
 		HeartbeatInterval: 10 * time.Second, CheckpointRoot: b.TempDir(),
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}}
 	if err := m.Run(ctx); err != nil {

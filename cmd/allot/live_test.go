@@ -51,7 +51,7 @@ func bootLive(t *testing.T, nodes ...string) *live {
 func startLive(t *testing.T, prepare func(m *Main)) *live {
 	t.Helper()
 	ctx := context.Background()
-	m := &Main{Config: Config{Worker: true, DevMode: true, CycleInterval: time.Second, HeartbeatInterval: testHeartbeat, CheckpointRoot: t.TempDir()}}
+	m := &Main{Config: Config{Worker: true, DevMode: true, HeartbeatInterval: testHeartbeat, CheckpointRoot: t.TempDir()}}
 	if prepare != nil {
 		prepare(m)
 	}
@@ -78,12 +78,14 @@ func startLive(t *testing.T, prepare func(m *Main)) *live {
 			t.Fatal(err)
 		}
 	}
-	// Fast policy for tests: short grace, no minimum runtime.
+	// Fast policy for tests: short grace, no minimum runtime, a cycle every
+	// second, nodes down after a second of silence.
 	p, err := m.Store.CurrentPolicy(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	p.GracePeriod, p.MinRuntime, p.CreatedBy = 2*time.Second, 0, "test"
+	p.Cycle, p.HeartbeatMissedAfter = time.Second, time.Second
 	if err := m.Store.InsertPolicy(ctx, &p); err != nil {
 		t.Fatal(err)
 	}
@@ -460,7 +462,7 @@ func TestLiveServerRestart(t *testing.T) {
 	}
 	os.WriteFile(filepath.Join(dir, "go"), nil, 0o644) //nolint:errcheck // the job ends while the server is down
 	time.Sleep(3 * testHeartbeat)
-	m2 := &Main{Config: Config{DatabaseURL: l.m.DatabaseURL, Addr: addr, Worker: true, DevMode: true, CycleInterval: time.Second,
+	m2 := &Main{Config: Config{DatabaseURL: l.m.DatabaseURL, Addr: addr, Worker: true, DevMode: true,
 		HeartbeatInterval: testHeartbeat, CheckpointRoot: l.m.CheckpointRoot}}
 	if err := m2.Run(context.Background()); err != nil {
 		t.Fatal(err)

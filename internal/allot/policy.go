@@ -21,7 +21,9 @@ type Policy struct {
 	GracePeriod time.Duration
 	// MinRuntime protects a job from preemption right after it starts.
 	MinRuntime time.Duration
-	// Cycle is the period of the scheduling cycle.
+	// Cycle is the period of the scheduling cycle: a cycle runs once Cycle
+	// has passed since the last one (submits, finishes, cancels and node
+	// changes also run one at once, and restart the period).
 	Cycle time.Duration
 	// Budget alert thresholds in percent (80, 100).
 	BudgetWarnPct   int
@@ -30,6 +32,8 @@ type Policy struct {
 	BurstPendingGPUHours int
 	BurstMeanWait        time.Duration
 	BurstReleaseGPUHours int
+	// HeartbeatMissedAfter is how long a node may send no heartbeat before
+	// it is marked down (see LostAfter).
 	HeartbeatMissedAfter time.Duration
 	// BurstMaxNodes caps the burst nodes alive at once; 0 disables burst.
 	BurstMaxNodes int
@@ -64,6 +68,14 @@ func DefaultPolicy() Policy {
 		BurstMaxNodes:        4,
 		HealthRules:          DefaultHealthRules(),
 	}
+}
+
+// LostAfter is how long a node whose agent heartbeats every interval may
+// be silent before it is marked down: HeartbeatMissedAfter, but never less
+// than two intervals (a shorter setting would mark every healthy node down
+// between two heartbeats, failing its jobs).
+func (p *Policy) LostAfter(interval time.Duration) time.Duration {
+	return max(p.HeartbeatMissedAfter, 2*interval)
 }
 
 // Validate checks the policy's values.

@@ -1,9 +1,9 @@
 // Package jobs runs Allot's background work on River: scheduling cycles
-// (periodic and triggered by submits, finishes, cancels and node changes,
-// coalesced), marking silent nodes down, fair-share usage decay and
-// session cleanup. Any number of worker processes may share the queue; the
-// cycle lock makes one cycle run at a time. Billing rollups and alerts come
-// with later issues.
+// (periodic at the policy's Cycle and triggered by submits, finishes,
+// cancels and node changes, coalesced; each also decays the fair-share
+// usage), marking silent nodes down and session cleanup. Any number of
+// worker processes may share the queue; the cycle lock makes one cycle run
+// at a time. Billing rollups and alerts come with later issues.
 package jobs
 
 import (
@@ -59,11 +59,14 @@ type Config struct {
 	Logger     *slog.Logger
 	Registry   prometheus.Registerer // cycle metrics go here (nil: not exported)
 	MaxWorkers int                   // per process, default 10
-	// CycleInterval is the period of the scheduling cycle (default 10 s);
-	// submits, finishes, cancels and node changes also trigger one.
-	CycleInterval time.Duration
+	// CycleTick is how often the worker looks whether the policy's Cycle
+	// (the scheduling period, which admins edit) has passed since the last
+	// cycle (default 1 s); submits, finishes, cancels and node changes run
+	// a cycle at once.
+	CycleTick time.Duration
 	// HeartbeatInterval is the agents' heartbeat period (default 10 s); a
-	// node silent for 3 intervals is marked down.
+	// node silent for the policy's HeartbeatMissedAfter (at least 2
+	// intervals) is marked down.
 	HeartbeatInterval time.Duration
 	// CheckpointRoot is the directory under which checkpointable jobs get
 	// ALLOT_CHECKPOINT_DIR (default /var/lib/allot/checkpoints).
@@ -130,27 +133,6 @@ func (w *LostNodesWorker) Work(ctx context.Context, _ *river.Job[LostNodesArgs])
 	return nil
 }
 
-// DecayUsageArgs updates the teams' decayed fair-share usage.
-type DecayUsageArgs struct{}
-
-// Kind names the job in River's table.
-func (DecayUsageArgs) Kind() string { return "decay_usage" }
-
-// DecayUsageWorker works DecayUsageArgs.
-type DecayUsageWorker struct {
-	river.WorkerDefaults[DecayUsageArgs]
-	Store *store.Store
-}
-
-// Work applies the current policy's half-life.
-func (w *DecayUsageWorker) Work(ctx context.Context, _ *river.Job[DecayUsageArgs]) error {
-	p, err := w.Store.CurrentPolicy(ctx)
-	if err != nil {
-		return err
-	}
-	return w.Store.DecayUsage(ctx, p.HalfLife)
-}
-
 // Inserter is the part of a River client that inserts jobs.
 type Inserter interface {
 	Insert(ctx context.Context, args river.JobArgs, opts *river.InsertOpts) (*rivertype.JobInsertResult, error)
@@ -180,8 +162,8 @@ func NewClient(cfg Config) (*river.Client[pgx.Tx], error) {
 	if cfg.MaxWorkers == 0 {
 		cfg.MaxWorkers = 10
 	}
-	if cfg.CycleInterval == 0 {
-		cfg.CycleInterval = 10 * time.Second
+	if cfg.CycleTick <= 0 {
+		cfg.CycleTick = time.Second
 	}
 	if cfg.HeartbeatInterval == 0 {
 		cfg.HeartbeatInterval = 10 * time.Second
@@ -195,9 +177,8 @@ func NewClient(cfg Config) (*river.Client[pgx.Tx], error) {
 	sched := &Scheduler{Store: cfg.Store, Logger: cfg.Logger, CheckpointRoot: cfg.CheckpointRoot, Metrics: NewCycleMetrics(cfg.Registry)}
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &CleanupSessionsWorker{Store: cfg.Store, Logger: cfg.Logger})
-	river.AddWorker(workers, &ScheduleWorker{Scheduler: sched})
+	river.AddWorker(workers, &ScheduleWorker{Scheduler: sched, Tick: cfg.CycleTick, Burst: cfg.Burst.Provider != nil})
 	river.AddWorker(workers, &LostNodesWorker{Store: cfg.Store, Logger: cfg.Logger, Interval: cfg.HeartbeatInterval})
-	river.AddWorker(workers, &DecayUsageWorker{Store: cfg.Store})
 	river.AddWorker(workers, &BillingRollupWorker{Store: cfg.Store})
 	river.AddWorker(workers, &MeteringWorker{Store: cfg.Store, Retention: cfg.SampleRetention})
 	river.AddWorker(workers, &WeeklyReportWorker{Store: cfg.Store})
@@ -219,17 +200,13 @@ func NewClient(cfg Config) (*river.Client[pgx.Tx], error) {
 			river.NewPeriodicJob(river.PeriodicInterval(time.Hour),
 				func() (river.JobArgs, *river.InsertOpts) { return CleanupSessionsArgs{}, nil },
 				&river.PeriodicJobOpts{RunOnStart: true}),
-			river.NewPeriodicJob(river.PeriodicInterval(cfg.CycleInterval),
+			river.NewPeriodicJob(river.PeriodicInterval(cfg.CycleTick),
 				func() (river.JobArgs, *river.InsertOpts) { return ScheduleArgs{Periodic: true}, nil },
 				&river.PeriodicJobOpts{RunOnStart: true}),
 			river.NewPeriodicJob(river.PeriodicInterval(cfg.HeartbeatInterval/2),
 				func() (river.JobArgs, *river.InsertOpts) { return LostNodesArgs{}, nil }, nil),
 			river.NewPeriodicJob(river.PeriodicInterval(cfg.HeartbeatInterval),
 				func() (river.JobArgs, *river.InsertOpts) { return HealthArgs{}, nil }, nil),
-			river.NewPeriodicJob(river.PeriodicInterval(time.Minute),
-				func() (river.JobArgs, *river.InsertOpts) {
-					return DecayUsageArgs{}, &river.InsertOpts{UniqueOpts: river.UniqueOpts{ByPeriod: time.Minute}}
-				}, &river.PeriodicJobOpts{RunOnStart: true}),
 			river.NewPeriodicJob(river.PeriodicInterval(cfg.BudgetCheckInterval),
 				func() (river.JobArgs, *river.InsertOpts) { return BudgetCheckArgs{}, nil },
 				&river.PeriodicJobOpts{RunOnStart: true}),

@@ -8,9 +8,11 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/burst"
 	"github.com/allotlabs/allot/internal/scheduler"
 	"github.com/allotlabs/allot/internal/store"
 	"github.com/jackc/pgx/v5"
@@ -82,9 +84,13 @@ type CycleResult struct {
 	Ran     bool // false when another cycle held the lock
 	Pending int
 	store.ApplyResult
+	// Policy is the policy version the cycle ran with.
+	Policy allot.Policy
 }
 
-// Cycle runs one scheduling cycle.
+// Cycle runs one scheduling cycle: it brings the teams' fair-share usage
+// up to now with the current policy's half-life, loads the state and the
+// current policy, plans and applies the plan.
 func (s *Scheduler) Cycle(ctx context.Context) (CycleResult, error) {
 	var res CycleResult
 	start := time.Now()
@@ -94,10 +100,18 @@ func (s *Scheduler) Cycle(ctx context.Context) (CycleResult, error) {
 			return err
 		}
 		res.Ran = true
+		p, err := tx.CurrentPolicy(ctx)
+		if err != nil {
+			return err
+		}
+		if err := tx.DecayUsage(ctx, p.HalfLife); err != nil {
+			return err
+		}
 		st, err := tx.LoadSchedState(ctx)
 		if err != nil {
 			return err
 		}
+		res.Policy = st.Policy
 		snap, nodeNames := Snapshot(st)
 		plan := scheduler.Schedule(snap, st.Now, corePolicy(st.Policy, st.Tiers))
 		starts, preempts, pending := s.orders(st, plan, nodeNames)
@@ -311,6 +325,69 @@ func (s *Scheduler) orders(st store.SchedState, plan scheduler.Plan, names []str
 type ScheduleWorker struct {
 	river.WorkerDefaults[ScheduleArgs]
 	Scheduler *Scheduler
+	// Tick is the period of the periodic ScheduleArgs: how often the
+	// worker looks whether the policy's Cycle has passed since the last
+	// cycle (default 1 s).
+	Tick time.Duration
+	// Burst says whether cloud burst is on: a policy change of its
+	// thresholds then asks for a burst evaluation at once.
+	Burst bool
+
+	mu     sync.Mutex
+	policy *allot.Policy // the policy of this worker's last cycle
+}
+
+// due says whether a periodic cycle should run now: the current policy's
+// Cycle has passed since the last cycle started (within half a tick, so
+// that a period that is a whole number of ticks is kept, not rounded up
+// by one tick), or no cycle ran yet.
+func (w *ScheduleWorker) due(ctx context.Context) (bool, error) {
+	st := w.Scheduler.Store
+	p, err := st.CurrentPolicy(ctx)
+	if err != nil {
+		return false, err
+	}
+	last, err := st.LastCycleAt(ctx)
+	if err != nil || last.IsZero() {
+		return err == nil, err
+	}
+	tick := w.Tick
+	if tick <= 0 {
+		tick = time.Second
+	}
+	return st.Now().Sub(last) >= p.Cycle-tick/2, nil
+}
+
+// followUps asks, after a cycle that ran with a new policy version, for
+// the work whose settings changed with it to run now instead of at its
+// next period: a budget check for the budget thresholds, a burst
+// evaluation for the burst settings. (Everything else the policy sets is
+// read by each cycle, heartbeat or sweep.)
+func (w *ScheduleWorker) followUps(ctx context.Context, p allot.Policy) error {
+	w.mu.Lock()
+	prev := w.policy
+	w.policy = &p
+	w.mu.Unlock()
+	if prev == nil || prev.Version == p.Version {
+		return nil
+	}
+	var args []river.JobArgs
+	if prev.BudgetWarnPct != p.BudgetWarnPct || prev.BudgetDemotePct != p.BudgetDemotePct {
+		args = append(args, BudgetCheckArgs{})
+	}
+	if w.Burst && burst.FromPolicy(*prev) != burst.FromPolicy(p) {
+		args = append(args, BurstEvaluateArgs{})
+	}
+	if len(args) == 0 {
+		return nil
+	}
+	client := river.ClientFromContext[pgx.Tx](ctx)
+	for _, a := range args {
+		if _, err := client.Insert(ctx, a, nil); err != nil {
+			return fmt.Errorf("asking for %s after policy version %d: %w", a.Kind(), p.Version, err)
+		}
+	}
+	return nil
 }
 
 // Work runs cycles until no request arrived during the last one. The last
@@ -320,8 +397,16 @@ type ScheduleWorker struct {
 // completion committed together with the check, a concurrent insert either
 // came before the check (and is seen) or waits for the commit and then
 // inserts a new job.
+//
+// A periodic job (Args.Periodic) runs a cycle only when one is due (see
+// due); otherwise it completes without one.
 func (w *ScheduleWorker) Work(ctx context.Context, job *river.Job[ScheduleArgs]) error {
 	st := w.Scheduler.Store
+	if job.Args.Periodic {
+		if due, err := w.due(ctx); err != nil || !due {
+			return err
+		}
+	}
 	for range 50 {
 		seen, err := st.LastScheduleRequest(ctx)
 		if err != nil {
@@ -337,6 +422,9 @@ func (w *ScheduleWorker) Work(ctx context.Context, job *river.Job[ScheduleArgs])
 		}
 		if !res.Ran {
 			return nil // another cycle holds the lock; it re-checks the requests when it ends
+		}
+		if err := w.followUps(ctx, res.Policy); err != nil {
+			w.Scheduler.Logger.Warn("policy changed, but its follow-up work was not queued; it runs at its next period", "err", err)
 		}
 		done := false
 		err = st.InPgxTx(ctx, func(tx pgx.Tx, s *store.Store) error {

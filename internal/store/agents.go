@@ -787,19 +787,26 @@ type JobStat struct {
 	LastCheckpoint *time.Time // newest file in ALLOT_CHECKPOINT_DIR, if any
 }
 
-// LostNodes marks down nodes silent for 3 heartbeat intervals, counting
-// only time when an API server was up to hear them: after the control
-// plane was down, agents get 3 intervals to reconnect.
+// LostNodes marks down nodes silent for longer than the current policy's
+// HeartbeatMissedAfter (Policy.LostAfter: at least two of the agents'
+// heartbeat intervals), counting only time when an API server was up to
+// hear them: after the control plane was down, agents get that long to
+// reconnect.
 func (s *Store) LostNodes(ctx context.Context, interval time.Duration) ([]string, error) {
+	p, err := s.CurrentPolicy(ctx)
+	if err != nil {
+		return nil, err
+	}
+	after := p.LostAfter(interval)
 	now := s.Now()
 	var servingSince *time.Time
 	if err := s.db.QueryRow(ctx, `SELECT min(started_at) FROM api_servers WHERE last_seen > $1`, now.Add(-2*interval)).Scan(&servingSince); err != nil {
 		return nil, mapErr("checking API servers", err)
 	}
-	if servingSince == nil || now.Sub(*servingSince) < 3*interval {
+	if servingSince == nil || now.Sub(*servingSince) < after {
 		return nil, nil // no server, or one just came up: nobody could hear the agents
 	}
-	return s.MarkLostNodes(ctx, now.Add(-3*interval))
+	return s.MarkLostNodes(ctx, now.Add(-after))
 }
 
 // MarkLostNodes marks down every node that has sent no heartbeat since

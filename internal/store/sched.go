@@ -320,6 +320,17 @@ func (s *Store) RecordCycle(ctx context.Context, started time.Time, d time.Durat
 	return mapErr("recording cycle", err)
 }
 
+// LastCycleAt returns when the newest recorded scheduling cycle started
+// (zero when none ran yet).
+func (s *Store) LastCycleAt(ctx context.Context) (time.Time, error) {
+	var at *time.Time
+	err := s.db.QueryRow(ctx, `SELECT (SELECT started_at FROM scheduling_cycles ORDER BY id DESC LIMIT 1)`).Scan(&at)
+	if err != nil || at == nil {
+		return time.Time{}, mapErr("reading the last cycle", err)
+	}
+	return *at, nil
+}
+
 // DecayUsage applies the half-life to every team's fair-share usage and
 // adds the GPU-seconds allocated since the last decay. It is idempotent in
 // time: running it twice at the same instant adds nothing.
@@ -336,7 +347,7 @@ func (s *Store) DecayUsage(ctx context.Context, halfLife time.Duration) error {
 			gpu_seconds = u.gpu_seconds * power(0.5, greatest(0, extract(epoch FROM $1 - u.updated_at)) / $2)
 				+ coalesce((SELECT sum(extract(epoch FROM least(coalesce(a.released_at, $1), $1) - greatest(a.started_at, u.updated_at)))
 					FROM allocations a JOIN jobs j ON j.id = a.job_id
-					WHERE j.team = u.team AND a.started_at < $1 AND coalesce(a.released_at, $1) > u.updated_at), 0),
+					WHERE j.team = u.team AND a.started_at < $1 AND coalesce(a.released_at, 'infinity'::timestamptz) > u.updated_at), 0),
 			updated_at = $1
 		WHERE u.updated_at < $1`, now, halfLife.Seconds())
 	return mapErr("decaying usage", err)
