@@ -208,7 +208,9 @@ type Docs struct {
 
 	Burst DocBurst
 
-	HealthRules          []DocHealthRule
+	HealthRules []DocHealthRule
+	// HeartbeatMissedAfter is the silence after which a node is marked
+	// down, as applied (Policy.LostAfter).
 	HeartbeatMissedAfter string
 	AutoUndrainAfter     string // "" = admins undrain by hand
 }
@@ -273,6 +275,8 @@ type DocBurst struct {
 	MeanWait                         string
 	MaxNodes                         int
 	MonthlyBudget                    string // "" = no cap
+	NoProvider                       bool   // burst is not configured on this cluster
+	Every                            string // how often the rule is evaluated
 }
 
 // DocHealthRule is one node health rule, rendered generically.

@@ -155,7 +155,7 @@ func docsProps() views.Docs {
 		Teams: []views.DocTeam{{Slug: "nlp", Name: "NLP", Budget: "1000", WarnAt: "800 h", DemoteAt: "1000 h", Guarantees: "8 × A100-80GB", Weight: 1, HasBudget: true, BudgetHours: 1000}},
 		Example: views.DocExample{GPUs: 8, GPUType: "A100-80GB", Duration: "3h30m", GPUHours: "28", Rate: "3.20 USD",
 			Lines: []views.DocExampleLine{{Tier: "3", Multiplier: "1.2", Amount: "107.52 USD"}, {Tier: "preemptible", Multiplier: "0.3", Amount: "26.88 USD"}}},
-		Burst:                views.DocBurst{PendingGPUHours: 50, ReleaseGPUHours: 20, MeanWait: "2h", MaxNodes: 4, MonthlyBudget: "5000.00 USD"},
+		Burst:                views.DocBurst{PendingGPUHours: 50, ReleaseGPUHours: 20, MeanWait: "2h", MaxNodes: 4, MonthlyBudget: "5000.00 USD", Every: "1m"},
 		HealthRules:          []views.DocHealthRule{{Name: "xid-fatal", Metric: "xid", Match: "48, 79", Over: "—", For: "at once", Severity: "critical", Action: "drain"}},
 		HeartbeatMissedAfter: "1m",
 	}

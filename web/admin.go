@@ -938,9 +938,38 @@ func policyJSON(p allot.Policy) PolicyJSON {
 // updatePolicy merges patch (a JSON object of PolicyValues fields) into
 // the policy in force.
 func (s *Server) updatePolicy(c echo.Context, u *allot.User, patch json.RawMessage, note string) (store.AdminResult, error) {
-	return s.st.UpdatePolicy(c.Request().Context(), policyChange(u, "policy.update", "policy", note), func(v *store.PolicyValues) error {
+	return s.savePolicy(c, policyChange(u, "policy.update", "policy", note), func(v *store.PolicyValues) error {
 		return json.Unmarshal(patch, v)
 	})
+}
+
+// savePolicy applies patch to the policy's values, refuses what this
+// cluster cannot honour, and asks for a scheduling cycle when the policy
+// changed, so the new values take effect at once.
+func (s *Server) savePolicy(c echo.Context, change store.PolicyChange, patch func(v *store.PolicyValues) error) (store.AdminResult, error) {
+	ctx := c.Request().Context()
+	r, err := s.st.UpdatePolicy(ctx, change, func(v *store.PolicyValues) error {
+		if err := patch(v); err != nil {
+			return err
+		}
+		// Agents heartbeat every HeartbeatInterval: a shorter silence
+		// limit than two of them would mark healthy nodes down (and fail
+		// their jobs) between two heartbeats.
+		hb := s.cfg.HeartbeatInterval
+		if least := int64((2*hb + time.Second - 1) / time.Second); v.HeartbeatMissedAfterS < least {
+			every := hb.String()
+			if hb%time.Second == 0 {
+				every = allot.FormatDuration(hb)
+			}
+			return allot.FieldErrors{"heartbeat_missed_after_s": fmt.Sprintf("must be at least %s: agents send a heartbeat every %s, and a node may miss one",
+				allot.FormatDuration(time.Duration(least)*time.Second), every)}.Err()
+		}
+		return nil
+	})
+	if err == nil && r.Changed {
+		s.jobEvent(ctx)
+	}
+	return r, err
 }
 
 func (s *Server) policyView(c echo.Context, typed map[string]string, errs map[string]string, note string) (views.AdminPolicy, error) {
@@ -1043,7 +1072,7 @@ func (s *Server) apiPutPolicy(c echo.Context) error {
 	}
 	// The body is patched onto the current values; "note" lands in the
 	// wrapper, not the policy.
-	r, err := s.st.UpdatePolicy(c.Request().Context(), policyChange(u, "policy.update", "policy", probe.Note), func(v *store.PolicyValues) error {
+	r, err := s.savePolicy(c, policyChange(u, "policy.update", "policy", probe.Note), func(v *store.PolicyValues) error {
 		return json.Unmarshal([]byte(body.String()), &policyPutJSON{PolicyValues: v})
 	})
 	if err != nil {

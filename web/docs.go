@@ -66,7 +66,7 @@ func (s *Server) docs(c echo.Context) (views.Docs, error) {
 		GracePeriod: allot.FormatDuration(p.GracePeriod), MinRuntime: allot.FormatDuration(p.MinRuntime), Cycle: allot.FormatDuration(p.Cycle),
 		Weights: views.DocWeights{FairShare: p.WeightFairShare, Size: p.WeightSize, Age: p.WeightAge,
 			HalfLife: allot.FormatDuration(p.HalfLife), MaxAge: allot.FormatDuration(p.MaxAge)},
-		BudgetWarnPct: p.BudgetWarnPct, BudgetDemotePct: p.BudgetDemotePct, HeartbeatMissedAfter: allot.FormatDuration(p.HeartbeatMissedAfter)}
+		BudgetWarnPct: p.BudgetWarnPct, BudgetDemotePct: p.BudgetDemotePct, HeartbeatMissedAfter: allot.FormatDuration(p.LostAfter(s.cfg.HeartbeatInterval))}
 	if p.AutoUndrainAfter > 0 {
 		d.AutoUndrainAfter = allot.FormatDuration(p.AutoUndrainAfter)
 	}
@@ -128,7 +128,8 @@ func (s *Server) docs(c echo.Context) (views.Docs, error) {
 		d.Teams = append(d.Teams, dt)
 	}
 	d.Burst = views.DocBurst{PendingGPUHours: p.BurstPendingGPUHours, ReleaseGPUHours: p.BurstReleaseGPUHours,
-		MeanWait: allot.FormatDuration(p.BurstMeanWait), MaxNodes: p.BurstMaxNodes}
+		MeanWait: allot.FormatDuration(p.BurstMeanWait), MaxNodes: p.BurstMaxNodes,
+		NoProvider: s.cfg.Burst.Provider == nil, Every: allot.FormatDuration(s.cfg.Burst.Every())}
 	if p.BurstMonthlyBudget.Micros > 0 {
 		d.Burst.MonthlyBudget = allot.Money{Micros: p.BurstMonthlyBudget.Micros, Currency: d.Currency}.String()
 	}

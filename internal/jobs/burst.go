@@ -67,6 +67,14 @@ func (c *BurstConfig) defaults() {
 	}
 }
 
+// Every is how often the burst rule is evaluated (Interval or its
+// default); a saved change of the policy's burst settings also evaluates
+// it at once.
+func (c BurstConfig) Every() time.Duration {
+	c.defaults()
+	return c.Interval
+}
+
 // providerCallTimeout bounds one provider call (the River job's timeout).
 const providerCallTimeout = 30 * time.Minute
 
