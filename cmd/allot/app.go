@@ -42,6 +42,9 @@ type Config struct {
 	OIDC web.OIDCConfig
 	// Burst configures cloud burst in the worker (off without a provider).
 	Burst jobs.BurstConfig
+	// Now, when set, is this process's clock instead of clock.Now (tests
+	// that run one cluster at a chosen instant).
+	Now func() time.Time
 }
 
 // Main is one running Allot process: HTTP server and/or River worker over
@@ -104,6 +107,9 @@ func (m *Main) Run(ctx context.Context) error {
 		return err
 	}
 	m.Pool, m.Store = pool, store.New(pool)
+	if m.Now != nil {
+		m.Store.Now = m.Now
+	}
 	if m.Migrate {
 		if err := store.Migrate(ctx, pool, m.Logger); err != nil {
 			return err
