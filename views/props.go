@@ -195,14 +195,6 @@ type Finance struct {
 	CSVURL   string
 }
 
-// BurnDown is the SVG burn-down chart's geometry (600 × 200).
-type BurnDown struct {
-	Used     string // polyline points: cumulative GPU-hours so far
-	Forecast string // line from now to the month's end
-	BudgetY  string // y of the budget line
-	Label    string
-}
-
 // TeamBudget is the team lead's budget page.
 type TeamBudget struct {
 	Page
@@ -210,7 +202,7 @@ type TeamBudget struct {
 	Budget, UsedPct                   int64
 	ByJobType, ByUser                 []Option // Value: name, Label: GPU-hours
 	Alerts                            []string
-	Chart                             BurnDown
+	Chart                             BurnDownChart
 	// Usage this month by job type (tier as run × GPU type) and by user.
 	ByKind       []KindRow
 	KindChart    BarChart

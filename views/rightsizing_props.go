@@ -15,6 +15,7 @@ type RightSizingJob struct {
 	JobID                       int64
 	JobURL                      string
 	Name, Team, User, GPUType   string
+	Tier                        string // as run: the tier whose rules the suggestion follows
 	GPUs                        int
 	GPUHours, MeanUtil, PeakMem string
 	Cost                        string

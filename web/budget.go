@@ -181,39 +181,58 @@ func (s *Server) apiTeamBudget(c echo.Context) error {
 	return writeJSON(c, http.StatusOK, out)
 }
 
-// burnDown draws the cumulative usage against the budget as SVG polyline
-// points in a 600 × 200 box, with the forecast to the month's end.
-func burnDown(u *store.TeamUsage, f ForecastJSON) views.BurnDown {
-	const w, h = 600.0, 200.0
-	days := float64(u.Month.AddDate(0, 1, 0).Sub(u.Month).Hours() / 24)
+// burnDown is the team page's chart of cumulative usage this month
+// against the budget, with the forecast f to the month's end, in days
+// since the month's start and GPU-hours.
+func burnDown(team string, u *store.TeamUsage, f ForecastJSON) views.BurnDownChart {
+	const day = 24 * time.Hour
+	days := u.Month.AddDate(0, 1, 0).Sub(u.Month).Hours() / 24
+	now := math.Min(u.UpTo.Sub(u.Month).Hours()/24, days)
 	budget := float64(u.BudgetGPUHours)
-	var rate, projected float64
-	fmt.Sscan(f.RateGPUHoursPerDay, &rate)     //nolint:errcheck
-	fmt.Sscan(f.ProjectedMonthEnd, &projected) //nolint:errcheck
-	top := max(budget, projected) * 1.1
-	if top <= 0 {
-		top = 1
+	projected, _ := strconv.ParseFloat(f.ProjectedMonthEnd, 64)
+	rate, _ := strconv.ParseFloat(f.RateGPUHoursPerDay, 64)
+	c := views.BurnDownChart{Title: fmt.Sprintf("Team %s: cumulative GPU-hours in %s against the budget", team, u.Month.Format("January 2006")),
+		Month: u.Month, Days: days, Now: now, Budget: budget, Projected: projected, Cross: -1,
+		ForecastLabel: fmt.Sprintf("at the last %d days' rate (%s GPU-h a day)", f.BasedOnTrailingDays, f.RateGPUHoursPerDay),
+		Used:          []views.ChartPoint{{X: 0, Y: 0}}}
+	if f.BasedOnTrailingDays == 1 {
+		c.ForecastLabel = fmt.Sprintf("at today's rate (%s GPU-h a day)", f.RateGPUHoursPerDay)
 	}
-	x := func(day float64) float64 { return day / days * w }
-	y := func(hours float64) float64 { return h - hours/top*h }
-	var pts []string
 	var cum float64
-	pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(0), y(0)))
 	for i, d := range u.Daily {
+		before := cum
 		cum += float64(d.GPUSeconds) / 3600
-		end := float64(i + 1)
-		if i == len(u.Daily)-1 {
-			end = u.UpTo.Sub(u.Month).Hours() / 24
+		start, end := float64(i), float64(i+1)
+		if i == len(u.Daily)-1 || end > now {
+			end = now
 		}
-		pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(end), y(cum)))
+		c.Used = append(c.Used, views.ChartPoint{X: end, Y: cum})
+		if budget > 0 && c.Cross < 0 && before < budget && cum >= budget && cum > before {
+			c.Cross = start + (end-start)*(budget-before)/(cum-before)
+		}
+		c.Rows = append(c.Rows, views.BurnDownRow{Day: d.Day.Format("Mon Jan 2"), GPUHours: allot.Hours(d.GPUSeconds), Cumulative: fmt.Sprintf("%.1f", cum)})
 	}
-	now := u.UpTo.Sub(u.Month).Hours() / 24
-	return views.BurnDown{
-		Used:     strings.Join(pts, " "),
-		Forecast: fmt.Sprintf("%.1f,%.1f %.1f,%.1f", x(now), y(cum), x(days), y(projected)),
-		BudgetY:  fmt.Sprintf("%.1f", y(budget)),
-		Label:    fmt.Sprintf("budget %d GPU-h", u.BudgetGPUHours),
+	if budget > 0 && c.Cross < 0 && cum < budget && rate > 0 {
+		if at := now + (budget-cum)/rate; at <= days {
+			c.Cross = at
+		}
 	}
+	c.Desc = fmt.Sprintf("%.1f GPU-hours used by %s", cum, u.UpTo.UTC().Format("Jan 2, 15:04 UTC"))
+	if budget > 0 {
+		c.Desc += fmt.Sprintf(" of a %d GPU-hour budget (%d %%)", u.BudgetGPUHours, int64(cum*100/budget))
+	}
+	c.Desc += fmt.Sprintf(". Forecast %s: %.0f GPU-hours on %s", c.ForecastLabel, projected, u.Month.AddDate(0, 1, 0).Add(-day).Format("Jan 2"))
+	switch {
+	case budget <= 0:
+		c.Desc += "; no budget is set."
+	case c.Cross >= 0 && c.Cross <= now:
+		c.Desc += fmt.Sprintf("; the budget was reached on %s.", u.Month.Add(time.Duration(c.Cross*float64(day))).Format("Jan 2"))
+	case c.Cross >= 0:
+		c.Desc += fmt.Sprintf("; it reaches the budget on %s.", u.Month.Add(time.Duration(c.Cross*float64(day))).Format("Jan 2"))
+	default:
+		c.Desc += fmt.Sprintf(" (%d %% of the budget).", f.ProjectedPct)
+	}
+	return c
 }
 
 // teamPage is the team lead's budget dashboard.
@@ -223,7 +242,7 @@ func (s *Server) teamPage(c echo.Context) error {
 		return err
 	}
 	p := views.TeamBudget{Page: s.page(c, "Team "+b.Team), Team: b.Team, Month: b.Month, Budget: b.BudgetGPUHours, Used: b.UsedGPUHours,
-		UsedPct: b.UsedPct, Cost: strings.TrimSpace(b.Cost + " " + b.Currency), Forecast: b.Forecast.Summary, Chart: burnDown(usage, b.Forecast)}
+		UsedPct: b.UsedPct, Cost: strings.TrimSpace(b.Cost + " " + b.Currency), Forecast: b.Forecast.Summary, Chart: burnDown(b.Team, usage, b.Forecast)}
 	if b.Currency == "" {
 		p.Cost = "not billed yet (the hourly rollup has not run)"
 	}
@@ -356,7 +375,7 @@ func (s *Server) teamExtras(c echo.Context, p *views.TeamBudget, b BudgetJSON, u
 	for _, j := range rep.Jobs {
 		for _, f := range j.Flags {
 			p.Findings = append(p.Findings, views.RightSizingJob{JobID: j.JobID, JobURL: fmt.Sprintf("/jobs/%d", j.JobID), Name: j.Name, Team: j.Team,
-				User: j.User, GPUType: j.GPUType, GPUs: j.GPUs, GPUHours: gpuHours(j.GPUSeconds), MeanUtil: pct(j.MeanUtilPct),
+				User: j.User, GPUType: j.GPUType, Tier: string(j.Tier), GPUs: j.GPUs, GPUHours: gpuHours(j.GPUSeconds), MeanUtil: pct(j.MeanUtilPct),
 				Cost: j.Cost.Decimal(), Rule: f.Rule, Suggestion: f.Suggestion, Savings: f.Savings.Decimal()})
 		}
 	}
