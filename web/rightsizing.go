@@ -302,7 +302,8 @@ func (s *Server) rightSizingPage(c echo.Context) error {
 		FromDate: rep.From.Format(time.DateOnly), ToDate: rep.To.Format(time.DateOnly), Period: period, Currency: rep.Currency, Scope: who,
 		Total: rightSizingRow(rep.Total),
 		Thresholds: fmt.Sprintf("Flagged: mean compute below %d %% over more than %s of runtime; GPUs below %d %% while others of the job work; "+
-			"peak memory that fits a cheaper GPU type. A job's saving is its largest flag's, not their sum.",
+			"peak memory that fits a cheaper GPU type the job's tier may run on (tiers 1–2 never run on burst nodes). "+
+			"A job's saving is its largest flag's, not their sum.",
 			store.LowUtilPct, allot.FormatDuration(store.LowUtilMinRuntime), store.IdleGPUPct)}
 	q := url.Values{"from": {p.From}, "to": {p.To}}
 	if t := c.QueryParam("team"); t != "" {
@@ -322,7 +323,7 @@ func (s *Server) rightSizingPage(c echo.Context) error {
 		}
 		for _, f := range j.Flags {
 			p.Jobs = append(p.Jobs, views.RightSizingJob{JobID: j.JobID, JobURL: fmt.Sprintf("/jobs/%d", j.JobID), Name: j.Name, Team: j.Team,
-				User: j.User, GPUType: j.GPUType, GPUs: j.GPUs, GPUHours: gpuHours(j.GPUSeconds), MeanUtil: util, PeakMem: peak,
+				User: j.User, GPUType: j.GPUType, Tier: string(j.Tier), GPUs: j.GPUs, GPUHours: gpuHours(j.GPUSeconds), MeanUtil: util, PeakMem: peak,
 				Cost: j.Cost.Decimal(), Rule: f.Rule, Suggestion: f.Suggestion, Savings: f.Savings.Decimal()})
 		}
 	}
