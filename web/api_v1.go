@@ -63,7 +63,7 @@ func toJSON(j *allot.Job) JobJSON {
 		TimeLimitS: int64(j.TimeLimit / time.Second), Command: j.Command, Env: j.Env, WorkDir: j.WorkDir,
 		Checkpointable: j.Checkpointable, Preemptible: j.Preemptible, Demoted: j.Demoted, State: string(j.State),
 		SubmittedAt: j.SubmittedAt.UTC(), StartedAt: timePtr(j.StartedAt), EndedAt: timePtr(j.EndedAt), ExitCode: j.ExitCode,
-		PendingReason: j.PendingReason, Priority: j.Priority, PriorityBreakdown: j.Breakdown, QuotaWarning: j.QuotaWarning,
+		PendingReason: j.PendingReason, Priority: j.Priority, PriorityBreakdown: j.Breakdown, QuotaWarning: quotaWarning(j),
 		RunAs: string(j.RunAs), Segment: j.Segment, Preemptions: j.Preemptions, EndReason: j.EndReason}
 	if j.GPUType != "" {
 		out.GPUType = &j.GPUType

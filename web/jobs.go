@@ -19,7 +19,37 @@ import (
 func jobRow(j *allot.Job) views.JobRow {
 	return views.JobRow{ID: j.ID, Name: j.Name, Team: j.Team, User: j.User, Tier: string(j.Tier), GPUs: j.GPUs, GPUType: j.GPUType,
 		TimeLimit: allot.FormatDuration(j.TimeLimit), State: string(j.State), Submitted: fmtTime(j.SubmittedAt),
-		PendingReason: j.PendingReason, Preemptible: j.Preemptible, QuotaWarning: j.QuotaWarning}
+		PendingReason: j.PendingReason, Preemptible: j.Preemptible, QuotaWarning: quotaWarning(j)}
+}
+
+// quotaWarning is the job's submission-time budget warning, worded for
+// where the job is now (never "will run" once it has ended).
+func quotaWarning(j *allot.Job) string {
+	return allot.QuotaWarningAt(j.QuotaWarning, j.State, !j.StartedAt.IsZero())
+}
+
+// latestAlerts keeps one budget alert per team and month, the highest
+// threshold (the 100 % alert says all the 80 % one does, and more), in the
+// order given.
+func latestAlerts(alerts []store.BudgetAlert) []store.BudgetAlert {
+	type key struct {
+		team  string
+		month time.Time
+	}
+	best := map[key]int{}
+	for i, a := range alerts {
+		k := key{a.Team, a.Month}
+		if j, ok := best[k]; !ok || a.ThresholdPct > alerts[j].ThresholdPct {
+			best[k] = i
+		}
+	}
+	var out []store.BudgetAlert
+	for i, a := range alerts {
+		if best[key{a.Team, a.Month}] == i {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // teamOptions lists the teams u may act for (all teams for admins).
@@ -63,7 +93,7 @@ func (s *Server) jobsPage(c echo.Context) error {
 		return err
 	}
 	thisMonth := store.MonthStart(s.st.Now())
-	for _, a := range alerts {
+	for _, a := range latestAlerts(alerts) {
 		if a.Month.Equal(thisMonth) && (u.MemberOf(a.Team) || u.Admin) {
 			l.Alerts = append(l.Alerts, a.Message)
 		}

@@ -92,3 +92,39 @@ func TestOnlyWrittenJobStates(t *testing.T) {
 		t.Error("a requeue (running → pending) must be a legal transition")
 	}
 }
+
+// TestQuotaWarningTense: the submission-time warning is reworded for the
+// job's state: never "will run" once the job has ended.
+func TestQuotaWarningTense(t *testing.T) {
+	t.Parallel()
+	spec := allot.JobSpec{Tier: "3", GPUs: 8, TimeLimit: 4 * time.Hour}
+	w := allot.CheckQuota(&spec, 100, 200*3600).Warning
+	if !strings.HasSuffix(w, "this job will run as preemptible") {
+		t.Fatalf("warning %q", w)
+	}
+	cases := []struct {
+		state         allot.JobState
+		ran           bool
+		want, notWant string
+	}{
+		{allot.JobPending, false, "this job will run as preemptible", ""},
+		{allot.JobRunning, true, "this job runs as preemptible", "will run"},
+		{allot.JobCompleted, true, "At submission: Budget exceeded by 100.0 h; so it ran as preemptible", "will run"},
+		{allot.JobFailed, true, "so it ran as preemptible", "will run"},
+		{allot.JobCancelled, false, "so it was to run as preemptible (it never started)", "will run"},
+	}
+	for _, c := range cases {
+		got := allot.QuotaWarningAt(w, c.state, c.ran)
+		if !strings.Contains(got, c.want) || c.notWant != "" && strings.Contains(got, c.notWant) {
+			t.Errorf("%s: %q, want %q without %q", c.state, got, c.want, c.notWant)
+		}
+	}
+	prod := allot.JobSpec{Tier: "1", GPUs: 8, TimeLimit: 4 * time.Hour}
+	pw := allot.CheckQuota(&prod, 100, 200*3600).Warning
+	if got := allot.QuotaWarningAt(pw, allot.JobCompleted, true); !strings.Contains(got, "so it kept its priority") || strings.Contains(got, "keeps") {
+		t.Errorf("production, ended: %q", got)
+	}
+	if allot.QuotaWarningAt("", allot.JobCompleted, true) != "" {
+		t.Error("no warning stays no warning")
+	}
+}

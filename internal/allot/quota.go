@@ -3,6 +3,7 @@ package allot
 import (
 	"fmt"
 	"math/big"
+	"strings"
 	"time"
 )
 
@@ -39,15 +40,45 @@ func CheckQuota(spec *JobSpec, budgetGPUHours int64, usedGPUSeconds int64) Quota
 		out.Warning = fmt.Sprintf("Budget exceeded by %s h", Hours(-remaining))
 	}
 	if spec.Tier.Production() {
-		out.Warning += "; production tiers are never demoted, this job keeps its priority"
+		out.Warning += warnKeepsPriority
 		return out
 	}
 	if spec.Preemptible || spec.Tier == TierPreemptible {
 		return out
 	}
 	out.Preemptible = true
-	out.Warning += "; this job will run as preemptible"
+	out.Warning += warnRunsPreemptible
 	return out
+}
+
+// The endings CheckQuota gives its warning, in the future tense: the job has
+// not run yet.
+const (
+	warnKeepsPriority   = "; production tiers are never demoted, this job keeps its priority"
+	warnRunsPreemptible = "; this job will run as preemptible"
+)
+
+// QuotaWarningAt words a job's stored submission-time warning for a job now
+// in state (ran: it has started at least once): as it was for a pending
+// job, in the present while it runs, and as what happened at submission
+// once it ended ("will run as preemptible" is wrong after the end).
+func QuotaWarningAt(warning string, state JobState, ran bool) string {
+	if warning == "" {
+		return ""
+	}
+	switch {
+	case state == JobRunning:
+		warning = strings.Replace(warning, warnRunsPreemptible, "; this job runs as preemptible", 1)
+	case state.Terminal():
+		runs, keeps := "; so it ran as preemptible", "; production tiers are never demoted, so it kept its priority"
+		if !ran {
+			runs = "; so it was to run as preemptible (it never started)"
+		}
+		warning = strings.Replace(warning, warnRunsPreemptible, runs, 1)
+		warning = strings.Replace(warning, warnKeepsPriority, keeps, 1)
+		warning = "At submission: " + warning
+	}
+	return warning
 }
 
 // Hours formats GPU-seconds as hours with one decimal, rounded half up

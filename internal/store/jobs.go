@@ -248,11 +248,14 @@ type JobFilter struct {
 	Tier   allot.TierID // as submitted
 	// NameContains matches a substring of the name, case-insensitively.
 	NameContains string
-	BeforeID     int64 // for paging: only jobs with id < BeforeID
+	BeforeID     int64 // for paging: only jobs after job BeforeID in the list's order (none if there is no such job)
 	Limit        int   // default 100, at most 1000; negative: no limit (internal use)
 }
 
-// ListJobs returns jobs matching f, newest first.
+// ListJobs returns jobs matching f, newest first: by submission time, then
+// id (a requeued job keeps its submission time, and jobs created with an
+// earlier submission time, like the demo's history, are not listed by
+// when their row was written).
 func (s *Store) ListJobs(ctx context.Context, f JobFilter) ([]allot.Job, error) {
 	var where []string
 	var args []any
@@ -279,7 +282,7 @@ func (s *Store) ListJobs(ctx context.Context, f JobFilter) ([]allot.Job, error) 
 		add(`j.name ILIKE '%%' || $%d || '%%' ESCAPE '\'`, strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`).Replace(f.NameContains))
 	}
 	if f.BeforeID > 0 {
-		add("j.id < $%d", f.BeforeID)
+		add("(j.submitted_at, j.id) < (SELECT b.submitted_at, b.id FROM jobs b WHERE b.id = $%d)", f.BeforeID)
 	}
 	switch {
 	case f.Limit == 0:
@@ -294,7 +297,7 @@ func (s *Store) ListJobs(ctx context.Context, f JobFilter) ([]allot.Job, error) 
 		q += " WHERE " + strings.Join(where, " AND ")
 	}
 	args = append(args, f.Limit)
-	q += fmt.Sprintf(" ORDER BY j.id DESC LIMIT $%d", len(args))
+	q += fmt.Sprintf(" ORDER BY j.submitted_at DESC, j.id DESC LIMIT $%d", len(args))
 	rows, err := s.db.Query(ctx, q, args...)
 	if err != nil {
 		return nil, mapErr("listing jobs", err)
