@@ -193,6 +193,9 @@ type Finance struct {
 	ByJob    []FinanceRow // shown when one team is selected
 	Empty    string
 	CSVURL   string
+	// CloseQuestion is asked before closing the month (the whole month's
+	// bill, whatever team the page shows).
+	CloseQuestion Question
 }
 
 // TeamBudget is the team lead's budget page.

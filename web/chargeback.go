@@ -281,28 +281,59 @@ func (s *Server) apiCloseMonth(c echo.Context) error {
 	return writeJSON(c, http.StatusOK, out)
 }
 
-// closeMonth closes the month named by :month after a last rollup.
-func (s *Server) closeMonth(c echo.Context) error {
+// closableMonth returns the caller and the month named by :month if the
+// caller may close it (finance, admin) and it has ended.
+func (s *Server) closableMonth(c echo.Context) (*allot.User, billing.YearMonth, error) {
 	u, err := currentUser(c)
 	if err != nil {
-		return err
+		return nil, billing.YearMonth{}, err
 	}
 	if !u.Admin && !u.Finance {
-		return allot.Errorf(allot.EForbidden, "only finance and admins close months")
+		return nil, billing.YearMonth{}, allot.Errorf(allot.EForbidden, "only finance and admins close months")
 	}
 	m, err := billing.ParseMonth(c.Param("month"))
 	if err != nil {
-		return (allot.FieldErrors{"month": allot.ErrorMessage(err)}).Err()
+		return nil, m, (allot.FieldErrors{"month": allot.ErrorMessage(err)}).Err()
 	}
 	if !m.Before(billing.Month(s.st.Now())) {
-		return (allot.FieldErrors{"month": fmt.Sprintf("%s has not ended yet; only past months can be closed", m)}).Err()
+		return nil, m, (allot.FieldErrors{"month": fmt.Sprintf("%s has not ended yet; only past months can be closed", m)}).Err()
 	}
+	return u, m, nil
+}
+
+// closeMonth closes the month named by :month after a last rollup, and
+// records the close and the month's totals in the audit log, in the same
+// transaction.
+func (s *Server) closeMonth(c echo.Context) error {
+	u, m, err := s.closableMonth(c)
+	if err != nil {
+		return err
+	}
+	ctx := c.Request().Context()
 	if s.cfg.Rollup != nil {
-		if err := s.cfg.Rollup(c.Request().Context()); err != nil {
+		if err := s.cfg.Rollup(ctx); err != nil {
 			return err
 		}
 	}
-	if err := s.st.CloseMonth(c.Request().Context(), m, u.Email); err != nil {
+	cur, err := s.cardCurrency(c)
+	if err != nil {
+		return err
+	}
+	err = s.st.InTx(ctx, func(tx *store.Store) error {
+		if err := tx.CloseMonth(ctx, m, u.Email); err != nil {
+			return err
+		}
+		bill, err := billOf(ctx, tx, m, cur)
+		if err != nil {
+			return err
+		}
+		e, err := closeAudit(u.Email, m, bill)
+		if err != nil {
+			return err
+		}
+		return tx.Audit(ctx, e)
+	})
+	if err != nil {
 		return err
 	}
 	c.QueryParams().Set("month", m.String())

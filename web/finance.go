@@ -30,8 +30,16 @@ func (s *Server) financePage(c echo.Context) error {
 	case err != nil:
 		return err
 	}
-	if m, perr := billing.ParseMonth(cb.Month); perr == nil && !m.Before(billing.Month(s.st.Now())) {
+	m, perr := billing.ParseMonth(cb.Month)
+	if perr == nil && !m.Before(billing.Month(s.st.Now())) {
 		f.CanClose = false
+	}
+	if f.CanClose && perr == nil {
+		bill, err := billOf(c.Request().Context(), s.st, m, cb.Currency)
+		if err != nil {
+			return err
+		}
+		f.CloseQuestion = bill.question(m)
 	}
 	if cb.ClosedAt != nil {
 		f.Closed = "Closed on " + fmtTime(*cb.ClosedAt) + "."
@@ -61,11 +69,33 @@ func (s *Server) financePage(c echo.Context) error {
 	return render(c, http.StatusOK, views.FinanceView(f))
 }
 
-// closeMonthForm closes a month from the finance page.
+// closeMonthForm closes a month from the finance page once the form says
+// confirm=yes; before, it only asks (see confirmPage).
 func (s *Server) closeMonthForm(c echo.Context) error {
 	month := c.FormValue("month")
 	c.SetParamNames("month")
 	c.SetParamValues(month)
+	if !confirmed(c) {
+		_, m, err := s.closableMonth(c)
+		if err != nil {
+			return err
+		}
+		ctx := c.Request().Context()
+		if at, _, err := s.st.MonthClosed(ctx, m); err != nil {
+			return err
+		} else if !at.IsZero() {
+			return allot.Errorf(allot.EConflict, "%s is already closed", m)
+		}
+		cur, err := s.cardCurrency(c)
+		if err != nil {
+			return err
+		}
+		bill, err := billOf(ctx, s.st, m, cur)
+		if err != nil {
+			return err
+		}
+		return s.confirmPage(c, bill.question(m), "/finance/close", []views.Option{{Value: "month", Label: m.String()}}, "/finance?month="+url.QueryEscape(m.String()))
+	}
 	if err := s.closeMonth(c); err != nil {
 		return err
 	}

@@ -350,7 +350,25 @@ func (s *Server) submitJobForm(c echo.Context) error {
 	return render(c, http.StatusUnprocessableEntity, views.JobFormView(f))
 }
 
+// cancelJobForm cancels a job from its page once the form says
+// confirm=yes; before, it only asks (see confirmPage), after the checks
+// the cancel itself makes.
 func (s *Server) cancelJobForm(c echo.Context) error {
+	if !confirmed(c) {
+		u, j, err := s.visibleJob(c)
+		if err != nil {
+			return err
+		}
+		if !store.CanManageJob(u, &j) {
+			return allot.Errorf(allot.EForbidden, "only the submitter, a lead of team %s or an admin can cancel job %d", j.Team, j.ID)
+		}
+		probe := j // Transition changes the job it is called on
+		if err := probe.Transition(allot.JobCancelled, s.st.Now()); err != nil {
+			return err // what the cancel would say: it has ended
+		}
+		back := fmt.Sprintf("/jobs/%d", j.ID)
+		return s.confirmPage(c, views.CancelQuestion(j.ID, j.Name, string(j.State)), back+"/cancel", nil, back)
+	}
 	j, err := s.cancel(c)
 	if err != nil {
 		return err

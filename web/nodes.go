@@ -645,8 +645,28 @@ func (s *Server) drainNodeForm(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	name, reason := c.Param("name"), c.FormValue("reason")
-	res, err := s.st.DrainNode(c.Request().Context(), u.Email, name, reason, c.FormValue("requeue") != "")
+	name, reason, requeue := c.Param("name"), c.FormValue("reason"), c.FormValue("requeue") != ""
+	if !confirmed(c) {
+		// Check what DrainNode checks, then ask (see confirmPage).
+		n, err := s.st.NodeInfoByName(c.Request().Context(), name)
+		if err != nil {
+			return err
+		}
+		if err := store.CheckDrainReason(reason); err != nil {
+			return s.nodeFormResult(c, name, "", err, map[string]string{"reason": reason})
+		}
+		if err := store.CheckDrainable(name, n.State); err != nil {
+			return s.nodeFormResult(c, name, "", err, map[string]string{"reason": reason})
+		}
+		fields, how := []views.Option{{Value: "reason", Label: reason}}, "no"
+		if requeue {
+			fields, how = append(fields, views.Option{Value: "requeue", Label: "1"}), "yes"
+		}
+		q := views.DrainQuestion(name, n.RunningJobs, how)
+		q.Lines = append(q.Lines, "Reason (in the audit log): "+strings.TrimSpace(reason))
+		return s.confirmPage(c, q, "/nodes/"+url.PathEscape(name)+"/drain", fields, "/nodes/"+url.PathEscape(name))
+	}
+	res, err := s.st.DrainNode(c.Request().Context(), u.Email, name, reason, requeue)
 	if err == nil {
 		s.trigger(c)
 	}

@@ -153,7 +153,7 @@ func TestChargebackAddsUp(t *testing.T) {
 		t.Errorf("engineer on the finance page: %d, want 403", status)
 	}
 	_, page = br.get("/finance?month=2020-02")
-	if status, page := br.post("/finance/close", page, map[string][]string{"month": {"2020-02"}}); status != 200 || !strings.Contains(page, `data-testid="closed"`) {
+	if status, page := br.post("/finance/close", page, map[string][]string{"month": {"2020-02"}, "confirm": {"yes"}}); status != 200 || !strings.Contains(page, `data-testid="closed"`) {
 		t.Errorf("closing from the page: %d", status)
 	}
 	// Closing a past month works once.

@@ -171,11 +171,8 @@ type DrainResult struct {
 // audited as node.drain. Draining a node that is down is refused.
 func (s *Store) DrainNode(ctx context.Context, actor, node, reason string, requeue bool) (DrainResult, error) {
 	reason = strings.TrimSpace(reason)
-	if reason == "" {
-		return DrainResult{}, (allot.FieldErrors{"reason": "is required: say why the node is drained"}).Err()
-	}
-	if len(reason) > 500 {
-		return DrainResult{}, (allot.FieldErrors{"reason": "must be at most 500 characters"}).Err()
+	if err := CheckDrainReason(reason); err != nil {
+		return DrainResult{}, err
 	}
 	var res DrainResult
 	err := s.InTx(ctx, func(tx *Store) error {
@@ -183,8 +180,8 @@ func (s *Store) DrainNode(ctx context.Context, actor, node, reason string, reque
 		if err != nil {
 			return err
 		}
-		if before == allot.NodeDown {
-			return allot.Errorf(allot.EConflict, "node %s is down; it cannot be drained until its agent is back", node)
+		if err := CheckDrainable(node, before); err != nil {
+			return err
 		}
 		now := tx.Now()
 		if res.State, err = tx.startDrain(ctx, node, allot.DrainByAdmin, "admin: "+reason, now); err != nil {
@@ -202,6 +199,26 @@ func (s *Store) DrainNode(ctx context.Context, actor, node, reason string, reque
 		return tx.auditNodeState(ctx, actor, "node.drain", node, before, res.State, reason, map[string]any{"requeue": requeue, "requeued": res.Requeued})
 	})
 	return res, err
+}
+
+// CheckDrainReason checks an admin's reason for a drain, as DrainNode
+// does (the portal checks before it asks to confirm).
+func CheckDrainReason(reason string) error {
+	switch reason = strings.TrimSpace(reason); {
+	case reason == "":
+		return (allot.FieldErrors{"reason": "is required: say why the node is drained"}).Err()
+	case len(reason) > 500:
+		return (allot.FieldErrors{"reason": "must be at most 500 characters"}).Err()
+	}
+	return nil
+}
+
+// CheckDrainable says why node, in state, cannot be drained (nil: it can).
+func CheckDrainable(node, state string) error {
+	if state == allot.NodeDown {
+		return allot.Errorf(allot.EConflict, "node %s is down; it cannot be drained until its agent is back", node)
+	}
+	return nil
 }
 
 // UndrainNode brings a draining or drained node back up for an admin,
