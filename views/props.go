@@ -205,7 +205,9 @@ type TeamBudget struct {
 	Budget, UsedPct                   int64
 	ByJobType, ByUser                 []Option // Value: name, Label: GPU-hours
 	Alerts                            []string
-	Chart                             BurnDownChart
+	// LastMonth is last month's figures in words ("" before any usage).
+	LastMonth string
+	Chart     BurnDownChart
 	// Usage this month by job type (tier as run × GPU type) and by user.
 	ByKind       []KindRow
 	KindChart    BarChart

@@ -29,6 +29,9 @@ type BudgetJSON struct {
 	Cost           string            `json:"cost"`
 	Currency       string            `json:"currency"`
 	Alerts         []AlertJSON       `json:"alerts"`
+	// LastMonth is the month before, complete (early in a month it tells
+	// more than the month begun); null before any usage then.
+	LastMonth *MonthUsedJSON `json:"last_month"`
 	// ByKind is this month's usage by job type: the tier the jobs ran as
 	// and the GPU type they held.
 	ByKind []KindHoursJSON `json:"by_tier_and_gpu_type"`
@@ -123,6 +126,14 @@ func forecast(u *store.TeamUsage) ForecastJSON {
 	return f
 }
 
+// MonthUsedJSON is a team's usage in one whole month.
+type MonthUsedJSON struct {
+	Month          string `json:"month"`
+	UsedGPUHours   string `json:"used_gpu_hours"`
+	UsedPct        int64  `json:"used_pct"` // of the team's budget today
+	BudgetGPUHours int64  `json:"budget_gpu_hours"`
+}
+
 // teamBudget loads the budget view of :team for the caller.
 func (s *Server) teamBudget(c echo.Context) (BudgetJSON, *store.TeamUsage, error) {
 	team := c.Param("team") // RuleTeamMember has checked the caller
@@ -164,6 +175,17 @@ func (s *Server) teamBudget(c echo.Context) (BudgetJSON, *store.TeamUsage, error
 		return out, nil, err
 	}
 	out.alerts = alerts
+	prev := usage.Month.AddDate(0, -1, 0)
+	lastUsed, err := s.st.TeamUsageBetween(c.Request().Context(), team, prev, usage.Month)
+	if err != nil {
+		return out, nil, err
+	}
+	if lastUsed > 0 {
+		out.LastMonth = &MonthUsedJSON{Month: prev.Format("2006-01"), UsedGPUHours: allot.Hours(lastUsed), BudgetGPUHours: usage.BudgetGPUHours}
+		if usage.BudgetGPUHours > 0 {
+			out.LastMonth.UsedPct = lastUsed * 100 / (usage.BudgetGPUHours * 3600)
+		}
+	}
 	for _, a := range alerts[:min(len(alerts), 20)] {
 		if a.Month.Equal(usage.Month) {
 			out.Alerts = append(out.Alerts, AlertJSON{Team: a.Team, Month: a.Month.Format("2006-01"), ThresholdPct: a.ThresholdPct,
@@ -254,6 +276,13 @@ func (s *Server) teamPage(c echo.Context) error {
 	}
 	for _, a := range b.Alerts {
 		p.Alerts = append(p.Alerts, a.Message)
+	}
+	if l := b.LastMonth; l != nil {
+		m, _ := time.Parse("2006-01", l.Month)
+		p.LastMonth = fmt.Sprintf("%s: %s GPU-h used", m.Format("January 2006"), l.UsedGPUHours)
+		if l.BudgetGPUHours > 0 {
+			p.LastMonth += fmt.Sprintf(", %d %% of today's budget of %d GPU-h", l.UsedPct, l.BudgetGPUHours)
+		}
 	}
 	if err := s.teamExtras(c, &p, b, usage); err != nil {
 		return err

@@ -218,6 +218,10 @@ func TestTeamBudgetDashboard(t *testing.T) {
 	if bj.UsedPct < 100 || byType != used || byUser != used || !strings.HasPrefix(bj.Forecast.Summary, "Over budget since") || bj.Forecast.ReachesBudgetOn == nil {
 		t.Errorf("nlp budget: used %s (%d %%), by type %d, by user %d, forecast %q", bj.UsedGPUHours, bj.UsedPct, byType, byUser, bj.Forecast.Summary)
 	}
+	// Last month, complete: the demo's whole story (104 %).
+	if l := bj.LastMonth; l == nil || l.UsedPct != 104 || l.Month != billing.Month(e.m.Store.Now()).Prev().String() {
+		t.Errorf("nlp last month: %+v, want 104 %% of the month before", l)
+	}
 	code, _, b = e.api("GET", "/api/v1/teams/fraud/budget", demo.Finance, "")
 	json.Unmarshal(b, &bj) //nolint:errcheck
 	if code != 200 || bj.UsedPct != 35 || !strings.HasPrefix(bj.Forecast.Summary, "At this rate") {
@@ -226,7 +230,8 @@ func TestTeamBudgetDashboard(t *testing.T) {
 	if code, _, _ := e.api("GET", "/api/v1/teams/fraud/budget", demo.Engineer, ""); code != 403 {
 		t.Errorf("engineer of nlp reading fraud's budget: %d, want 403", code)
 	}
-	if status, page := e.login(demo.Lead).get("/teams/nlp"); status != 200 || !strings.Contains(page, `data-testid="burndown"`) || !strings.Contains(page, "Over budget since") {
+	if status, page := e.login(demo.Lead).get("/teams/nlp"); status != 200 || !strings.Contains(page, `data-testid="burndown"`) || !strings.Contains(page, "Over budget since") ||
+		!strings.Contains(page, `data-testid="last-month"`) {
 		t.Errorf("team page: %d", status)
 	}
 }

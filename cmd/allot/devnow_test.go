@@ -117,6 +117,10 @@ func TestDevNow(t *testing.T) {
 	if code := get("/api/v1/teams/nlp/budget", tokens["ALLOT_TOKEN_LEAD"], &budget); code != 200 || budget.Month != "2027-03" || budget.BudgetGPUHours != 4000 {
 		t.Errorf("nlp budget at %s: %d %+v; want month 2027-03 and 4000 GPU-h", at, code, budget)
 	}
+	// In a month's first seconds the lead still has a story: last month's.
+	if l := budget.LastMonth; l == nil || l.Month != "2027-02" || l.UsedPct < 104 {
+		t.Errorf("nlp last month at %s: %+v, want February 2027 at 104 %% or more", at, l)
+	}
 	// Last month's bill is rolled up and complete.
 	deadline := time.Now().Add(60 * time.Second)
 	for {

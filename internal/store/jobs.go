@@ -39,6 +39,14 @@ func usageSQL(from, to, teamFilter string, byTeam bool) string {
 	return q
 }
 
+// TeamUsageBetween returns the GPU-seconds allocated to team's jobs in
+// [from, to) (running allocations count up to to).
+func (s *Store) TeamUsageBetween(ctx context.Context, team string, from, to time.Time) (int64, error) {
+	var used int64
+	err := s.db.QueryRow(ctx, usageSQL("$2", "$3", "j.team = $1", false), team, from, to).Scan(&used)
+	return used, mapErr(fmt.Sprintf("computing usage of team %q", team), err)
+}
+
 // TeamMonthUsage returns the GPU-seconds allocated to team's jobs in the
 // month containing s.Now(), up to now (running allocations count up to now).
 func (s *Store) TeamMonthUsage(ctx context.Context, team string) (int64, error) {
