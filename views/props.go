@@ -192,6 +192,9 @@ type Finance struct {
 	ByUser   []FinanceRow
 	ByJob    []FinanceRow // shown when one team is selected
 	Empty    string
+	// OpenMonth is last month when it has charges and is not closed yet,
+	// for finance to review and close ("" otherwise); OpenMonthURL shows it.
+	OpenMonth, OpenMonthURL string
 	CSVURL   string
 	// CloseQuestion is asked before closing the month (the whole month's
 	// bill, whatever team the page shows).

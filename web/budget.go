@@ -274,7 +274,14 @@ func (s *Server) teamPage(c echo.Context) error {
 	for _, u := range b.ByUser {
 		p.ByUser = append(p.ByUser, views.Option{Value: u.User, Label: u.GPUHours})
 	}
-	for _, a := range b.Alerts {
+	// One banner: this month's highest threshold (the history lists all).
+	var this []store.BudgetAlert
+	for _, a := range b.alerts {
+		if m, _ := time.Parse("2006-01", b.Month); a.Month.Equal(m) {
+			this = append(this, a)
+		}
+	}
+	for _, a := range latestAlerts(this) {
 		p.Alerts = append(p.Alerts, a.Message)
 	}
 	if l := b.LastMonth; l != nil {

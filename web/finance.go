@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 
 	"github.com/allotlabs/allot/internal/allot"
 	"github.com/allotlabs/allot/internal/billing"
@@ -43,6 +44,11 @@ func (s *Server) financePage(c echo.Context) error {
 	}
 	if cb.ClosedAt != nil {
 		f.Closed = "Closed on " + fmtTime(*cb.ClosedAt) + "."
+	}
+	if u.Admin || u.Finance {
+		if err := s.openLastMonth(c, &f); err != nil {
+			return err
+		}
 	}
 	if f.Empty == "" {
 		q := url.Values{"month": {cb.Month}}
@@ -100,4 +106,26 @@ func (s *Server) closeMonthForm(c echo.Context) error {
 		return err
 	}
 	return redirect(c, fmt.Sprintf("/finance?month=%s", url.QueryEscape(month)))
+}
+
+// openLastMonth points finance at last month while it has charges and is
+// not closed, unless the page shows it already: early in a month that is
+// the bill to finish, and this month's has little in it yet.
+func (s *Server) openLastMonth(c echo.Context, f *views.Finance) error {
+	ctx := c.Request().Context()
+	prev := billing.Month(s.st.Now()).Prev()
+	if f.Month == prev.String() {
+		return nil
+	}
+	has, err := s.st.MonthHasCharges(ctx, prev)
+	if err != nil || !has {
+		return err
+	}
+	closed, err := s.st.ClosedMonths(ctx)
+	if err != nil || slices.Contains(closed, prev) {
+		return err
+	}
+	f.OpenMonth = prev.Start().Format("January 2006")
+	f.OpenMonthURL = "/finance?" + url.Values{"month": {prev.String()}}.Encode()
+	return nil
 }

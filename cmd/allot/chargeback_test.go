@@ -133,8 +133,12 @@ func TestChargebackAddsUp(t *testing.T) {
 			t.Errorf("%s: %d %s, want %d %q", tt.name, code, b, tt.status, tt.detail)
 		}
 	}
-	// The portal page shows the same total and offers the CSV.
+	// The portal page shows the same total and offers the CSV; any other
+	// month's page points at last month while it is open.
 	br := e.login(demo.Finance)
+	if _, page := br.get("/finance?month=" + current); !strings.Contains(page, `data-testid="open-month"`) || !strings.Contains(page, "/finance?month="+month) {
+		t.Errorf("this month's finance page does not point at last month, open")
+	}
 	status, page := br.get("/finance?month=" + month)
 	if status != 200 || !strings.Contains(page, "<strong>"+cb.Total.Amount+"</strong>") || !strings.Contains(page, `data-testid="export"`) {
 		t.Errorf("finance page: %d, total %s missing or no export link", status, cb.Total.Amount)
@@ -230,9 +234,17 @@ func TestTeamBudgetDashboard(t *testing.T) {
 	if code, _, _ := e.api("GET", "/api/v1/teams/fraud/budget", demo.Engineer, ""); code != 403 {
 		t.Errorf("engineer of nlp reading fraud's budget: %d, want 403", code)
 	}
-	if status, page := e.login(demo.Lead).get("/teams/nlp"); status != 200 || !strings.Contains(page, `data-testid="burndown"`) || !strings.Contains(page, "Over budget since") ||
+	// This month's 80 % and 100 % alerts: one banner, the 100 % one.
+	if _, err := jobs.BudgetCheck(context.Background(), e.m.Store, nil); err != nil {
+		t.Fatal(err)
+	}
+	status, page := e.login(demo.Lead).get("/teams/nlp")
+	if status != 200 || !strings.Contains(page, `data-testid="burndown"`) || !strings.Contains(page, "Over budget since") ||
 		!strings.Contains(page, `data-testid="last-month"`) {
 		t.Errorf("team page: %d", status)
+	}
+	if n := strings.Count(page, `data-testid="budget-alert"`); n != 1 || !strings.Contains(page, "run as preemptible until the month ends") {
+		t.Errorf("team page: %d budget banners, want one, the 100 %% alert's", n)
 	}
 }
 

@@ -179,6 +179,13 @@ func (s *Store) ReplaceMonthLines(ctx context.Context, month billing.YearMonth, 
 	return mapErr(fmt.Sprintf("writing charge lines of %s", month), err)
 }
 
+// MonthHasCharges reports whether month has any charge line.
+func (s *Store) MonthHasCharges(ctx context.Context, month billing.YearMonth) (bool, error) {
+	var ok bool
+	err := s.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM charge_lines WHERE month = $1)`, month.Start()).Scan(&ok)
+	return ok, mapErr("looking for charges", err)
+}
+
 // ClosedMonths returns the closed billing months, oldest first.
 func (s *Store) ClosedMonths(ctx context.Context) ([]billing.YearMonth, error) {
 	rows, err := s.db.Query(ctx, `SELECT month FROM billing_months ORDER BY month`)
