@@ -195,7 +195,7 @@ type Finance struct {
 	// OpenMonth is last month when it has charges and is not closed yet,
 	// for finance to review and close ("" otherwise); OpenMonthURL shows it.
 	OpenMonth, OpenMonthURL string
-	CSVURL   string
+	CSVURL                  string
 	// CloseQuestion is asked before closing the month (the whole month's
 	// bill, whatever team the page shows).
 	CloseQuestion Question
