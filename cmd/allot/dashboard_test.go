@@ -29,10 +29,10 @@ func bootQuiet(t *testing.T) *env {
 }
 
 // bootQuietStory is bootQuiet at noon on the 20th of the test clock's
-// month (storyClock), for tests of a month's accumulated figures.
+// month (demo.StoryClock), for tests of a month's accumulated figures.
 func bootQuietStory(t *testing.T) *env {
 	t.Helper()
-	return bootMain(t, &Main{Config: Config{DevMode: true, Now: storyClock()}}).withTokens()
+	return bootMain(t, &Main{Config: Config{DevMode: true, Now: demo.StoryClock(clock.Now)}}).withTokens()
 }
 
 func (e *env) exec(sql string, args ...any) {

@@ -12,11 +12,9 @@ import (
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/allotlabs/allot/internal/clock"
 	"github.com/allotlabs/allot/internal/demo"
-	"github.com/allotlabs/allot/internal/store"
 	"github.com/allotlabs/allot/internal/store/storetest"
 	"github.com/allotlabs/allot/web"
 )
@@ -37,20 +35,12 @@ func boot(t *testing.T) *env {
 
 // bootStory is boot for tests of the demo's budget story (recs past 80 %,
 // nlp past 100 % this month): their cluster runs at noon on the 20th of
-// the test clock's month (see storyClock), when demo.Seed gives every team
-// its whole share of the month. Tests that only need a team short of
+// the test clock's month (demo.StoryClock), when demo.Seed gives every
+// team its whole share of the month. Tests that only need a team short of
 // budget use boot and tightBudget, and run at the test clock itself.
 func bootStory(t *testing.T) *env {
 	t.Helper()
-	return bootMain(t, &Main{Config: Config{Worker: true, DevMode: true, Now: storyClock()}}).withTokens()
-}
-
-// storyClock runs at real speed from noon on the 20th of the test clock's
-// month.
-func storyClock() func() time.Time {
-	now := clock.Now()
-	shift := store.MonthStart(now).Add(19*24*time.Hour + 12*time.Hour).Sub(now)
-	return func() time.Time { return clock.Now().Add(shift) }
+	return bootMain(t, &Main{Config: Config{Worker: true, DevMode: true, Now: demo.StoryClock(clock.Now)}}).withTokens()
 }
 
 // tightBudget cuts team's monthly budget to one GPU-hour, so that any job

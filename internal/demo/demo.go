@@ -114,6 +114,16 @@ func Nodes() []allot.Node {
 // complete with its alerts, holds the full story.
 const StoryFrom = 7 * 24 * time.Hour
 
+// StoryClock is a clock that runs at real speed from noon on the 20th of
+// the month now() is in, when this month holds the whole budget story
+// (past StoryFrom). Tests of the story run their cluster on it; everything
+// else runs at now() itself.
+func StoryClock(now func() time.Time) func() time.Time {
+	at := now()
+	shift := store.MonthStart(at).Add(19*24*time.Hour + 12*time.Hour).Sub(at)
+	return func() time.Time { return now().Add(shift) }
+}
+
 // SeededKey is the allot_meta key that marks a complete demo seed; its
 // value is the instant the demo was seeded as of.
 const SeededKey = "demo_seeded"

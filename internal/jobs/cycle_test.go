@@ -123,7 +123,7 @@ func TestUntakenOffersExpire(t *testing.T) {
 // budget after submission waits as preemptible, and its reason says so.
 func TestOverBudgetJobsSayWhy(t *testing.T) {
 	ctx := context.Background()
-	st, pool := seededAt(t, "-", storyClock())
+	st, pool := seededAt(t, "-", demo.StoryClock(clock.Now))
 	noah, err := st.UserByEmail(ctx, "noah@example.com")
 	if err != nil {
 		t.Fatal(err)
@@ -195,14 +195,6 @@ func TestAgentRestartEndsLostLeases(t *testing.T) {
 func seeded(t *testing.T, nodes string) (*store.Store, *pgxpool.Pool) {
 	t.Helper()
 	return seededAt(t, nodes, nil)
-}
-
-// storyClock runs at real speed from noon on the 20th of the test clock's
-// month: the demo's budget story (nlp over budget) holds this month then.
-func storyClock() func() time.Time {
-	now := clock.Now()
-	shift := store.MonthStart(now).Add(19*24*time.Hour + 12*time.Hour).Sub(now)
-	return func() time.Time { return clock.Now().Add(shift) }
 }
 
 // seededAt is seeded on the clock now (nil: the test clock).
