@@ -318,7 +318,7 @@ type FairShareRowJSON struct {
 }
 
 const fairShareMethod = "Raw shares = the team's fair-share weight; norm shares S = weight ÷ Σ weights; raw usage = the team's GPU-seconds, " +
-	"decayed with the policy's half-life (updated every minute); effective usage U = raw usage ÷ Σ raw usage; fair-share factor F = 2^(−U/S). " +
+	"decayed with the policy's half-life (updated by every scheduling cycle); effective usage U = raw usage ÷ Σ raw usage; fair-share factor F = 2^(−U/S). " +
 	"These are the scheduler core's own numbers: the same function a scheduling cycle runs, on the same inputs."
 
 // fairShare computes every team's standing with the scheduler core.
