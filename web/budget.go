@@ -276,8 +276,9 @@ func (s *Server) teamPage(c echo.Context) error {
 	}
 	// One banner: this month's highest threshold (the history lists all).
 	var this []store.BudgetAlert
+	month, _ := time.Parse("2006-01", b.Month)
 	for _, a := range b.alerts {
-		if m, _ := time.Parse("2006-01", b.Month); a.Month.Equal(m) {
+		if a.Month.Equal(month) {
 			this = append(this, a)
 		}
 	}

@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -62,23 +60,7 @@ const clippedCellsJS = `(() => {
 // $ALLOT_SCREENSHOTS/name.png when the variable is set, like pageShot.
 func fullShot(t *testing.T, ctx context.Context, name string) {
 	t.Helper()
-	dir := os.Getenv("ALLOT_SCREENSHOTS")
-	if dir == "" {
-		return
-	}
-	if !filepath.IsAbs(dir) {
-		dir = filepath.Join("..", "..", dir)
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	buf, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
-	if err != nil {
-		t.Fatalf("screenshot %s: %v", name, err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, name+".png"), buf, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	saveShot(t, name, func() ([]byte, error) { return chromedp.Run(ctx, chromedp.FullScreenshot(100)) })
 }
 
 // layoutFixture fills the pages whose tables the layout test reads: a week

@@ -24,6 +24,14 @@ import (
 // `ALLOT_SCREENSHOTS=static/screenshots go test ./cmd/allot` writes there.
 func pageShot(t *testing.T, ctx context.Context, name string) {
 	t.Helper()
+	saveShot(t, name, func() ([]byte, error) { return chromedp.Run(ctx, chromedp.CaptureScreenshot()) })
+}
+
+// saveShot writes what take captures as $ALLOT_SCREENSHOTS/name.png when
+// the variable is set (a relative directory is taken from the repository
+// root); take runs only then.
+func saveShot(t *testing.T, name string, take func() ([]byte, error)) {
+	t.Helper()
 	dir := os.Getenv("ALLOT_SCREENSHOTS")
 	if dir == "" {
 		return
@@ -34,7 +42,7 @@ func pageShot(t *testing.T, ctx context.Context, name string) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	buf, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())
+	buf, err := take()
 	if err != nil {
 		t.Fatalf("screenshot %s: %v", name, err)
 	}

@@ -211,17 +211,17 @@ func seed(ctx context.Context, st *store.Store) error {
 	}
 	users := map[string]*allot.User{}
 	byTeam := map[string][]*allot.User{}
-	for _, p := range people {
-		u := &allot.User{OIDCSubject: "demo|" + p.email, Email: p.email, Name: p.name, Admin: p.admin, Finance: p.finance}
-		if p.team != "" {
-			u.Memberships = []allot.Membership{{Team: p.team, Role: p.role}}
+	for _, who := range people {
+		u := &allot.User{OIDCSubject: "demo|" + who.email, Email: who.email, Name: who.name, Admin: who.admin, Finance: who.finance}
+		if who.team != "" {
+			u.Memberships = []allot.Membership{{Team: who.team, Role: who.role}}
 		}
 		if err := st.CreateUser(ctx, u); err != nil {
 			return fmt.Errorf("seeding users: %w", err)
 		}
-		users[p.email] = u
-		if p.team != "" {
-			byTeam[p.team] = append(byTeam[p.team], u)
+		users[who.email] = u
+		if who.team != "" {
+			byTeam[who.team] = append(byTeam[who.team], u)
 		}
 	}
 	k := 0
