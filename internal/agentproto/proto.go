@@ -50,8 +50,16 @@ type Inventory struct {
 	// --domain label, "" when unset.
 	Domain string `json:"domain,omitempty"`
 	// Running lists the jobs the agent is still running, e.g. after a
-	// server restart or a reconnect, so the server can re-attach them.
+	// server restart, a reconnect or an agent restart (the agent re-adopts
+	// its jobs by their cgroups), so the server can re-attach them.
 	Running []RunningJob `json:"running,omitempty"`
+	// Isolation says how the agent confines jobs, e.g.
+	// "uid,cgroup-v1,devices,memory,cpu,pids" or "none" (an agent that
+	// cannot switch users: development only).
+	Isolation string `json:"isolation,omitempty"`
+	// Runtimes are the container runtimes the agent can run images with
+	// ("podman", "docker"), empty when none is configured.
+	Runtimes []string `json:"runtimes,omitempty"`
 }
 
 // RunningJob is a job process alive on the node.
@@ -69,6 +77,9 @@ type Registration struct {
 	// Unknown lists jobs from Inventory.Running the server no longer knows
 	// as running on this node: the agent stops them.
 	Unknown []int64 `json:"unknown,omitempty"`
+	// UnknownLeases is Unknown per lease (job and segment); an agent that
+	// reads it kills exactly those leases' processes.
+	UnknownLeases []LeaseRef `json:"unknown_leases,omitempty"`
 }
 
 // GPUMetrics are one GPU's readings at heartbeat time, named after
@@ -112,11 +123,19 @@ type Heartbeat struct {
 	// when it failed, "" when it passed or none is configured. GPUs missing
 	// from the node's inventory are the ones absent from GPUs.
 	Health string `json:"health,omitempty"`
+	// MetricsError is set when reading the GPUs failed (the driver did not
+	// answer): GPUs is then empty, and the server must not read that as
+	// GPUs missing from the node.
+	MetricsError string `json:"metrics_error,omitempty"`
 }
 
 // HeartbeatReply is the server's answer to a heartbeat.
 type HeartbeatReply struct {
 	NodeState string `json:"node_state"` // up, draining, drained, down
+	// Kill lists leases the heartbeat reported running that have ended on
+	// the server (cancelled, lost, requeued elsewhere): the agent kills
+	// their processes at once, without grace.
+	Kill []LeaseRef `json:"kill,omitempty"`
 }
 
 // Lease is a node's part of a job's gang.
@@ -132,6 +151,17 @@ type Lease struct {
 	// CheckpointDir is set for checkpointable jobs; it stays the same across
 	// segments so a requeued job finds its checkpoint.
 	CheckpointDir string `json:"checkpoint_dir,omitempty"`
+	// User is the POSIX account the job runs as (resolved on the node);
+	// "" = the agent's --job-user. Never root, never the agent's account.
+	User string `json:"user,omitempty"`
+	// Submitter is the Allot user (e-mail) who submitted the job.
+	Submitter string `json:"submitter,omitempty"`
+	// Image is an OCI image to run the command in ("" = on the host).
+	Image string `json:"image,omitempty"`
+	// MemoryBytes and MilliCPUs limit this node's part of the job (its
+	// cgroup); 0 = the agent's default per GPU.
+	MemoryBytes int64 `json:"memory_bytes,omitempty"`
+	MilliCPUs   int64 `json:"milli_cpus,omitempty"`
 }
 
 // LeaseRef names one lease.
