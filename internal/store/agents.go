@@ -274,6 +274,15 @@ type Lease struct {
 	GPUs          []int
 	TimeLimit     time.Duration
 	CheckpointDir string
+	// User is the POSIX account the job runs as ("" = the agent's default
+	// job user: jobs from before accounts), Submitter the submitter's email.
+	User      string
+	Submitter string
+	// Image is the OCI image to run in ("" = on the host); MemoryBytes and
+	// MilliCPUs limit this node's part (0 = the node's default).
+	Image       string
+	MemoryBytes int64
+	MilliCPUs   int64
 }
 
 // StopOrder tells an agent to stop a job.
@@ -301,17 +310,20 @@ func (s *Store) TakeOrders(ctx context.Context, node string) (Orders, error) {
 		now := tx.Now()
 		rows, err := tx.db.Query(ctx, `
 			UPDATE leases l SET offer_sent_at = $2
-			FROM jobs j WHERE j.id = l.job_id AND l.node = $1 AND l.state = 'offered' AND l.offer_sent_at IS NULL
-			RETURNING l.job_id, l.segment, j.team, j.command, l.env, j.workdir, l.gpu_indices, j.time_limit_s, j.checkpoint_dir`, node, now)
+			FROM jobs j JOIN users u ON u.id = j.user_id
+			WHERE j.id = l.job_id AND l.node = $1 AND l.state = 'offered' AND l.offer_sent_at IS NULL
+			RETURNING l.job_id, l.segment, j.team, j.command, l.env, j.workdir, l.gpu_indices, j.time_limit_s, j.checkpoint_dir,
+				j.run_as_user, u.email, j.image, j.memory_bytes, j.milli_cpus, j.secret_env`, node, now)
 		if err != nil {
 			return mapErr("loading offers", err)
 		}
 		o.Offer, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Lease, error) {
 			var l Lease
-			var env []byte
+			var env, secret []byte
 			var gpus []int32
 			var limit int64
-			err := r.Scan(&l.JobID, &l.Segment, &l.Team, &l.Command, &env, &l.WorkDir, &gpus, &limit, &l.CheckpointDir)
+			err := r.Scan(&l.JobID, &l.Segment, &l.Team, &l.Command, &env, &l.WorkDir, &gpus, &limit, &l.CheckpointDir,
+				&l.User, &l.Submitter, &l.Image, &l.MemoryBytes, &l.MilliCPUs, &secret)
 			if err != nil {
 				return l, err
 			}
@@ -319,7 +331,25 @@ func (s *Store) TakeOrders(ctx context.Context, node string) (Orders, error) {
 				l.GPUs = append(l.GPUs, int(g))
 			}
 			l.TimeLimit = time.Duration(limit) * time.Second
-			return l, json.Unmarshal(env, &l.Env)
+			if err := json.Unmarshal(env, &l.Env); err != nil {
+				return l, err
+			}
+			// The job's secret variables are only ever read here, into the
+			// order: the lease row keeps the visible environment. A name
+			// Allot sets itself (MASTER_ADDR, RANK, …) keeps Allot's value.
+			var sec map[string]string
+			if err := json.Unmarshal(secret, &sec); err != nil {
+				return l, err
+			}
+			if len(sec) > 0 && l.Env == nil {
+				l.Env = map[string]string{}
+			}
+			for k, v := range sec {
+				if _, set := l.Env[k]; !set {
+					l.Env[k] = v
+				}
+			}
+			return l, nil
 		})
 		if err != nil {
 			return mapErr("loading offers", err)
