@@ -3,6 +3,7 @@ package allot
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"regexp"
 	"slices"
@@ -78,6 +79,17 @@ type JobSpec struct {
 	WorkDir        string
 	Checkpointable bool
 	Preemptible    bool // explicitly preemptible
+	// Image is an OCI image reference to run the command in ("" = on the
+	// node's host system).
+	Image string
+	// MemoryBytes and MilliCPUs limit each node's part of the job (its
+	// cgroup); 0 = the node's default.
+	MemoryBytes int64
+	MilliCPUs   int64
+	// SecretEnv is passed to the job like Env but never shown after
+	// submission, to anyone: it is only set on a spec being submitted (a
+	// stored job has SecretEnvKeys).
+	SecretEnv map[string]string
 }
 
 // RequestedGPUHours is GPUs × time limit, in hours (rounded up to whole
@@ -123,6 +135,15 @@ type Job struct {
 	// "node_lost", "exit code 3", ...).
 	EndReason   string
 	Preemptions int
+	// RunAsUser is the POSIX account the job runs as on its nodes, resolved
+	// at submission ("" for jobs from before accounts: the agent's default).
+	RunAsUser string
+	// SecretEnvKeys are the names of the secret variables (their values are
+	// never loaded with the job).
+	SecretEnvKeys []string
+	// EnvRedacted is set when Env's values were replaced by Redacted for
+	// the viewer (RedactFor).
+	EnvRedacted bool
 }
 
 // Transition moves j to state to at time at, or returns a conflict error.
@@ -164,7 +185,7 @@ func (s *JobSpec) Validate() error {
 }
 
 func (s *JobSpec) validate(f FieldErrors) {
-	for field, v := range map[string]string{"name": s.Name, "team": s.Team, "tier": string(s.Tier), "gpu_type": s.GPUType, "workdir": s.WorkDir} {
+	for field, v := range map[string]string{"name": s.Name, "team": s.Team, "tier": string(s.Tier), "gpu_type": s.GPUType, "workdir": s.WorkDir, "image": s.Image} {
 		if strings.ContainsRune(v, 0) || !utf8.ValidString(v) {
 			f.Add(field, "must be valid text without NUL bytes")
 		}
@@ -209,20 +230,14 @@ func (s *JobSpec) validate(f FieldErrors) {
 			f.Add("command", "is too long (at most %d arguments, %d bytes)", MaxCommandArgs, MaxCommandBytes)
 		}
 	}
-	if len(s.Env) > MaxEnvVars {
-		f.Add("env", "at most %d variables", MaxEnvVars)
-	}
-	for k, v := range s.Env {
-		if !envKeyRE.MatchString(k) {
-			f.Add("env", "invalid variable name %q", k)
-		}
-		if strings.HasPrefix(k, "ALLOT_") || k == "CUDA_VISIBLE_DEVICES" {
-			f.Add("env", "%s is set by Allot", k)
-		}
-		if strings.ContainsRune(v, 0) {
-			f.Add("env", "value of %s must not contain NUL bytes", k)
+	validateEnv(f, "env", s.Env)
+	validateEnv(f, "secret_env", s.SecretEnv)
+	for _, k := range slices.Sorted(maps.Keys(s.SecretEnv)) {
+		if _, both := s.Env[k]; both {
+			f.Add("secret_env", "%s is also in env: give each variable once, in env or in secret_env", k)
 		}
 	}
+	s.validateResources(f)
 	if s.WorkDir != "" && !strings.HasPrefix(s.WorkDir, "/") {
 		f.Add("workdir", "must be an absolute path")
 	}
@@ -238,6 +253,12 @@ type SubmitContext struct {
 	// MaxGang is the largest job (in GPUs) the cluster could ever run, by
 	// GPU type; the "" key is for jobs that accept any type.
 	MaxGang map[string]int
+	// Account is the POSIX account the job would run as (ResolveAccount)
+	// and AccountSource where it came from; RequireAccount refuses a
+	// submission without one.
+	Account        string
+	AccountSource  string
+	RequireAccount bool
 }
 
 // ValidateSubmission applies the one rule set every submission path (form,
@@ -274,6 +295,14 @@ func ValidateSubmission(s *JobSpec, c SubmitContext) error {
 				}
 				f.Add("gpus", "at most %d GPUs: the largest gang %s can ever hold", max, where)
 			}
+		}
+	}
+	if c.RequireAccount && c.Account == "" && s.Team != "" && c.TeamFound {
+		f.Add("run_as_user", "no POSIX account to run this job as: you have none (an admin maps you to one: allot user set-account EMAIL ACCOUNT), "+
+			"the identity provider gave none, and team %s has no service account; ask an admin", s.Team)
+	} else if c.Account != "" {
+		if msg := POSIXAccountProblem(c.Account); msg != "" {
+			f.Add("run_as_user", "%s", msg)
 		}
 	}
 	if c.Tier != nil && s.TimeLimit > c.Tier.MaxRuntime {

@@ -24,7 +24,10 @@ type Team struct {
 	Guarantees map[string]int
 	// FairShareWeight is the team's raw fair-share shares (≥ 1).
 	FairShareWeight int
-	CreatedAt       time.Time
+	// PosixAccount is the team's service account: the POSIX account its
+	// jobs run as when their submitter has none ("" = none).
+	PosixAccount string
+	CreatedAt    time.Time
 }
 
 // Validate checks the team's own fields.
@@ -50,6 +53,11 @@ func (t *Team) Validate() error {
 	if t.FairShareWeight < 1 {
 		f.Add("fair_share_weight", "must be at least 1")
 	}
+	if t.PosixAccount != "" {
+		if msg := POSIXAccountProblem(t.PosixAccount); msg != "" {
+			f.Add("posix_account", "%s", msg)
+		}
+	}
 	return f.Err()
 }
 
@@ -74,6 +82,12 @@ type User struct {
 	Admin       bool
 	Finance     bool
 	Memberships []Membership
+	// PosixUser is the POSIX account an admin mapped the user to ("" =
+	// none); OIDCPosixUser the one the identity provider's account claim
+	// gave at the last sign-in. Jobs resolve their account from these
+	// (ResolveAccount); they are loaded by GetUser and UserByEmail.
+	PosixUser     string
+	OIDCPosixUser string
 }
 
 // Membership is a user's role in one team.
@@ -93,6 +107,13 @@ func (u *User) Validate() error {
 	}
 	if strings.TrimSpace(u.Name) == "" {
 		f.Add("name", "is required")
+	}
+	for field, a := range map[string]string{"posix_user": u.PosixUser, "oidc_posix_user": u.OIDCPosixUser} {
+		if a != "" {
+			if msg := POSIXAccountProblem(a); msg != "" {
+				f.Add(field, "%s", msg)
+			}
+		}
 	}
 	for _, m := range u.Memberships {
 		if !ValidSlug(m.Team) {

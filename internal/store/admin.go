@@ -263,6 +263,9 @@ type TeamValues struct {
 	Guarantees            map[string]int `json:"guarantees"`
 	FairShareWeight       int            `json:"fair_share_weight"`
 	WebhookURL            string         `json:"webhook_url"`
+	// PosixAccount is the team's service account ("" = none): its jobs run
+	// as it when their submitter has no account.
+	PosixAccount string `json:"posix_account"`
 }
 
 // TeamValuesOf returns t's values with its webhook; zero guarantees are
@@ -275,7 +278,7 @@ func TeamValuesOf(t allot.Team, webhook string) TeamValues {
 		}
 	}
 	return TeamValues{Slug: t.Slug, Name: t.Name, CostCenter: t.CostCenter, MonthlyBudgetGPUHours: t.MonthlyBudgetGPUHours,
-		Guarantees: g, FairShareWeight: t.FairShareWeight, WebhookURL: webhook}
+		Guarantees: g, FairShareWeight: t.FairShareWeight, WebhookURL: webhook, PosixAccount: t.PosixAccount}
 }
 
 // checkGuarantees refuses guarantees on GPU types that do not exist.
@@ -351,8 +354,8 @@ func (s *Store) UpdateTeamPolicy(ctx context.Context, c PolicyChange, slug strin
 		}
 		before, after := TeamValuesOf(old, oldHook), TeamValuesOf(t, hook)
 		if _, err := tx.db.Exec(ctx, `
-			UPDATE teams SET name = $2, cost_center = $3, monthly_budget_gpu_hours = $4, fair_share_weight = $5, webhook_url = $6
-			WHERE slug = $1`, slug, t.Name, t.CostCenter, t.MonthlyBudgetGPUHours, t.FairShareWeight, hook); err != nil {
+			UPDATE teams SET name = $2, cost_center = $3, monthly_budget_gpu_hours = $4, fair_share_weight = $5, webhook_url = $6, posix_account = $7
+			WHERE slug = $1`, slug, t.Name, t.CostCenter, t.MonthlyBudgetGPUHours, t.FairShareWeight, hook, t.PosixAccount); err != nil {
 			return nil, nil, mapErr("updating team", err)
 		}
 		if _, err := tx.db.Exec(ctx, `DELETE FROM team_guarantees WHERE team = $1`, slug); err != nil {

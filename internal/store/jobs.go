@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -83,6 +85,12 @@ func (s *Store) submitContext(ctx context.Context, u *allot.User, spec *allot.Jo
 		return c, 0, 0, mapErr("loading the submission context", err)
 	}
 	c.TeamFound = budget != nil
+	c.RequireAccount = s.RequirePOSIXAccount
+	if u != nil && c.TeamFound {
+		if c.Account, c.AccountSource, err = s.resolveAccount(ctx, u.ID, spec.Team); err != nil {
+			return c, 0, 0, err
+		}
+	}
 	if maxRuntime != nil {
 		c.Tier = &allot.Tier{ID: spec.Tier, MaxRuntime: time.Duration(*maxRuntime) * time.Second}
 	}
@@ -148,6 +156,11 @@ func (s *Store) SubmitJob(ctx context.Context, u *allot.User, spec allot.JobSpec
 			env = map[string]string{}
 		}
 		envJSON, _ := json.Marshal(env)
+		secret := spec.SecretEnv
+		if secret == nil {
+			secret = map[string]string{}
+		}
+		secretJSON, _ := json.Marshal(secret)
 		var gpuType *string
 		if spec.GPUType != "" {
 			gpuType = &spec.GPUType
@@ -161,13 +174,17 @@ func (s *Store) SubmitJob(ctx context.Context, u *allot.User, spec allot.JobSpec
 			QuotaWarning: q.Warning, Demoted: q.Preemptible}
 		job.Preemptible = spec.Preemptible || q.Preemptible
 		job.Env = env
+		job.RunAsUser = c.Account
+		job.SecretEnv, job.SecretEnvKeys = nil, slices.Sorted(maps.Keys(secret))
 		err = tx.db.QueryRow(ctx, `
 			INSERT INTO jobs (name, team, user_id, tier, gpus, gpu_type, gpus_per_node, time_limit_s, command, env, workdir,
-				checkpointable, preemptible, demoted, quota_warning, pending_reason, submitted_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) RETURNING id, submitted_at, updated_at`,
+				checkpointable, preemptible, demoted, quota_warning, pending_reason, submitted_at,
+				run_as_user, image, memory_bytes, milli_cpus, secret_env)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22)
+			RETURNING id, submitted_at, updated_at`,
 			spec.Name, spec.Team, u.ID, string(spec.Tier), spec.GPUs, gpuType, perNode, int64(spec.TimeLimit/time.Second),
 			spec.Command, envJSON, spec.WorkDir, spec.Checkpointable, job.Preemptible, q.Preemptible,
-			q.Warning, reason, s.Now()).Scan(&job.ID, &job.SubmittedAt, &job.UpdatedAt)
+			q.Warning, reason, s.Now(), c.Account, spec.Image, spec.MemoryBytes, spec.MilliCPUs, secretJSON).Scan(&job.ID, &job.SubmittedAt, &job.UpdatedAt)
 		return mapErr("creating job", err)
 	}(s)
 	return job, err
@@ -207,7 +224,9 @@ const jobSelect = `
 	SELECT j.id, j.name, j.team, j.user_id, u.email, j.tier, j.gpus, coalesce(j.gpu_type, ''), coalesce(j.gpus_per_node, 0),
 		j.time_limit_s, j.command, j.env, j.workdir, j.checkpointable, j.preemptible, j.demoted, j.state,
 		j.submitted_at, j.started_at, j.ended_at, j.exit_code, j.priority, j.priority_breakdown, j.pending_reason,
-		j.quota_warning, j.updated_at, j.run_as, j.segment, j.end_reason, j.preemptions
+		j.quota_warning, j.updated_at, j.run_as, j.segment, j.end_reason, j.preemptions,
+		j.run_as_user, j.image, j.memory_bytes, j.milli_cpus,
+		ARRAY(SELECT jsonb_object_keys(j.secret_env) ORDER BY 1)
 	FROM jobs j JOIN users u ON u.id = j.user_id`
 
 func scanJob(r pgx.Row) (allot.Job, error) {
@@ -219,7 +238,8 @@ func scanJob(r pgx.Row) (allot.Job, error) {
 	err := r.Scan(&j.ID, &j.Name, &j.Team, &j.UserID, &j.User, &tier, &j.GPUs, &j.GPUType, &j.GPUsPerNode,
 		&limit, &j.Command, &env, &j.WorkDir, &j.Checkpointable, &j.Preemptible, &j.Demoted, &state,
 		&j.SubmittedAt, &started, &ended, &j.ExitCode, &j.Priority, &breakdown, &j.PendingReason,
-		&j.QuotaWarning, &j.UpdatedAt, &runAs, &j.Segment, &j.EndReason, &j.Preemptions)
+		&j.QuotaWarning, &j.UpdatedAt, &runAs, &j.Segment, &j.EndReason, &j.Preemptions,
+		&j.RunAsUser, &j.Image, &j.MemoryBytes, &j.MilliCPUs, &j.SecretEnvKeys)
 	if err != nil {
 		return j, err
 	}

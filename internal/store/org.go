@@ -122,9 +122,9 @@ func (s *Store) CreateTeam(ctx context.Context, t *allot.Team) error {
 	}
 	return s.InTx(ctx, func(tx *Store) error {
 		err := tx.db.QueryRow(ctx, `
-			INSERT INTO teams (slug, name, cost_center, monthly_budget_gpu_hours, fair_share_weight, created_at)
-			VALUES ($1, $2, $3, $4, $5, $6) RETURNING created_at`,
-			t.Slug, t.Name, t.CostCenter, t.MonthlyBudgetGPUHours, t.FairShareWeight, tx.Now()).Scan(&t.CreatedAt)
+			INSERT INTO teams (slug, name, cost_center, monthly_budget_gpu_hours, fair_share_weight, created_at, posix_account)
+			VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING created_at`,
+			t.Slug, t.Name, t.CostCenter, t.MonthlyBudgetGPUHours, t.FairShareWeight, tx.Now(), t.PosixAccount).Scan(&t.CreatedAt)
 		if err != nil {
 			return mapErr("creating team", err)
 		}
@@ -140,7 +140,7 @@ func (s *Store) CreateTeam(ctx context.Context, t *allot.Team) error {
 // ListTeams returns all teams by slug with their guarantees.
 func (s *Store) ListTeams(ctx context.Context) ([]allot.Team, error) {
 	rows, err := s.db.Query(ctx, `
-		SELECT t.slug, t.name, t.cost_center, t.monthly_budget_gpu_hours, t.fair_share_weight, t.created_at,
+		SELECT t.slug, t.name, t.cost_center, t.monthly_budget_gpu_hours, t.fair_share_weight, t.created_at, t.posix_account,
 			coalesce(array_agg(g.gpu_type ORDER BY g.gpu_type) FILTER (WHERE g.gpu_type IS NOT NULL), '{}'),
 			coalesce(array_agg(g.gpus ORDER BY g.gpu_type) FILTER (WHERE g.gpu_type IS NOT NULL), '{}')
 		FROM teams t LEFT JOIN team_guarantees g ON g.team = t.slug
@@ -152,7 +152,7 @@ func (s *Store) ListTeams(ctx context.Context) ([]allot.Team, error) {
 		var t allot.Team
 		var types []string
 		var gpus []int32
-		err := r.Scan(&t.Slug, &t.Name, &t.CostCenter, &t.MonthlyBudgetGPUHours, &t.FairShareWeight, &t.CreatedAt, &types, &gpus)
+		err := r.Scan(&t.Slug, &t.Name, &t.CostCenter, &t.MonthlyBudgetGPUHours, &t.FairShareWeight, &t.CreatedAt, &t.PosixAccount, &types, &gpus)
 		t.Guarantees = map[string]int{}
 		for i := range types {
 			t.Guarantees[types[i]] = int(gpus[i])
@@ -183,8 +183,9 @@ func (s *Store) CreateUser(ctx context.Context, u *allot.User) error {
 	}
 	return s.InTx(ctx, func(tx *Store) error {
 		err := tx.db.QueryRow(ctx, `
-			INSERT INTO users (oidc_subject, email, name, is_admin, is_finance, created_at) VALUES ($1, $2, $3, $4, $5, $6) RETURNING id`,
-			u.OIDCSubject, u.Email, u.Name, u.Admin, u.Finance, tx.Now()).Scan(&u.ID)
+			INSERT INTO users (oidc_subject, email, name, is_admin, is_finance, created_at, posix_user, oidc_posix_user)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id`,
+			u.OIDCSubject, u.Email, u.Name, u.Admin, u.Finance, tx.Now(), u.PosixUser, u.OIDCPosixUser).Scan(&u.ID)
 		if err != nil {
 			return mapErr("creating user", err)
 		}
@@ -200,13 +201,14 @@ func (s *Store) CreateUser(ctx context.Context, u *allot.User) error {
 const userSelect = `
 	SELECT u.id, u.oidc_subject, u.email, u.name, u.is_admin, u.is_finance,
 		coalesce(array_agg(m.team ORDER BY m.team) FILTER (WHERE m.team IS NOT NULL), '{}'),
-		coalesce(array_agg(m.role ORDER BY m.team) FILTER (WHERE m.team IS NOT NULL), '{}')
+		coalesce(array_agg(m.role ORDER BY m.team) FILTER (WHERE m.team IS NOT NULL), '{}'),
+		u.posix_user, u.oidc_posix_user
 	FROM users u LEFT JOIN memberships m ON m.user_id = u.id`
 
 func scanUser(r pgx.Row) (allot.User, error) {
 	var u allot.User
 	var teams, roles []string
-	err := r.Scan(&u.ID, &u.OIDCSubject, &u.Email, &u.Name, &u.Admin, &u.Finance, &teams, &roles)
+	err := r.Scan(&u.ID, &u.OIDCSubject, &u.Email, &u.Name, &u.Admin, &u.Finance, &teams, &roles, &u.PosixUser, &u.OIDCPosixUser)
 	for i := range teams {
 		u.Memberships = append(u.Memberships, allot.Membership{Team: teams[i], Role: roles[i]})
 	}

@@ -40,6 +40,11 @@ type Store struct {
 	// boundaries, usage up to now): the process clock (clock.Now) unless a
 	// test replaces it.
 	Now func() time.Time
+	// RequirePOSIXAccount refuses a job submission when no POSIX account
+	// resolves for it (see allot.ResolveAccount); off, such a job runs as
+	// the agent's default job user. Read by SubmitJob and QuotaPreview on
+	// the Store they are called on.
+	RequirePOSIXAccount bool
 }
 
 // New returns a Store over db (usually a *pgxpool.Pool).

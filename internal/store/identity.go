@@ -1,0 +1,127 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/allotlabs/allot/internal/allot"
+	"github.com/jackc/pgx/v5"
+)
+
+// resolveAccount returns the POSIX account a job of team submitted by
+// userID runs as, and where it came from (allot.ResolveAccount): the
+// admin's mapping of the user, the identity provider's claim, the team's
+// service account.
+func (s *Store) resolveAccount(ctx context.Context, userID int64, team string) (string, string, error) {
+	var mapped, claimed, teamAccount string
+	err := s.db.QueryRow(ctx, `
+		SELECT coalesce((SELECT posix_user FROM users WHERE id = $1), ''),
+			coalesce((SELECT oidc_posix_user FROM users WHERE id = $1), ''),
+			coalesce((SELECT posix_account FROM teams WHERE slug = $2), '')`, userID, team).Scan(&mapped, &claimed, &teamAccount)
+	if err != nil {
+		return "", "", mapErr("resolving the job's POSIX account", err)
+	}
+	a, src := allot.ResolveAccount(mapped, claimed, teamAccount)
+	return a, src, nil
+}
+
+// ResolveAccount is what a job of team submitted by u would run as now.
+func (s *Store) ResolveAccount(ctx context.Context, u *allot.User, team string) (account, source string, err error) {
+	return s.resolveAccount(ctx, u.ID, team)
+}
+
+// UserAccount is a user as the admins' account mapping shows them.
+type UserAccount struct {
+	ID            int64    `json:"id"`
+	Email         string   `json:"email"`
+	Name          string   `json:"name"`
+	Admin         bool     `json:"admin"`
+	Finance       bool     `json:"finance"`
+	Teams         []string `json:"teams"`
+	PosixUser     string   `json:"posix_user"`      // the admin's mapping ("" = none)
+	OIDCPosixUser string   `json:"oidc_posix_user"` // the identity provider's claim at the last sign-in
+}
+
+const userAccountSelect = `
+	SELECT u.id, u.email, u.name, u.is_admin, u.is_finance,
+		coalesce(array_agg(m.team ORDER BY m.team) FILTER (WHERE m.team IS NOT NULL), '{}'),
+		u.posix_user, u.oidc_posix_user
+	FROM users u LEFT JOIN memberships m ON m.user_id = u.id`
+
+func scanUserAccount(r pgx.Row) (UserAccount, error) {
+	var a UserAccount
+	err := r.Scan(&a.ID, &a.Email, &a.Name, &a.Admin, &a.Finance, &a.Teams, &a.PosixUser, &a.OIDCPosixUser)
+	return a, err
+}
+
+// ListUserAccounts returns every user with their POSIX accounts, by email.
+func (s *Store) ListUserAccounts(ctx context.Context) ([]UserAccount, error) {
+	rows, err := s.db.Query(ctx, userAccountSelect+` GROUP BY u.id ORDER BY u.email`)
+	if err != nil {
+		return nil, mapErr("listing users", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (UserAccount, error) { return scanUserAccount(r) })
+	return out, mapErr("listing users", err)
+}
+
+// UserAccountByRef returns the user named by ref: a numeric id or an email
+// address (case-insensitive).
+func (s *Store) UserAccountByRef(ctx context.Context, ref string) (UserAccount, error) {
+	ref = strings.TrimSpace(ref)
+	q, arg := userAccountSelect+` WHERE lower(u.email) = lower($1) GROUP BY u.id`, any(ref)
+	if id, err := strconv.ParseInt(ref, 10, 64); err == nil {
+		q, arg = userAccountSelect+` WHERE u.id = $1 GROUP BY u.id`, id
+	}
+	a, err := scanUserAccount(s.db.QueryRow(ctx, q, arg))
+	if err == pgx.ErrNoRows {
+		return a, allot.Errorf(allot.ENotFound, "no user %q", ref)
+	}
+	return a, mapErr(fmt.Sprintf("loading user %q", ref), err)
+}
+
+// SetPosixUser maps the user named by ref (id or email) to a POSIX
+// account ("" removes the mapping), as actor, with an audit entry
+// (user.posix_user, before and after) in the same transaction. Setting
+// the account a user already has changes nothing and writes no entry.
+func (s *Store) SetPosixUser(ctx context.Context, actor, ref, account, note string) (UserAccount, bool, error) {
+	account = strings.TrimSpace(account)
+	if account != "" {
+		if msg := allot.POSIXAccountProblem(account); msg != "" {
+			return UserAccount{}, false, (allot.FieldErrors{"posix_user": msg}).Err()
+		}
+	}
+	var out UserAccount
+	changed := false
+	err := s.InTx(ctx, func(tx *Store) error {
+		a, err := tx.UserAccountByRef(ctx, ref)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.db.Exec(ctx, `SELECT 1 FROM users WHERE id = $1 FOR UPDATE`, a.ID); err != nil {
+			return mapErr("locking user", err)
+		}
+		if a.PosixUser == account {
+			out = a
+			return nil
+		}
+		type doc struct {
+			Email     string `json:"email"`
+			PosixUser string `json:"posix_user"`
+		}
+		before, _ := json.Marshal(doc{a.Email, a.PosixUser})
+		after, _ := json.Marshal(doc{a.Email, account})
+		if _, err := tx.db.Exec(ctx, `UPDATE users SET posix_user = $2 WHERE id = $1`, a.ID, account); err != nil {
+			return mapErr("setting the user's POSIX account", err)
+		}
+		if err := tx.Audit(ctx, &allot.AuditEntry{Actor: actor, Action: "user.posix_user", Object: fmt.Sprintf("user:%s", a.Email),
+			Before: before, After: after, Note: note}); err != nil {
+			return err
+		}
+		a.PosixUser, out, changed = account, a, true
+		return nil
+	})
+	return out, changed, err
+}
