@@ -33,8 +33,8 @@ func (s *Store) ResolveAccount(ctx context.Context, u *allot.User, team string) 
 	return s.resolveAccount(ctx, u.ID, team)
 }
 
-// UserAccount is a user as the admins' account mapping shows them.
-type UserAccount struct {
+// PosixMapping is a user and their POSIX accounts, as admins map them.
+type PosixMapping struct {
 	ID            int64    `json:"id"`
 	Email         string   `json:"email"`
 	Name          string   `json:"name"`
@@ -45,37 +45,37 @@ type UserAccount struct {
 	OIDCPosixUser string   `json:"oidc_posix_user"` // the identity provider's claim at the last sign-in
 }
 
-const userAccountSelect = `
+const posixMappingSelect = `
 	SELECT u.id, u.email, u.name, u.is_admin, u.is_finance,
 		coalesce(array_agg(m.team ORDER BY m.team) FILTER (WHERE m.team IS NOT NULL), '{}'),
 		u.posix_user, u.oidc_posix_user
 	FROM users u LEFT JOIN memberships m ON m.user_id = u.id`
 
-func scanUserAccount(r pgx.Row) (UserAccount, error) {
-	var a UserAccount
+func scanPosixMapping(r pgx.Row) (PosixMapping, error) {
+	var a PosixMapping
 	err := r.Scan(&a.ID, &a.Email, &a.Name, &a.Admin, &a.Finance, &a.Teams, &a.PosixUser, &a.OIDCPosixUser)
 	return a, err
 }
 
-// ListUserAccounts returns every user with their POSIX accounts, by email.
-func (s *Store) ListUserAccounts(ctx context.Context) ([]UserAccount, error) {
-	rows, err := s.db.Query(ctx, userAccountSelect+` GROUP BY u.id ORDER BY u.email`)
+// ListPosixMappings returns every user with their POSIX accounts, by email.
+func (s *Store) ListPosixMappings(ctx context.Context) ([]PosixMapping, error) {
+	rows, err := s.db.Query(ctx, posixMappingSelect+` GROUP BY u.id ORDER BY u.email`)
 	if err != nil {
 		return nil, mapErr("listing users", err)
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (UserAccount, error) { return scanUserAccount(r) })
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (PosixMapping, error) { return scanPosixMapping(r) })
 	return out, mapErr("listing users", err)
 }
 
-// UserAccountByRef returns the user named by ref: a numeric id or an email
+// PosixMappingOf returns the user named by ref: a numeric id or an email
 // address (case-insensitive).
-func (s *Store) UserAccountByRef(ctx context.Context, ref string) (UserAccount, error) {
+func (s *Store) PosixMappingOf(ctx context.Context, ref string) (PosixMapping, error) {
 	ref = strings.TrimSpace(ref)
-	q, arg := userAccountSelect+` WHERE lower(u.email) = lower($1) GROUP BY u.id`, any(ref)
+	q, arg := posixMappingSelect+` WHERE lower(u.email) = lower($1) GROUP BY u.id`, any(ref)
 	if id, err := strconv.ParseInt(ref, 10, 64); err == nil {
-		q, arg = userAccountSelect+` WHERE u.id = $1 GROUP BY u.id`, id
+		q, arg = posixMappingSelect+` WHERE u.id = $1 GROUP BY u.id`, id
 	}
-	a, err := scanUserAccount(s.db.QueryRow(ctx, q, arg))
+	a, err := scanPosixMapping(s.db.QueryRow(ctx, q, arg))
 	if err == pgx.ErrNoRows {
 		return a, allot.Errorf(allot.ENotFound, "no user %q", ref)
 	}
@@ -86,17 +86,17 @@ func (s *Store) UserAccountByRef(ctx context.Context, ref string) (UserAccount, 
 // account ("" removes the mapping), as actor, with an audit entry
 // (user.posix_user, before and after) in the same transaction. Setting
 // the account a user already has changes nothing and writes no entry.
-func (s *Store) SetPosixUser(ctx context.Context, actor, ref, account, note string) (UserAccount, bool, error) {
+func (s *Store) SetPosixUser(ctx context.Context, actor, ref, account, note string) (PosixMapping, bool, error) {
 	account = strings.TrimSpace(account)
 	if account != "" {
 		if msg := allot.POSIXAccountProblem(account); msg != "" {
-			return UserAccount{}, false, (allot.FieldErrors{"posix_user": msg}).Err()
+			return PosixMapping{}, false, (allot.FieldErrors{"posix_user": msg}).Err()
 		}
 	}
-	var out UserAccount
+	var out PosixMapping
 	changed := false
 	err := s.InTx(ctx, func(tx *Store) error {
-		a, err := tx.UserAccountByRef(ctx, ref)
+		a, err := tx.PosixMappingOf(ctx, ref)
 		if err != nil {
 			return err
 		}
@@ -124,4 +124,17 @@ func (s *Store) SetPosixUser(ctx context.Context, actor, ref, account, note stri
 		return nil
 	})
 	return out, changed, err
+}
+
+// SetOIDCPosixUser records the POSIX account the identity provider's
+// account claim gave userID at sign-in ("" = none: the claim is off, absent
+// or not a valid account). The admin's mapping (posix_user) is kept.
+func (s *Store) SetOIDCPosixUser(ctx context.Context, userID int64, account string) error {
+	if account != "" {
+		if msg := allot.POSIXAccountProblem(account); msg != "" {
+			return (allot.FieldErrors{"oidc_posix_user": msg}).Err()
+		}
+	}
+	_, err := s.db.Exec(ctx, `UPDATE users SET oidc_posix_user = $2 WHERE id = $1 AND oidc_posix_user <> $2`, userID, account)
+	return mapErr("recording the account claim", err)
 }
