@@ -28,6 +28,10 @@ type APIToken struct {
 	LastUsedAt time.Time
 	RevokedAt  time.Time
 	ExpiresAt  time.Time // zero: never expires
+	// ParentID is the token whose request made this one (0: made in the
+	// portal, or by Allot itself). Revoking a token revokes every token
+	// made with it, and the tokens made with those.
+	ParentID int64
 }
 
 // MaxTokenNameLen is the longest API token name.
@@ -62,7 +66,24 @@ func (s *Store) CreateAPIToken(ctx context.Context, userID int64, name string) (
 // A blank or over-long name, or an expiry not in the future, is a field
 // error and stores nothing.
 func (s *Store) CreateAPITokenExpiring(ctx context.Context, userID int64, name string, expires time.Time) (string, APIToken, error) {
-	name = strings.TrimSpace(name)
+	return s.CreateAPITokenWith(ctx, userID, NewAPIToken{Name: name, ExpiresAt: expires})
+}
+
+// NewAPIToken is what CreateAPITokenWith makes.
+type NewAPIToken struct {
+	Name      string
+	ExpiresAt time.Time // zero: never
+	// ParentID is the API token of the request that asks for this one (0:
+	// none, e.g. a portal session). It must be userID's and still work;
+	// revoking it revokes the new token too.
+	ParentID int64
+}
+
+// CreateAPITokenWith is CreateAPITokenExpiring with a parent token. A
+// parent that is not userID's, or that was revoked or expired meanwhile,
+// is EUnauthorized and stores nothing.
+func (s *Store) CreateAPITokenWith(ctx context.Context, userID int64, n NewAPIToken) (string, APIToken, error) {
+	name, expires := strings.TrimSpace(n.Name), n.ExpiresAt
 	f := allot.FieldErrors{}
 	switch {
 	case name == "":
@@ -79,25 +100,70 @@ func (s *Store) CreateAPITokenExpiring(ctx context.Context, userID int64, name s
 		return "", APIToken{}, err
 	}
 	secret := TokenPrefix + randomSecret()
-	t := APIToken{UserID: userID, Name: name, Prefix: secret[:len(TokenPrefix)+6], ExpiresAt: expires}
+	t := APIToken{UserID: userID, Name: name, Prefix: secret[:len(TokenPrefix)+6], ExpiresAt: expires, ParentID: n.ParentID}
 	var exp *time.Time
 	if !expires.IsZero() {
 		exp = &expires
 	}
-	err := s.db.QueryRow(ctx, `INSERT INTO api_tokens (user_id, name, prefix, token_hash, expires_at, created_at) VALUES ($1, $2, $3, $4, $5, $6) RETURNING id, created_at`,
-		userID, name, t.Prefix, hashSecret(secret), exp, s.Now()).Scan(&t.ID, &t.CreatedAt)
+	var parent *int64
+	if n.ParentID != 0 {
+		parent = &n.ParentID
+	}
+	err := s.InTx(ctx, func(tx *Store) error {
+		// FOR SHARE: DisableUser (FOR UPDATE) and this wait for each other.
+		var enabled bool
+		if err := tx.db.QueryRow(ctx, `SELECT disabled_at IS NULL FROM users WHERE id = $1 FOR SHARE`, userID).Scan(&enabled); err != nil {
+			return mapErr("loading token owner", err)
+		}
+		if !enabled {
+			return errUserDisabled()
+		}
+		if parent != nil {
+			// FOR SHARE waits for a revocation of the parent in flight, and
+			// makes one that starts now wait for this token, so that
+			// revokeTokenTree sees it.
+			var ok bool
+			err := tx.db.QueryRow(ctx, `SELECT revoked_at IS NULL AND (expires_at IS NULL OR expires_at > $3) FROM api_tokens
+				WHERE id = $1 AND user_id = $2 FOR SHARE`, *parent, userID, tx.Now()).Scan(&ok)
+			if err == pgx.ErrNoRows || err == nil && !ok {
+				return allot.Errorf(allot.EUnauthorized, "the API token making this request was revoked or has expired")
+			}
+			if err != nil {
+				return mapErr("checking parent token", err)
+			}
+		}
+		return mapErr("creating API token", tx.db.QueryRow(ctx, `INSERT INTO api_tokens (user_id, name, prefix, token_hash, expires_at, created_at, parent_token_id)
+			VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id, created_at`,
+			userID, name, t.Prefix, hashSecret(secret), exp, tx.Now(), parent).Scan(&t.ID, &t.CreatedAt))
+	})
 	if err != nil {
-		return "", APIToken{}, mapErr("creating API token", err)
+		return "", APIToken{}, err
 	}
 	return secret, t, nil
 }
 
-const tokenSelect = `SELECT id, user_id, name, prefix, created_at, last_used_at, revoked_at, expires_at FROM api_tokens`
+// revokeTokenTree revokes the unrevoked tokens among roots and every token
+// made with them, down the generations, at now, and returns how many it
+// revoked. Run it in a transaction that has locked the roots (FOR UPDATE)
+// in an earlier statement: a child being made waits for that lock, and
+// this statement's snapshot then includes it.
+func (s *Store) revokeTokenTree(ctx context.Context, roots []int64, now time.Time) (int64, error) {
+	tag, err := s.db.Exec(ctx, `
+		WITH RECURSIVE tree AS (
+			SELECT id FROM api_tokens WHERE id = ANY($1)
+			UNION
+			SELECT c.id FROM api_tokens c JOIN tree ON c.parent_token_id = tree.id
+		)
+		UPDATE api_tokens t SET revoked_at = $2 FROM tree WHERE t.id = tree.id AND t.revoked_at IS NULL`, roots, now)
+	return tag.RowsAffected(), mapErr("revoking API tokens", err)
+}
+
+const tokenSelect = `SELECT id, user_id, name, prefix, created_at, last_used_at, revoked_at, expires_at, coalesce(parent_token_id, 0) FROM api_tokens`
 
 func scanToken(r pgx.Row) (APIToken, error) {
 	var t APIToken
 	var used, revoked, expires *time.Time
-	err := r.Scan(&t.ID, &t.UserID, &t.Name, &t.Prefix, &t.CreatedAt, &used, &revoked, &expires)
+	err := r.Scan(&t.ID, &t.UserID, &t.Name, &t.Prefix, &t.CreatedAt, &used, &revoked, &expires, &t.ParentID)
 	for _, p := range []struct {
 		dst *time.Time
 		src *time.Time
@@ -120,24 +186,29 @@ func (s *Store) ListAPITokens(ctx context.Context, userID int64) ([]APIToken, er
 	return out, mapErr("listing API tokens", err)
 }
 
-// RevokeAPIToken revokes token id for by. Unless by is an admin, only by's
-// own token may be revoked: someone else's token is ENotFound, as is a
+// RevokeAPIToken revokes token id for by, and every token made with it
+// (ParentID), down the generations. Unless by is an admin, only by's own
+// token may be revoked: someone else's token is ENotFound, as is a
 // missing one. An admin revoking someone else's token is audited (in the
-// same transaction). Revoking a revoked token again changes nothing and
-// succeeds.
+// same transaction). Revoking a revoked token again succeeds and revokes
+// what it made that still works.
 func (s *Store) RevokeAPIToken(ctx context.Context, id int64, by *allot.User) (APIToken, error) {
 	var t APIToken
 	err := s.InTx(ctx, func(tx *Store) error {
 		var err error
-		t, err = scanToken(tx.db.QueryRow(ctx, `
-			UPDATE api_tokens SET revoked_at = coalesce(revoked_at, $3)
-			WHERE id = $1 AND (user_id = $2 OR $4)
-			RETURNING id, user_id, name, prefix, created_at, last_used_at, revoked_at, expires_at`, id, by.ID, s.Now(), by.Admin))
+		t, err = scanToken(tx.db.QueryRow(ctx, tokenSelect+` WHERE id = $1 AND (user_id = $2 OR $3) FOR UPDATE`, id, by.ID, by.Admin))
 		if err == pgx.ErrNoRows {
 			return allot.Errorf(allot.ENotFound, "no API token %d", id)
 		}
 		if err != nil {
 			return mapErr("revoking API token", err)
+		}
+		n, err := tx.revokeTokenTree(ctx, []int64{id}, tx.Now())
+		if err != nil {
+			return err
+		}
+		if t.RevokedAt.IsZero() {
+			t.RevokedAt, n = tx.Now(), n-1
 		}
 		if t.UserID == by.ID {
 			return nil
@@ -146,8 +217,11 @@ func (s *Store) RevokeAPIToken(ctx context.Context, id int64, by *allot.User) (A
 		if err := tx.db.QueryRow(ctx, `SELECT email FROM users WHERE id = $1`, t.UserID).Scan(&owner); err != nil {
 			return mapErr("loading token owner", err)
 		}
-		return tx.Audit(ctx, &allot.AuditEntry{Actor: by.Email, Action: "token.revoke", Object: fmt.Sprintf("token:%d", t.ID),
-			Note: fmt.Sprintf("API token %q (%s…) of %s", t.Name, t.Prefix, owner)})
+		note := fmt.Sprintf("API token %q (%s…) of %s", t.Name, t.Prefix, owner)
+		if n > 0 {
+			note += fmt.Sprintf(", and %d token(s) made with it", n)
+		}
+		return tx.Audit(ctx, &allot.AuditEntry{Actor: by.Email, Action: "token.revoke", Object: fmt.Sprintf("token:%d", t.ID), Note: note})
 	})
 	return t, err
 }
@@ -165,7 +239,7 @@ func (s *Store) UserByAPIToken(ctx context.Context, secret string) (allot.User, 
 			coalesce(array_agg(m.team ORDER BY m.team) FILTER (WHERE m.team IS NOT NULL), '{}'),
 			coalesce(array_agg(m.role ORDER BY m.team) FILTER (WHERE m.team IS NOT NULL), '{}')
 		FROM api_tokens t JOIN users u ON u.id = t.user_id LEFT JOIN memberships m ON m.user_id = u.id
-		WHERE t.token_hash = $1 AND t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > $2)
+		WHERE t.token_hash = $1 AND t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > $2) AND u.disabled_at IS NULL
 		GROUP BY t.id, u.id`, h, s.Now()).Scan(&lastUsed, &u.ID, &u.OIDCSubject, &u.Email, &u.Name, &u.Admin, &u.Finance, &teams, &roles)
 	if err == pgx.ErrNoRows {
 		return allot.User{}, allot.Errorf(allot.EUnauthorized, "invalid or revoked API token, or it has expired")
@@ -196,18 +270,24 @@ func (s *Store) APITokenBySecret(ctx context.Context, secret string) (APIToken, 
 }
 
 // CreateSession starts a portal session for userID and returns its secret
-// (the cookie value); only its hash is stored.
+// (the cookie value); only its hash is stored. A disabled user gets none
+// (EForbidden, ErrUserDisabled's message).
 func (s *Store) CreateSession(ctx context.Context, userID int64, ttl time.Duration) (string, error) {
 	secret := randomSecret()
-	_, err := s.db.Exec(ctx, `INSERT INTO sessions (id_hash, user_id, expires_at) VALUES ($1, $2, $3)`,
+	tag, err := s.db.Exec(ctx, `INSERT INTO sessions (id_hash, user_id, expires_at) SELECT $1, id, $3 FROM users WHERE id = $2 AND disabled_at IS NULL`,
 		hashSecret(secret), userID, s.Now().Add(ttl))
+	if err == nil && tag.RowsAffected() == 0 {
+		return "", errUserDisabled()
+	}
 	return secret, mapErr("creating session", err)
 }
 
-// UserBySession returns the user of an unexpired session.
+// UserBySession returns the user of an unexpired session of a user who is
+// not disabled.
 func (s *Store) UserBySession(ctx context.Context, secret string) (allot.User, error) {
 	var uid int64
-	err := s.db.QueryRow(ctx, `SELECT user_id FROM sessions WHERE id_hash = $1 AND expires_at > $2`, hashSecret(secret), s.Now()).Scan(&uid)
+	err := s.db.QueryRow(ctx, `SELECT s.user_id FROM sessions s JOIN users u ON u.id = s.user_id
+		WHERE s.id_hash = $1 AND s.expires_at > $2 AND u.disabled_at IS NULL`, hashSecret(secret), s.Now()).Scan(&uid)
 	if err == pgx.ErrNoRows {
 		return allot.User{}, allot.Errorf(allot.EUnauthorized, "session expired; log in again")
 	}
@@ -304,12 +384,15 @@ func (s *Store) UpsertOIDCUser(ctx context.Context, u *allot.User, emailVerified
 	}
 	err = s.InTx(ctx, func(tx *Store) error {
 		unknownTeams = nil
-		err := tx.db.QueryRow(ctx, `SELECT id FROM users WHERE oidc_subject = $1 FOR UPDATE`, u.OIDCSubject).Scan(&u.ID)
+		var disabled bool
+		err := tx.db.QueryRow(ctx, `SELECT id, disabled_at IS NOT NULL FROM users WHERE oidc_subject = $1 FOR UPDATE`, u.OIDCSubject).Scan(&u.ID, &disabled)
 		if err == pgx.ErrNoRows {
 			var subject string
-			err = tx.db.QueryRow(ctx, `SELECT id, oidc_subject FROM users WHERE lower(email) = lower($1) FOR UPDATE`, u.Email).Scan(&u.ID, &subject)
+			err = tx.db.QueryRow(ctx, `SELECT id, oidc_subject, disabled_at IS NOT NULL FROM users WHERE lower(email) = lower($1) FOR UPDATE`, u.Email).Scan(&u.ID, &subject, &disabled)
 			switch {
 			case err != nil:
+			case disabled:
+				return errUserDisabled()
 			case !NeverSignedIn(subject):
 				return allot.Errorf(allot.EConflict,
 					"%s already belongs to an Allot account that signs in with another identity-provider account; sign in with that one, or ask an admin", u.Email)
@@ -317,6 +400,9 @@ func (s *Store) UpsertOIDCUser(ctx context.Context, u *allot.User, emailVerified
 				return allot.Errorf(allot.EConflict,
 					"an Allot account exists for %s, but the identity provider does not say this email address is verified, so it cannot be linked to it", u.Email)
 			}
+		}
+		if err == nil && disabled {
+			return errUserDisabled()
 		}
 		switch {
 		case err == pgx.ErrNoRows:
