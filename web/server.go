@@ -31,6 +31,11 @@ type Config struct {
 	SecureCookies bool
 	// SessionTTL is how long a portal session lasts (default 12 h).
 	SessionTTL time.Duration
+	// APITokenTTL is the lifetime of a personal API token made without an
+	// expiry, and the longest one may ask for (`allot server
+	// --api-token-ttl`, 90 days there); 0: no default, tokens last until
+	// revoked unless they ask for an expiry.
+	APITokenTTL time.Duration
 	// OnJobEvent, if set, is called after anything that may let a job start
 	// or makes one wait: a submit, a cancel, a job's exit, a node joining.
 	// main wires it to a scheduling-cycle request.
