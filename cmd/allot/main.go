@@ -77,6 +77,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return cmdTestEnv(args[1:], stdout, stderr)
 	case "agent":
 		return agent.Main(args[1:], stdout, stderr)
+	case agent.ShimCommand: // hidden: each job's supervisor, started by the agent
+		return agent.ShimMain(args[1:], stderr)
 	case "oidc-provider": // hidden: the development OIDC provider
 		return cmdOIDCProvider(args[1:], stdout, stderr)
 	case "node-token":

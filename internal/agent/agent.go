@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -63,6 +64,42 @@ type Config struct {
 	// reports the node unhealthy with its output. "" = none.
 	HealthCmd      string
 	HealthInterval time.Duration
+
+	// StateDir keeps the agent's leases on disk (root-only), so a restarted
+	// agent re-adopts running jobs. Default /var/lib/allot/agent/<hostname>
+	// as root, else a directory under the user's cache.
+	StateDir string
+	// JobUser is the POSIX account of jobs whose lease names none.
+	JobUser string
+	// RunAsAgent runs jobs as the agent's own account, without cgroups:
+	// for development on a machine where the agent cannot be root. Jobs can
+	// then read the agent's token; never use it on a shared node.
+	RunAsAgent bool
+	// Cgroups: "auto" (default: a cgroup per job when the agent is root;
+	// an agent that is root and cannot make cgroups refuses to start),
+	// "off" (development only).
+	Cgroups string
+	// CgroupParent is the parent of the job cgroups, default
+	// "allot/<hostname>".
+	CgroupParent string
+	// Limits of a job that sets none, per GPU it holds: memory (default:
+	// the node's memory / its GPUs) and milli-CPUs (default: the node's
+	// CPUs / its GPUs). PidsMax is every job's pids limit (default 16384).
+	MemoryPerGPU    int64
+	MilliCPUsPerGPU int64
+	PidsMax         int64
+	// ContainerRuntime runs jobs with an image: "podman" or "docker" (""
+	// = none: such jobs fail to start here). ContainerRuntimePath
+	// overrides the program (default: the name, from PATH).
+	ContainerRuntime     string
+	ContainerRuntimePath string
+	// KeepJobsOnExit leaves running jobs alone when the agent stops (the
+	// next agent adopts them); otherwise the agent stops them first.
+	KeepJobsOnExit bool
+	// ShimPath is the program run as `PATH job-shim DIR` to supervise each
+	// job; default this executable (allot). A test binary must call
+	// MaybeShim first thing in TestMain.
+	ShimPath string
 }
 
 func (c *Config) defaults() {
@@ -102,6 +139,33 @@ func (c *Config) defaults() {
 	if c.HealthInterval <= 0 {
 		c.HealthInterval = 60 * time.Second
 	}
+	if c.StateDir == "" {
+		c.StateDir = DefaultStateDir(c.Hostname)
+	}
+	if c.Cgroups == "" {
+		c.Cgroups = "auto"
+	}
+	if c.CgroupParent == "" {
+		c.CgroupParent = "allot/" + c.Hostname
+	}
+	if c.PidsMax <= 0 {
+		c.PidsMax = 16384
+	}
+	if c.ShimPath == "" {
+		c.ShimPath, _ = os.Executable()
+	}
+}
+
+// DefaultStateDir is where an agent for hostname keeps its leases.
+func DefaultStateDir(hostname string) string {
+	if os.Geteuid() == 0 {
+		return filepath.Join("/var/lib/allot/agent", hostname)
+	}
+	d, err := os.UserCacheDir()
+	if err != nil {
+		d = os.TempDir()
+	}
+	return filepath.Join(d, "allot", "agent", hostname)
 }
 
 // DefaultBaseEnv returns PATH, HOME, LANG, USER and TMPDIR from the
@@ -137,6 +201,12 @@ type Agent struct {
 	xidSent map[int]int64
 	// health is the last failed health check's report ("" = passing).
 	health atomic.Pointer[string]
+
+	cgd      *cgroupDriver  // nil: no cgroups
+	runtime  *containerRT   // nil: no container runtime
+	shimPath string
+	// detached is set when the agent exits leaving its jobs running.
+	detached atomic.Bool
 }
 
 // New returns an agent for cfg. Nothing happens until Run.
@@ -183,6 +253,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	for _, g := range inv.GPUs {
 		a.gpuSet[g.Index] = true
 	}
+	if err := a.prepare(); err != nil {
+		return err
+	}
+	a.adopt()
 
 	if err := a.register(ctx, true); err != nil {
 		if ctx.Err() != nil {
@@ -204,7 +278,18 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	<-ctx.Done()
 	wg.Wait()
-	a.shutdownJobs()
+	if a.cfg.KeepJobsOnExit {
+		a.detached.Store(true)
+		a.mu.Lock()
+		n := len(a.jobs)
+		a.mu.Unlock()
+		a.log.Info("agent exiting; its jobs keep running and the next agent adopts them", "jobs", n)
+	} else {
+		a.shutdownJobs()
+		if a.cgd != nil {
+			a.cgd.removeParent()
+		}
+	}
 	// Give queued reports (the exits just produced) a short chance to go out.
 	if !a.out.waitEmpty(5 * time.Second) {
 		a.log.Warn("exiting with undelivered reports", "count", a.out.len())
@@ -309,6 +394,10 @@ func (a *Agent) register(ctx context.Context, first bool) error {
 			GPUs:          a.inv.GPUs,
 			Domain:        a.cfg.Domain,
 			Running:       a.runningJobs(),
+			Isolation:     a.isolation(),
+		}
+		if a.runtime != nil {
+			inv.Runtimes = []string{a.runtime.name}
 		}
 		reg, err := a.client.Register(ctx, inv)
 		if err == nil {
@@ -316,8 +405,14 @@ func (a *Agent) register(ctx context.Context, first bool) error {
 				a.hbEvery.Store(int64(reg.HeartbeatInterval))
 			}
 			a.log.Info("registered", "server", a.cfg.Server, "node", reg.Node, "gpus", len(inv.GPUs), "running", len(inv.Running), "unknown", reg.Unknown)
-			for _, id := range reg.Unknown {
-				a.stopJob(id, 0, a.cfg.StopGrace, ReasonOrphaned)
+			if len(reg.UnknownLeases) > 0 {
+				for _, r := range reg.UnknownLeases {
+					a.stopJob(r.JobID, r.Segment, 0, ReasonOrphaned)
+				}
+			} else {
+				for _, id := range reg.Unknown {
+					a.stopJob(id, 0, a.cfg.StopGrace, ReasonOrphaned)
+				}
 			}
 			a.sess.setUp()
 			return nil
@@ -361,6 +456,12 @@ func (a *Agent) heartbeatLoop(ctx context.Context) {
 		case rep.NodeState != "" && rep.NodeState != "up":
 			a.log.Debug("heartbeat", "node_state", rep.NodeState)
 		}
+		for _, r := range rep.Kill {
+			// The server ended this lease (cancelled, lost, requeued): its
+			// processes must not hold the GPUs a moment longer.
+			a.log.Warn("the server ended a lease this node still runs; killing it", "job", r.JobID, "segment", r.Segment)
+			a.stopJob(r.JobID, r.Segment, 0, ReasonOrphaned)
+		}
 		if !sleepCtx(ctx, time.Duration(a.hbEvery.Load())) {
 			return
 		}
@@ -371,10 +472,11 @@ func (a *Agent) heartbeatLoop(ctx context.Context) {
 func (a *Agent) heartbeat() agentproto.Heartbeat {
 	busy, _ := a.busyGPUs()
 	gpus, err := a.cfg.Backend.Metrics(busy)
+	hb := agentproto.Heartbeat{Time: clock.Now().UTC(), GPUs: gpus, Jobs: []agentproto.JobStats{}}
 	if err != nil {
 		a.log.Warn("reading GPU metrics", "err", err)
+		hb.MetricsError = err.Error()
 	}
-	hb := agentproto.Heartbeat{Time: clock.Now().UTC(), GPUs: gpus, Jobs: []agentproto.JobStats{}}
 	a.mu.Lock()
 	var running []*job
 	for _, j := range a.jobs {
@@ -385,7 +487,13 @@ func (a *Agent) heartbeat() agentproto.Heartbeat {
 	a.mu.Unlock()
 	slices.SortFunc(running, func(x, y *job) int { return cmpRef(x.ref, y.ref) })
 	for _, j := range running {
-		cpu, rss := groupStats(j.pid)
+		var cpu float64
+		var rss int64
+		if j.cg != nil {
+			cpu, rss = pidStats(j.cg.Procs())
+		} else {
+			cpu, rss = groupStats(j.pid)
+		}
 		hb.Jobs = append(hb.Jobs, agentproto.JobStats{JobID: j.ref.JobID, Segment: j.ref.Segment, PID: j.pid, CPUSeconds: cpu, RSSBytes: rss,
 			LastCheckpoint: lastCheckpoint(j.lease.CheckpointDir)})
 	}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"net/http/httptest"
 	"os"
+	"os/user"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/allotlabs/allot/internal/agent/agenttest"
 	"github.com/allotlabs/allot/internal/agentproto"
 )
 
@@ -89,7 +91,7 @@ func TestLeaseRunsWithExactEnvironment(t *testing.T) {
 	t.Parallel()
 	p := newPeer(t)
 	ta := startAgent(t, p)
-	dir := t.TempDir()
+	dir := jobDir(t)
 	l := shLease(42, []int{2, 3}, `env > "$OUT/env"; echo done; exit 3`)
 	l.Env = map[string]string{
 		"CUDA_VISIBLE_DEVICES": "2,3",
@@ -120,15 +122,37 @@ func TestLeaseRunsWithExactEnvironment(t *testing.T) {
 	for _, k := range []string{"PWD", "SHLVL", "_", "OLDPWD"} { // added by the shell
 		delete(got, k)
 	}
-	want := map[string]string{"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+	// The job's account names itself; it has a private TMPDIR (gone with
+	// the job) and the device files of its GPUs.
+	if !strings.HasPrefix(got["TMPDIR"], os.TempDir()+"/allot-job-42-1-") {
+		t.Errorf("TMPDIR = %q", got["TMPDIR"])
+	} else if _, err := os.Stat(got["TMPDIR"]); !os.IsNotExist(err) {
+		t.Errorf("the job's TMPDIR outlived it: %v", err)
+	}
+	if g := got["ALLOT_GPU_DEVICES"]; !strings.Contains(g, "/nvidia2,") || !strings.HasSuffix(g, "/nvidia3") {
+		t.Errorf("ALLOT_GPU_DEVICES = %q", g)
+	}
+	delete(got, "TMPDIR")
+	delete(got, "ALLOT_GPU_DEVICES")
+	want := map[string]string{"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "USER": testUser, "LOGNAME": testUser}
+	if !agenttest.Root() {
+		want["USER"], want["LOGNAME"] = got["USER"], got["USER"]
+	}
 	for k, v := range l.Env {
 		want[k] = v
 	}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("job environment (-want +got):\n%s", d)
 	}
-	if fi, err := os.Stat(l.CheckpointDir); err != nil || fi.Mode().Perm() != 0o750 {
+	// The checkpoint directory belongs to the job's account, mode 0700.
+	fi, err := os.Stat(l.CheckpointDir)
+	if err != nil || fi.Mode().Perm() != 0o700 {
 		t.Errorf("checkpoint dir: %v %v", fi, err)
+	} else if agenttest.Root() {
+		u, _ := user.Lookup(testUser)
+		if st := fi.Sys().(*syscall.Stat_t); strconv.Itoa(int(st.Uid)) != u.Uid {
+			t.Errorf("checkpoint dir owned by uid %d, want %s (%s)", st.Uid, u.Uid, testUser)
+		}
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -192,7 +216,7 @@ func TestStopWithGraceLetsTheJobCheckpoint(t *testing.T) {
 	t.Parallel()
 	p := newPeer(t)
 	ta := startAgent(t, p)
-	dir := t.TempDir()
+	dir := jobDir(t)
 	marker := filepath.Join(dir, "checkpointed")
 	script := `trap 'echo saved > "` + marker + `"; exit 0' TERM; echo ready; while :; do sleep 0.05; done`
 	ta.run(t, shLease(7, []int{0, 1}, script))
@@ -327,7 +351,7 @@ func TestServerRestartKeepsJobsAndDeliversExits(t *testing.T) {
 	t.Parallel()
 	p := newPeer(t)
 	ta := startAgent(t, p)
-	dir := t.TempDir()
+	dir := jobDir(t)
 	wait := func(name string) string {
 		return `echo ready; while [ ! -f "` + filepath.Join(dir, name) + `" ]; do sleep 0.02; done; echo bye`
 	}

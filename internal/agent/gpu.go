@@ -29,6 +29,12 @@ type GPUInventory struct {
 	Backend       string // "nvml" or "fake"
 	DriverVersion string
 	GPUs          []agentproto.GPU
+	// Minors maps a GPU index to its /dev/nvidiaN minor number (the device
+	// fence); a GPU absent from it has minor = index.
+	Minors map[int]int
+	// DevDir holds the GPUs' device files: /dev, or the fake backend's
+	// directory of fake device nodes ("" = /dev).
+	DevDir string
 }
 
 // FakeOptions configure a Fake backend. Zero values take the defaults.

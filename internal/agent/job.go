@@ -4,9 +4,10 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
+	"strconv"
 	"slices"
 	"sort"
 	"strings"
@@ -35,7 +36,7 @@ type job struct {
 	lease agentproto.Lease
 	state jobState
 
-	pid     int
+	pid     int // the job's main process
 	started time.Time
 	logs    *logStream
 
@@ -46,11 +47,35 @@ type job struct {
 	killAt     time.Time
 	limitTimer *time.Timer
 	pending    *pendingStop // stop requested while starting
+
+	// How it runs: its state directory, cgroup (nil without cgroups) and
+	// supervisor (the job shim).
+	dir       string
+	cg        *jobCgroup
+	shimPID   int
+	shimStart uint64
+	tmpDir    string
 }
 
 type pendingStop struct {
 	grace  time.Duration
 	reason string
+}
+
+// leaseRecord is DIR/lease.json: what a restarted agent needs to adopt the
+// job.
+type leaseRecord struct {
+	Lease     agentproto.Lease `json:"lease"`
+	PID       int              `json:"pid"`
+	Started   time.Time        `json:"started"`
+	ShimPID   int              `json:"shim_pid"`
+	ShimStart uint64           `json:"shim_start"`
+	Cgroup    string           `json:"cgroup,omitempty"` // name under the agent's cgroup parent
+	TmpDir    string           `json:"tmp_dir,omitempty"`
+}
+
+func leaseName(ref agentproto.LeaseRef) string {
+	return fmt.Sprintf("job-%d-%d", ref.JobID, ref.Segment)
 }
 
 // start starts a taken lease's process.
@@ -73,8 +98,15 @@ func (a *Agent) start(ref agentproto.LeaseRef) {
 	a.mu.Unlock()
 
 	l := j.lease
+	var cg *jobCgroup
+	dir := filepath.Join(a.leasesDir(), leaseName(ref))
 	fail := func(err error) {
 		log.Warn("job failed to start", "err", err)
+		if cg != nil {
+			_ = cg.Kill()
+			_ = cg.Delete()
+		}
+		_ = os.RemoveAll(dir)
 		a.mu.Lock()
 		delete(a.jobs, ref)
 		a.mu.Unlock()
@@ -85,52 +117,123 @@ func (a *Agent) start(ref agentproto.LeaseRef) {
 		fail(errors.New("the lease has an empty command"))
 		return
 	}
+	id, err := a.jobIdentity(l)
+	if err != nil {
+		fail(err)
+		return
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		fail(err)
+		return
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		fail(fmt.Errorf("creating the lease directory: %w", err))
+		return
+	}
 	if l.CheckpointDir != "" {
-		if err := os.MkdirAll(l.CheckpointDir, 0o750); err != nil {
+		if err := ownedDir(l.CheckpointDir, id); err != nil {
 			fail(fmt.Errorf("creating checkpoint dir: %w", err))
 			return
 		}
 	}
-	pr, pw, err := os.Pipe()
+	tmp, err := os.MkdirTemp("", "allot-"+leaseName(ref)+"-")
+	if err == nil {
+		err = ownedDir(tmp, id)
+	}
 	if err != nil {
-		fail(fmt.Errorf("creating output pipe: %w", err))
+		fail(fmt.Errorf("creating the job's TMPDIR: %w", err))
 		return
 	}
-	cmd := exec.Command(l.Command[0], l.Command[1:]...)
-	cmd.Env = jobEnv(a.cfg.BaseEnv, l.Env)
-	cmd.Dir = l.WorkDir
-	if cmd.Dir == "" {
-		cmd.Dir = a.cfg.WorkDir
+	workdir := l.WorkDir
+	if workdir == "" {
+		workdir = a.cfg.WorkDir
 	}
-	cmd.Stdout = pw
-	cmd.Stderr = pw
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	// exec.Command resolves a bare name with the agent's PATH; resolve it
-	// with the job's PATH instead.
-	if !strings.Contains(l.Command[0], "/") {
-		if p, ok := lookPath(l.Command[0], cmd.Env); ok {
-			cmd.Path = p
-			cmd.Err = nil
+	// The account's HOME and a private TMPDIR, unless the job sets its
+	// own; USER and LOGNAME are the account's.
+	base := setEnv(slices.Clone(a.cfg.BaseEnv), "HOME", id.Home, "TMPDIR", tmp)
+	env := jobEnv(base, l.Env)
+	env = setEnv(env, "USER", id.Name, "LOGNAME", id.Name, "ALLOT_GPU_DEVICES", strings.Join(a.gpuDevicePaths(l.GPUs), ","))
+	if a.cgd != nil {
+		lim := a.jobLimits(l)
+		if cg, err = a.cgd.create(leaseName(ref), lim); err != nil {
+			fail(err)
+			return
 		}
 	}
-	err = cmd.Start()
-	pw.Close()
+	spec := shimSpec{Env: env, Dir: workdir, UID: id.UID, GID: id.GID, Groups: id.Groups, SameUser: id.Same,
+		Output: filepath.Join(dir, "output.log")}
+	if cg != nil {
+		spec.Cgroup, spec.CgroupV2 = cg.Path(), a.cgd.v2
+	}
+	if l.Image != "" {
+		if a.runtime == nil {
+			fail(fmt.Errorf("the job asks for image %s but node %s has no container runtime (allot agent --container-runtime)", l.Image, a.cfg.Hostname))
+			return
+		}
+		argv, cleanup, envFile, err := a.runtime.command(containerJob{Name: filepath.Base(tmp), Lease: l, ID: id,
+			Env: env, Workdir: workdir, Tmp: tmp, Cgroup: spec.Cgroup, Devices: a.gpuDevicePaths(l.GPUs), Ctl: a.ctlDevicePaths(), Dir: dir})
+		if err != nil {
+			fail(err)
+			return
+		}
+		spec.Argv, spec.Cleanup, spec.AsRoot = argv, cleanup, true
+		spec.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"}
+		_ = envFile
+		spec.Dir = dir
+	} else {
+		p := l.Command[0]
+		switch {
+		case !strings.Contains(p, "/"):
+			// Resolve a bare name with the job's PATH, not the agent's.
+			if q, ok := lookPath(p, env); ok {
+				p = q
+			} else {
+				fail(fmt.Errorf("exec: %q: executable file not found in the job's PATH", p))
+				return
+			}
+		case !filepath.IsAbs(p):
+			p = filepath.Join(workdir, p)
+		}
+		spec.Argv = append([]string{p}, l.Command[1:]...)
+	}
+	cmd, pid, err := startShim(a.shimPath, dir, spec, a.shimEnv())
 	if err != nil {
-		pr.Close()
 		fail(err)
 		return
 	}
 	now := time.Now()
-	logs := newLogStream(a, ref, a.cfg.LogTail, a.cfg.LogFlush)
+	shimStart, _ := procStartTime(cmd.Process.Pid)
+	rec := leaseRecord{Lease: l, PID: pid, Started: now, ShimPID: cmd.Process.Pid, ShimStart: shimStart, TmpDir: tmp}
+	if cg != nil {
+		rec.Cgroup = leaseName(ref)
+	}
+	if err := writeJSONFile(filepath.Join(dir, "lease.json"), rec); err != nil {
+		log.Warn("could not record the lease on disk; an agent restart will not re-adopt it", "err", err)
+	}
+	a.out.started(agentproto.JobStarted{JobID: ref.JobID, Segment: ref.Segment, PID: pid, Time: now.UTC()})
+	log.Info("job started", "pid", pid, "user", id.Name, "command", l.Command, "image", l.Image)
+	a.run(j, rec, cg, 0, func() { _ = cmd.Wait() })
+}
 
+// run makes j a running job supervised by its shim: it follows the job's
+// output from logOffset, arms the time limit, and settles the job once
+// wait returns (the shim exited).
+func (a *Agent) run(j *job, rec leaseRecord, cg *jobCgroup, logOffset int64, wait func()) {
+	ref := j.ref
+	logs := newLogStream(a, ref, a.cfg.LogTail, a.cfg.LogFlush)
 	a.mu.Lock()
-	j.pid = cmd.Process.Pid
-	j.started = now
+	j.pid = rec.PID
+	j.started = rec.Started
 	j.state = stateRunning
 	j.logs = logs
-	if l.TimeLimit > 0 {
-		j.limitTimer = time.AfterFunc(l.TimeLimit, func() {
-			log.Info("time limit reached", "limit", l.TimeLimit)
+	j.dir = filepath.Join(a.leasesDir(), leaseName(ref))
+	j.cg = cg
+	j.shimPID, j.shimStart = rec.ShimPID, rec.ShimStart
+	j.tmpDir = rec.TmpDir
+	if l := j.lease; l.TimeLimit > 0 {
+		left := max(l.TimeLimit-time.Since(rec.Started), 0)
+		j.limitTimer = time.AfterFunc(left, func() {
+			a.log.Info("time limit reached", "job", ref.JobID, "segment", ref.Segment, "limit", l.TimeLimit)
 			a.stopJob(ref.JobID, ref.Segment, a.cfg.TimeLimitGrace, ReasonTimeLimit)
 		})
 	}
@@ -138,38 +241,55 @@ func (a *Agent) start(ref agentproto.LeaseRef) {
 	j.pending = nil
 	a.mu.Unlock()
 
-	a.out.started(agentproto.JobStarted{JobID: ref.JobID, Segment: ref.Segment, PID: j.pid, Time: now.UTC()})
-	log.Info("job started", "pid", j.pid, "command", l.Command)
-
-	readDone := make(chan struct{})
-	go func() { logs.read(pr); close(readDone) }()
+	stopTail := make(chan struct{})
+	tailDone := make(chan struct{})
+	go func() {
+		logs.follow(filepath.Join(j.dir, "output.log"), filepath.Join(j.dir, "log.offset"), logOffset, stopTail)
+		close(tailDone)
+	}()
 	a.jobsDone.Add(1)
-	go a.wait(j, cmd, pr, readDone)
+	go func() {
+		defer a.jobsDone.Done()
+		wait()
+		if a.detached.Load() {
+			return // the agent exits and leaves its jobs running
+		}
+		close(stopTail)
+		<-tailDone
+		a.settle(j)
+	}()
 	if pend != nil {
 		a.stopJob(ref.JobID, ref.Segment, pend.grace, pend.reason)
 	}
 }
 
-// wait reaps the job, kills what is left of its process group, flushes its
-// output and reports the exit.
-func (a *Agent) wait(j *job, cmd *exec.Cmd, pr *os.File, readDone chan struct{}) {
-	defer a.jobsDone.Done()
-	_ = cmd.Wait()
-	// The job is over when its main process is: take down anything it left
-	// running in its group so the GPUs are really free.
-	_ = syscall.Kill(-j.pid, syscall.SIGKILL)
-	select {
-	case <-readDone:
-	case <-time.After(2 * time.Second):
-		pr.Close() // a daemonised child holds the pipe open
-		<-readDone
-	}
-	pr.Close()
+// settle reports the end of a job whose shim exited: its exit status
+// (DIR/exit.json), with nothing of it left running, and forgets the lease
+// once the server has the report.
+func (a *Agent) settle(j *job) {
 	j.logs.close()
-
-	e := agentproto.JobExited{JobID: j.ref.JobID, Segment: j.ref.Segment, Time: clock.Now().UTC(),
-		LastCheckpoint: lastCheckpoint(j.lease.CheckpointDir)}
-	ws, _ := cmd.ProcessState.Sys().(syscall.WaitStatus)
+	var rec exitRecord
+	e := agentproto.JobExited{JobID: j.ref.JobID, Segment: j.ref.Segment, LastCheckpoint: lastCheckpoint(j.lease.CheckpointDir)}
+	if err := readJSONFile(filepath.Join(j.dir, "exit.json"), &rec); err != nil {
+		e.ExitCode, e.Time = -1, clock.Now().UTC()
+		e.Message = "the job's supervisor (allot job-shim) ended without an exit status; the job was killed"
+	} else {
+		e.ExitCode, e.Signal, e.Time = rec.ExitCode, rec.Signal, rec.Time
+	}
+	// The shim killed what was left; make sure of it (a shim killed with
+	// -9 could not).
+	if j.cg != nil {
+		if err := j.cg.Kill(); err != nil {
+			a.log.Error("job processes survive their end", "job", e.JobID, "err", err)
+		} else {
+			_ = j.cg.Delete()
+		}
+	} else if j.pid > 0 {
+		_ = syscall.Kill(-j.pid, syscall.SIGKILL)
+	}
+	if j.tmpDir != "" {
+		_ = os.RemoveAll(j.tmpDir)
+	}
 	a.mu.Lock()
 	if j.killTimer != nil {
 		j.killTimer.Stop()
@@ -178,23 +298,28 @@ func (a *Agent) wait(j *job, cmd *exec.Cmd, pr *os.File, readDone chan struct{})
 		j.limitTimer.Stop()
 	}
 	e.Reason = j.stopReason
-	switch {
-	case ws.Signaled():
-		e.ExitCode = -1
-		e.Signal = unix.SignalName(ws.Signal())
-	default:
-		e.ExitCode = ws.ExitStatus()
-		if j.lastSignal != 0 {
-			e.Signal = unix.SignalName(j.lastSignal)
-		}
+	if e.Signal == "" && j.lastSignal != 0 {
+		e.Signal = unix.SignalName(j.lastSignal)
 	}
 	delete(a.jobs, j.ref)
 	a.mu.Unlock()
 	a.log.Info("job exited", "job", e.JobID, "segment", e.Segment, "exit_code", e.ExitCode, "signal", e.Signal, "reason", e.Reason)
-	a.out.exited(e)
+	dir := j.dir
+	a.out.exitedThen(e, func() { _ = os.RemoveAll(dir) })
 }
 
-// stopJob stops a job: SIGTERM to its process group, then SIGKILL after
+// signal sends sig to every process of the job.
+func (j *job) signal(sig syscall.Signal) {
+	if j.cg != nil {
+		j.cg.Signal(sig)
+		return
+	}
+	if j.pid > 0 {
+		_ = syscall.Kill(-j.pid, sig)
+	}
+}
+
+// stopJob stops a job: SIGTERM to all its processes, then SIGKILL after
 // grace. segment 0 means any segment of the job. A second stop while one is
 // in progress can only shorten the grace; the first reason stays.
 func (a *Agent) stopJob(jobID int64, segment int, grace time.Duration, reason string) {
@@ -223,10 +348,9 @@ func (a *Agent) stopJob(jobID int64, segment int, grace time.Duration, reason st
 				j.stopReason = reason
 				j.lastSignal = syscall.SIGTERM
 				log.Info("stopping job", "grace", grace)
-				_ = syscall.Kill(-j.pid, syscall.SIGTERM)
-				pid := j.pid
+				j.signal(syscall.SIGTERM)
 				j.killAt = time.Now().Add(grace)
-				j.killTimer = time.AfterFunc(grace, func() { a.kill(j, pid) })
+				j.killTimer = time.AfterFunc(grace, func() { a.kill(j) })
 			} else if at := time.Now().Add(grace); j.killTimer != nil && at.Before(j.killAt) {
 				j.killAt = at
 				j.killTimer.Reset(grace)
@@ -238,7 +362,7 @@ func (a *Agent) stopJob(jobID int64, segment int, grace time.Duration, reason st
 	}
 }
 
-func (a *Agent) kill(j *job, pid int) {
+func (a *Agent) kill(j *job) {
 	a.mu.Lock()
 	if cur := a.jobs[j.ref]; cur != j {
 		a.mu.Unlock()
@@ -247,7 +371,11 @@ func (a *Agent) kill(j *job, pid int) {
 	j.lastSignal = syscall.SIGKILL
 	a.mu.Unlock()
 	a.log.Info("grace period over; killing job", "job", j.ref.JobID, "segment", j.ref.Segment)
-	_ = syscall.Kill(-pid, syscall.SIGKILL)
+	if j.cg != nil {
+		_ = j.cg.Kill()
+		return
+	}
+	_ = syscall.Kill(-j.pid, syscall.SIGKILL)
 }
 
 // shutdownJobs stops every job because the agent is exiting and waits for
@@ -269,6 +397,19 @@ func (a *Agent) shutdownJobs() {
 	case <-time.After(a.cfg.ShutdownGrace + 5*time.Second):
 		a.log.Warn("jobs still running at agent exit")
 	}
+}
+
+// setEnv sets KEY, VALUE pairs in a sorted KEY=VALUE list.
+func setEnv(env []string, kv ...string) []string {
+	for i := 0; i+1 < len(kv); i += 2 {
+		k, v := kv[i], kv[i+1]
+		env = slices.DeleteFunc(env, func(e string) bool { return strings.HasPrefix(e, k+"=") })
+		if v != "" {
+			env = append(env, k+"="+v)
+		}
+	}
+	sort.Strings(env)
+	return env
 }
 
 // jobEnv is base overlaid with the lease's env (the lease wins), sorted.
@@ -332,17 +473,70 @@ func newLogStream(a *Agent, ref agentproto.LeaseRef, tail int, flush time.Durati
 
 const maxLineBytes = 16 << 10
 
-func (s *logStream) read(pr *os.File) {
-	r := bufio.NewReaderSize(pr, maxLineBytes)
+// follow reads the job's output file from offset, line by line, until
+// stop is closed and the file is read to its end. It records how far it
+// sent in offsetFile, so an agent restarted mid-job goes on from there.
+func (s *logStream) follow(path, offsetFile string, offset int64, stop <-chan struct{}) {
+	var f *os.File
+	for f == nil {
+		var err error
+		if f, err = os.Open(path); err != nil {
+			f = nil
+			select {
+			case <-stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}
+	defer f.Close()
+	if offset > 0 {
+		_, _ = f.Seek(offset, io.SeekStart)
+	}
+	r := bufio.NewReaderSize(f, maxLineBytes)
+	var partial []byte
+	stopping := false
 	for {
 		b, err := r.ReadSlice('\n')
 		if len(b) > 0 {
-			s.add(trimLine(b))
+			offset += int64(len(b))
+			if err == nil || errors.Is(err, bufio.ErrBufferFull) {
+				line := append(partial, b...)
+				partial = nil
+				s.add(trimLine(line))
+				if r.Buffered() == 0 && offsetFile != "" {
+					_ = os.WriteFile(offsetFile, []byte(strconv.FormatInt(offset, 10)), 0o600)
+				}
+				continue
+			}
+			partial = append(partial, b...) // no newline yet
+			if len(partial) >= maxLineBytes {
+				s.add(trimLine(partial))
+				partial = nil
+			}
 		}
-		if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
+		if stopping {
+			if len(partial) > 0 {
+				s.add(trimLine(partial))
+			}
 			return
 		}
+		select {
+		case <-stop:
+			stopping = true // one more read to the end
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
+}
+
+// readOffset is the output offset an earlier agent recorded for a job.
+func readOffset(offsetFile string) int64 {
+	b, err := os.ReadFile(offsetFile)
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	return n
 }
 
 func (s *logStream) add(line string) {

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -38,7 +39,18 @@ func MainContext(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs := flag.NewFlagSet("allot agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	server := fs.String("server", os.Getenv("ALLOT_URL"), "Allot server base URL (env ALLOT_URL)")
-	nodeToken := cliflag.Secret(fs, "token", "ALLOT_NODE_TOKEN", "node `token` from allot node-token create")
+	nodeToken := cliflag.Secret(fs, "token", "ALLOT_NODE_TOKEN", "node `token` from allot node-token create (prefer --token-file: a command line is readable by every process of the node)")
+	tokenFile := fs.String("token-file", "", "root-only file (mode 0600 or 0400) holding the node token")
+	stateDir := fs.String("state-dir", "", "directory of the agent's leases, root-only (default /var/lib/allot/agent/HOSTNAME)")
+	jobUser := fs.String("job-user", "", "POSIX account of jobs whose submitter maps to none (never root)")
+	runAsAgent := fs.Bool("insecure-run-as-agent", false, "development only: run jobs as the agent's own (non-root) account, without cgroups; jobs can read the agent's token")
+	cgroupsMode := fs.String("cgroups", "auto", "a cgroup per job: auto (required when root) or off (development only)")
+	memPerGPU := fs.String("memory-per-gpu", "", "memory limit per GPU of jobs that set none, e.g. 120GiB (default: the node's memory / its GPUs)")
+	cpusPerGPU := fs.Float64("cpus-per-gpu", 0, "CPU limit per GPU of jobs that set none (default: the node's CPUs / its GPUs)")
+	pidsMax := fs.Int64("pids-max", 16384, "most processes and threads of one job")
+	runtimeName := fs.String("container-runtime", "", "runs jobs that name an image: podman or docker (default: none)")
+	runtimePath := fs.String("container-runtime-path", "", "path of the container runtime program (default: found in PATH)")
+	keepJobs := fs.Bool("keep-jobs", true, "leave running jobs alone when the agent stops: the next agent adopts them (false: stop them, SIGTERM then SIGKILL after 10 s)")
 	gpu := fs.String("gpu", "nvml", "GPU backend: nvml (NVIDIA driver) or fake (no GPUs needed)")
 	fakeGPUs := fs.Int("fake-gpus", 8, "number of GPUs of the fake backend")
 	fakeModel := fs.String("fake-model", "A100-80GB", "GPU model name of the fake backend")
@@ -77,8 +89,42 @@ func MainContext(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		return bad("--server %q must be an http:// or https:// URL", *server)
 	}
 	token := nodeToken()
+	// The token must not reach a job: jobs run as other users and cannot
+	// read the agent's /proc environ, and no job environment is built from
+	// the agent's.
+	_ = os.Unsetenv("ALLOT_NODE_TOKEN")
+	if *tokenFile != "" {
+		t, err := readTokenFile(*tokenFile)
+		if err != nil {
+			return bad("--token-file: %v", err)
+		}
+		token = t
+	}
 	if token == "" {
-		return bad("--token is required (or set ALLOT_NODE_TOKEN); an admin creates one with `allot node-token create <node>`")
+		return bad("--token-file or --token is required (or set ALLOT_NODE_TOKEN); an admin creates one with `allot node-token create <node>`")
+	}
+	if *cgroupsMode != "auto" && *cgroupsMode != "off" {
+		return bad("--cgroups %q: use auto or off", *cgroupsMode)
+	}
+	if *runtimeName != "" && *runtimeName != "podman" && *runtimeName != "docker" {
+		return bad("--container-runtime %q: use podman or docker", *runtimeName)
+	}
+	if *cpusPerGPU < 0 {
+		return bad("--cpus-per-gpu must not be negative, got %v", *cpusPerGPU)
+	}
+	if *pidsMax <= 0 {
+		return bad("--pids-max must be positive, got %d", *pidsMax)
+	}
+	var memPer int64
+	if *memPerGPU != "" {
+		n, err := parseBytes(*memPerGPU)
+		if err != nil {
+			return bad("--memory-per-gpu %q: %v", *memPerGPU, err)
+		}
+		memPer = n
+	}
+	if *jobUser == "root" {
+		return bad("--job-user root: jobs never run as root")
 	}
 	if *heartbeat <= 0 {
 		return bad("--heartbeat must be positive, got %s", *heartbeat)
@@ -137,6 +183,9 @@ func MainContext(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		Server: *server, Token: token, Hostname: *hostname, Domain: *domain,
 		Backend: backend, HeartbeatInterval: *heartbeat, Logger: logger,
 		HealthCmd: *healthCmd, HealthInterval: *healthEvery, WorkDir: *workDir,
+		StateDir: *stateDir, JobUser: *jobUser, RunAsAgent: *runAsAgent, Cgroups: *cgroupsMode,
+		MemoryPerGPU: memPer, MilliCPUsPerGPU: int64(*cpusPerGPU * 1000), PidsMax: *pidsMax,
+		ContainerRuntime: *runtimeName, ContainerRuntimePath: *runtimePath, KeepJobsOnExit: *keepJobs,
 	})
 
 	if *metricsAddr != "" {
@@ -158,4 +207,45 @@ func MainContext(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		return 1
 	}
 	return 0
+}
+
+// readTokenFile reads a node token from a file only its owner can read.
+func readTokenFile(path string) (string, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return "", err
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		return "", fmt.Errorf("%s is readable by others (mode %04o): chmod 600 it, jobs must not read the node's token", path, fi.Mode().Perm())
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	t := strings.TrimSpace(string(b))
+	if t == "" {
+		return "", fmt.Errorf("%s is empty", path)
+	}
+	return t, nil
+}
+
+// parseBytes reads a size such as 512MiB, 64GiB, 1TiB or a byte count.
+func parseBytes(s string) (int64, error) {
+	units := []struct {
+		suffix string
+		mult   int64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"B", 1}}
+	mult := int64(1)
+	num := s
+	for _, u := range units {
+		if v, ok := strings.CutSuffix(s, u.suffix); ok {
+			num, mult = strings.TrimSpace(v), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n <= 0 {
+		return 0, errors.New("want a positive size such as 512MiB or 64GiB")
+	}
+	return n * mult, nil
 }

@@ -69,6 +69,12 @@ func NewNVML() (GPUBackend, error) {
 		if mem, ret := d.GetMemoryInfo(); ret == nvml.SUCCESS {
 			g.MemoryMiB = int64(mem.Total >> 20)
 		}
+		if minor, ret := d.GetMinorNumber(); ret == nvml.SUCCESS {
+			if b.inv.Minors == nil {
+				b.inv.Minors = map[int]int{}
+			}
+			b.inv.Minors[i] = minor
+		}
 		b.devs = append(b.devs, d)
 		b.inv.GPUs = append(b.inv.GPUs, g)
 	}

@@ -28,6 +28,9 @@ type report struct {
 	log     *agentproto.JobLog
 	sending bool
 	tries   int
+	// done runs once the report left the queue: delivered, or refused for
+	// good (an exit report then lets the agent forget the lease on disk).
+	done func()
 }
 
 // maxQueuedLogLines caps a job's unsent log lines; older ones are dropped
@@ -54,6 +57,11 @@ func (o *outbox) wake() {
 
 func (o *outbox) started(s agentproto.JobStarted) { o.push(&report{started: &s}) }
 func (o *outbox) exited(e agentproto.JobExited)   { o.push(&report{exited: &e}) }
+
+// exitedThen queues an exit report and runs done once it left the queue.
+func (o *outbox) exitedThen(e agentproto.JobExited, done func()) {
+	o.push(&report{exited: &e, done: done})
+}
 
 // log queues lines, merged into the job's last unsent log report.
 func (o *outbox) log(ref agentproto.LeaseRef, lines []string) {
@@ -149,6 +157,9 @@ func (o *outbox) run(ctx context.Context) {
 		}
 		if done {
 			bo.reset()
+			if r.done != nil {
+				r.done()
+			}
 			o.mu.Lock()
 			o.items = o.items[1:]
 			if len(o.items) == 0 {

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -10,10 +11,12 @@ import (
 	"net/http/httptest"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/allotlabs/allot/internal/agent/agenttest"
 	"github.com/allotlabs/allot/internal/agentproto"
 )
 
@@ -310,6 +313,10 @@ func startAgent(t *testing.T, p *peer, edit ...func(*Config)) *testAgent {
 		ShutdownGrace:     time.Second,
 		RetryMax:          200 * time.Millisecond,
 		LogFlush:          50 * time.Millisecond,
+		StateDir:          t.TempDir(),
+		JobUser:           testUser,
+		CgroupParent:      testCgroupParent(t),
+		RunAsAgent:        !agenttest.Root(),
 	}
 	for _, e := range edit {
 		e(&cfg)
@@ -377,4 +384,10 @@ func discardLogger() *slog.Logger {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// testCgroupParent is a cgroup parent of the test's own: parallel tests'
+// agents never see each other's job cgroups.
+func testCgroupParent(t *testing.T) string {
+	return fmt.Sprintf("allot-test/%d-%s", os.Getpid(), strings.NewReplacer("/", "_", " ", "_").Replace(t.Name()))
 }

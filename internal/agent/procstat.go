@@ -60,6 +60,34 @@ func groupStats(pgid int) (cpuSeconds float64, rssBytes int64) {
 	return float64(ticks) / clockTicks, rssBytes
 }
 
+// pidStats is groupStats over a set of processes (a job's cgroup).
+func pidStats(pids []int) (cpuSeconds float64, rssBytes int64) {
+	page := int64(os.Getpagesize())
+	var ticks int64
+	for _, pid := range pids {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:])
+		if len(f) < 22 {
+			continue
+		}
+		for _, k := range []int{11, 12, 13, 14} {
+			v, _ := strconv.ParseInt(f[k], 10, 64)
+			ticks += v
+		}
+		rss, _ := strconv.ParseInt(f[21], 10, 64)
+		rssBytes += rss * page
+	}
+	return float64(ticks) / clockTicks, rssBytes
+}
+
 // liveGroupMembers counts the processes of group pgid that are not zombies.
 func liveGroupMembers(pgid int) int {
 	n := 0

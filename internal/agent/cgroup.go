@@ -1,0 +1,347 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/containerd/cgroups/v3"
+	"github.com/containerd/cgroups/v3/cgroup1"
+	"github.com/containerd/cgroups/v3/cgroup2"
+	"github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+)
+
+// A job's cgroup holds every process of the job: what it forks, double
+// forks or daemonises with setsid stays in it, so ending the job kills all
+// of it, and after an agent restart the cgroup says what still runs. Its
+// limits are the job's memory, CPU and pids; its device rules let it open
+// only its own GPUs.
+
+// jobLimits are one job's cgroup limits. Zero values leave a limit unset.
+type jobLimits struct {
+	MemoryBytes int64
+	MilliCPUs   int64
+	PidsMax     int64
+	// Devices are the character devices (major:minor) the job may open
+	// besides the standard ones (null, zero, random, tty, pts…). nil means
+	// devices are not controlled.
+	Devices []devNum
+}
+
+// devNum is a character device; Minor -1 means every minor of Major.
+type devNum struct{ Major, Minor int64 }
+
+// stdDevices are what every job may use, as container runtimes allow:
+// null, zero, full, random, urandom, tty, console, ptmx and the pts.
+var stdDevices = []devNum{{1, 3}, {1, 5}, {1, 7}, {1, 8}, {1, 9}, {5, 0}, {5, 1}, {5, 2}, {136, -1}}
+
+func deviceRules(devs []devNum) []specs.LinuxDeviceCgroup {
+	rules := []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}} // deny all
+	for _, d := range slices.Concat(stdDevices, devs) {
+		maj := d.Major
+		r := specs.LinuxDeviceCgroup{Allow: true, Type: "c", Major: &maj, Access: "rw"}
+		if d.Minor >= 0 {
+			mi := d.Minor
+			r.Minor = &mi
+		}
+		rules = append(rules, r)
+	}
+	return rules
+}
+
+// cgroupDriver makes and finds job cgroups under one parent (one per
+// agent, so several agents on one host stay apart).
+type cgroupDriver struct {
+	v2     bool
+	parent string // e.g. "/allot/node-a"
+}
+
+// v1Subsystems are the v1 controllers a job cgroup uses: the limits,
+// devices for the GPU fence, freezer to kill without races, cpuacct for
+// statistics.
+var v1Subsystems = []cgroup1.Name{cgroup1.Memory, cgroup1.Cpu, cgroup1.Cpuacct, cgroup1.Pids, cgroup1.Devices, cgroup1.Freezer}
+
+func v1Hierarchy() ([]cgroup1.Subsystem, error) {
+	all, err := cgroup1.Default()
+	if err != nil {
+		return nil, err
+	}
+	var out []cgroup1.Subsystem
+	for _, s := range all {
+		if slices.Contains(v1Subsystems, s.Name()) {
+			out = append(out, s)
+		}
+	}
+	for _, want := range []cgroup1.Name{cgroup1.Devices, cgroup1.Freezer, cgroup1.Memory, cgroup1.Pids} {
+		if !slices.ContainsFunc(out, func(s cgroup1.Subsystem) bool { return s.Name() == want }) {
+			return nil, fmt.Errorf("the cgroup v1 %s controller is not mounted", want)
+		}
+	}
+	return out, nil
+}
+
+// newCgroupDriver detects the cgroup version; it fails when the agent
+// cannot make cgroups (not root, no cgroup filesystem, a controller
+// missing). parent is relative to the cgroup root.
+func newCgroupDriver(parent string) (*cgroupDriver, error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("making job cgroups needs root")
+	}
+	d := &cgroupDriver{parent: path.Clean("/" + parent)}
+	switch cgroups.Mode() {
+	case cgroups.Unified:
+		d.v2 = true
+		b, err := os.ReadFile("/sys/fs/cgroup/cgroup.controllers")
+		if err != nil {
+			return nil, fmt.Errorf("reading cgroup v2 controllers: %w", err)
+		}
+		for _, c := range []string{"memory", "pids", "cpu"} {
+			if !slices.Contains(strings.Fields(string(b)), c) {
+				return nil, fmt.Errorf("the cgroup v2 %s controller is not available", c)
+			}
+		}
+	case cgroups.Legacy, cgroups.Hybrid:
+		if _, err := v1Hierarchy(); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, errors.New("no cgroup filesystem at /sys/fs/cgroup")
+	}
+	return d, nil
+}
+
+// Version names the cgroup version for the inventory.
+func (d *cgroupDriver) Version() string {
+	if d.v2 {
+		return "cgroup-v2"
+	}
+	return "cgroup-v1"
+}
+
+func (d *cgroupDriver) groupPath(name string) string { return path.Join(d.parent, name) }
+
+// create makes the job cgroup name with limits.
+func (d *cgroupDriver) create(name string, lim jobLimits) (*jobCgroup, error) {
+	p := d.groupPath(name)
+	if d.v2 {
+		res := &cgroup2.Resources{}
+		if lim.MemoryBytes > 0 {
+			m := lim.MemoryBytes
+			res.Memory = &cgroup2.Memory{Max: &m}
+		}
+		if lim.MilliCPUs > 0 {
+			q := lim.MilliCPUs * 100 // µs per 100 ms period
+			period := uint64(100000)
+			res.CPU = &cgroup2.CPU{Max: cgroup2.NewCPUMax(&q, &period)}
+		}
+		if lim.PidsMax > 0 {
+			res.Pids = &cgroup2.Pids{Max: lim.PidsMax}
+		}
+		if lim.Devices != nil {
+			res.Devices = deviceRules(lim.Devices)
+		}
+		m, err := cgroup2.NewManager("/sys/fs/cgroup", p, res)
+		if err != nil {
+			return nil, fmt.Errorf("creating cgroup %s: %w", p, err)
+		}
+		return &jobCgroup{path: p, v2: m}, nil
+	}
+	res := &specs.LinuxResources{}
+	if lim.MemoryBytes > 0 {
+		m := lim.MemoryBytes
+		res.Memory = &specs.LinuxMemory{Limit: &m}
+	}
+	if lim.MilliCPUs > 0 {
+		q := lim.MilliCPUs * 100
+		period := uint64(100000)
+		res.CPU = &specs.LinuxCPU{Quota: &q, Period: &period}
+	}
+	if lim.PidsMax > 0 {
+		pl := lim.PidsMax
+		res.Pids = &specs.LinuxPids{Limit: &pl}
+	}
+	if lim.Devices != nil {
+		res.Devices = deviceRules(lim.Devices)
+	}
+	cg, err := cgroup1.New(cgroup1.StaticPath(p), res, cgroup1.WithHierarchy(v1Hierarchy))
+	if err != nil {
+		return nil, fmt.Errorf("creating cgroup %s: %w", p, err)
+	}
+	return &jobCgroup{path: p, v1: cg}, nil
+}
+
+// load finds an existing job cgroup (after an agent restart).
+func (d *cgroupDriver) load(name string) (*jobCgroup, error) {
+	p := d.groupPath(name)
+	if d.v2 {
+		m, err := cgroup2.Load(p)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := os.Stat(path.Join("/sys/fs/cgroup", p)); err != nil {
+			return nil, err
+		}
+		return &jobCgroup{path: p, v2: m}, nil
+	}
+	cg, err := cgroup1.Load(cgroup1.StaticPath(p), cgroup1.WithHierarchy(v1Hierarchy))
+	if err != nil {
+		return nil, err
+	}
+	return &jobCgroup{path: p, v1: cg}, nil
+}
+
+// children lists the job cgroups under the parent (to find orphans).
+func (d *cgroupDriver) children() []string {
+	dir := path.Join("/sys/fs/cgroup", d.parent)
+	if !d.v2 {
+		dir = path.Join("/sys/fs/cgroup/pids", d.parent)
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, e := range ents {
+		if e.IsDir() && strings.HasPrefix(e.Name(), "job-") {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// jobCgroup is one job's cgroup.
+type jobCgroup struct {
+	path string // relative to the cgroup root
+	v1   cgroup1.Cgroup
+	v2   *cgroup2.Manager
+}
+
+// Path is the cgroup's path relative to the cgroup root, e.g.
+// "/allot/node-a/job-7-1" (the --cgroup-parent of a container runtime).
+func (c *jobCgroup) Path() string { return c.path }
+
+// Procs lists every process in the cgroup and below it.
+func (c *jobCgroup) Procs() []int {
+	var out []int
+	if c.v2 != nil {
+		ps, _ := c.v2.Procs(true)
+		for _, p := range ps {
+			out = append(out, int(p))
+		}
+		return out
+	}
+	ps, _ := c.v1.Processes(cgroup1.Pids, true)
+	for _, p := range ps {
+		if !slices.Contains(out, p.Pid) {
+			out = append(out, p.Pid)
+		}
+	}
+	return out
+}
+
+// Signal sends sig to every process of the job.
+func (c *jobCgroup) Signal(sig syscall.Signal) {
+	for _, pid := range c.Procs() {
+		_ = syscall.Kill(pid, sig)
+	}
+}
+
+// Kill kills every process of the job and waits (up to 10 s) until the
+// cgroup is empty. v1 freezes the cgroup first, so nothing forks between
+// reading the list and the signals; v2 writes cgroup.kill.
+func (c *jobCgroup) Kill() error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if c.v2 != nil {
+			_ = c.v2.Kill()
+		} else {
+			frozen := c.v1.Freeze() == nil
+			c.Signal(syscall.SIGKILL)
+			if frozen {
+				_ = c.v1.Thaw()
+			}
+		}
+		if len(c.Procs()) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("cgroup %s still has processes %v", c.path, c.Procs())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Delete removes the (empty) cgroup.
+func (c *jobCgroup) Delete() error {
+	if c.v2 != nil {
+		return c.v2.Delete()
+	}
+	return c.v1.Delete()
+}
+
+// enter moves the calling process into the cgroup and returns a function
+// that moves it back where it was. The v1 way for a supervisor to start a
+// child inside a cgroup: a fork inherits the cgroup, and the supervisor
+// leaves before the child can fork anything.
+func (c *jobCgroup) enter() (leave func() error, err error) {
+	pid := os.Getpid()
+	if c.v2 != nil {
+		return nil, errors.New("cgroup v2: start the child with CLONE_INTO_CGROUP instead")
+	}
+	orig, err := cgroup1.Load(cgroup1.PidPath(pid), cgroup1.WithHierarchy(v1Hierarchy))
+	if err != nil {
+		return nil, fmt.Errorf("finding the supervisor's cgroup: %w", err)
+	}
+	if err := c.v1.AddProc(uint64(pid)); err != nil {
+		return nil, fmt.Errorf("entering cgroup %s: %w", c.path, err)
+	}
+	return func() error { return orig.AddProc(uint64(pid)) }, nil
+}
+
+// dirFD opens the v2 cgroup directory for SysProcAttr.CgroupFD.
+func (c *jobCgroup) dirFD() (int, error) {
+	return unix.Open(path.Join("/sys/fs/cgroup", c.path), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+}
+
+// memoryPeak is the cgroup's memory high-water mark in bytes (0 unknown).
+func (c *jobCgroup) memoryUsage() int64 {
+	if c.v2 != nil {
+		b, err := os.ReadFile(path.Join("/sys/fs/cgroup", c.path, "memory.current"))
+		if err != nil {
+			return 0
+		}
+		n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		return n
+	}
+	b, err := os.ReadFile(path.Join("/sys/fs/cgroup/memory", c.path, "memory.usage_in_bytes"))
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	return n
+}
+
+// removeParent removes the agent's cgroup parent when no job is left in it
+// (the agent stops and keeps no jobs).
+func (d *cgroupDriver) removeParent() {
+	if d.v2 {
+		_ = os.Remove(path.Join("/sys/fs/cgroup", d.parent))
+		return
+	}
+	for _, s := range v1Subsystems {
+		// Remove the parent and then its own parent when that is empty too
+		// (e.g. allot/<node>, then allot).
+		for p := d.parent; p != "/" && p != "."; p = path.Dir(p) {
+			if os.Remove(path.Join("/sys/fs/cgroup", string(s), p)) != nil {
+				break
+			}
+		}
+	}
+}

@@ -1,0 +1,54 @@
+package agent
+
+import (
+	"fmt"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"testing"
+
+	"github.com/allotlabs/allot/internal/agent/agenttest"
+)
+
+// Jobs of this package's tests run as these accounts (made for the run,
+// removed after it).
+const (
+	testUser  = "allot-ta1"
+	otherUser = "allot-ta2"
+)
+
+func TestMain(m *testing.M) {
+	MaybeShim() // the agents under test start this binary as their job shim
+	cleanup, err := agenttest.EnsureAccounts(testUser, otherUser)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	cleanup()
+	os.Exit(code)
+}
+
+// jobDir is a temporary directory the test's jobs (running as testUser)
+// can write.
+func jobDir(t *testing.T) string {
+	t.Helper()
+	d := t.TempDir()
+	if os.Geteuid() != 0 {
+		return d
+	}
+	u, err := user.Lookup(testUser)
+	if err != nil {
+		t.Fatal(err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	if err := os.Chmod(filepath.Dir(d), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(d, uid, gid); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
