@@ -202,8 +202,8 @@ type Agent struct {
 	// health is the last failed health check's report ("" = passing).
 	health atomic.Pointer[string]
 
-	cgd      *cgroupDriver  // nil: no cgroups
-	runtime  *containerRT   // nil: no container runtime
+	cgd      *cgroupDriver // nil: no cgroups
+	runtime  *containerRT  // nil: no container runtime
 	shimPath string
 	// detached is set when the agent exits leaving its jobs running.
 	detached atomic.Bool
