@@ -36,6 +36,13 @@ type Report struct {
 	// HealthCheck is the output of the node's failed --health-cmd, "" when
 	// it passed (or none is configured).
 	HealthCheck string
+	// MetricsError is set when the agent could not read its GPUs (the
+	// driver did not answer): GPUs is then empty and says nothing. Rules
+	// over GPU metrics are unknown: one that held keeps holding (it does not
+	// fire anew; its open event stays open), one that did not stays clear,
+	// and GPUs absent from the report are not counted missing (GPUs lost
+	// at a registration still are).
+	MetricsError string
 }
 
 // LostGPU is a GPU a node's agent no longer reports since it registered
@@ -87,15 +94,21 @@ func Evaluate(rules []allot.HealthRule, r Report, since map[string]time.Time) Re
 	res := Result{Since: map[string]time.Time{}, Passing: true}
 	for _, rule := range rules {
 		value, gpus, values, detail, holds := condition(rule, r)
+		start, ok := since[rule.Name]
+		unknown := false
+		if !holds && ok && r.MetricsError != "" && GPUMetric(rule.Metric) {
+			// No readings: a condition that held is not known to have cleared.
+			holds, unknown = true, true
+			detail = "GPU metrics unavailable: " + r.MetricsError
+		}
 		if !holds {
 			continue
 		}
-		start, ok := since[rule.Name]
 		if !ok || start.After(r.At) {
 			start = r.At
 		}
 		res.Since[rule.Name] = start
-		f := Finding{Rule: rule, Value: value, GPUs: gpus, Values: values, Detail: detail, Since: start, Fires: r.At.Sub(start) >= rule.For}
+		f := Finding{Rule: rule, Value: value, GPUs: gpus, Values: values, Detail: detail, Since: start, Fires: !unknown && r.At.Sub(start) >= rule.For}
 		res.Findings = append(res.Findings, f)
 		if allot.HealthActionRank(rule.Action) >= allot.HealthActionRank(allot.HealthDrain) {
 			res.Passing = false
@@ -166,7 +179,7 @@ func condition(rule allot.HealthRule, r Report) (value float64, gpus []int, valu
 			present[g.Index] = true
 		}
 		for _, i := range r.Expected {
-			if !present[i] {
+			if !present[i] && r.MetricsError == "" {
 				gpus = append(gpus, i)
 			}
 		}
@@ -193,6 +206,16 @@ func condition(rule allot.HealthRule, r Report) (value float64, gpus []int, valu
 		}
 	}
 	return value, gpus, values, detail, holds
+}
+
+// GPUMetric reports whether metric is read from the GPUs' metrics (unknown
+// when reading them failed).
+func GPUMetric(metric string) bool {
+	switch metric {
+	case allot.MetricECCDoubleBit, allot.MetricXID, allot.MetricThrottle, allot.MetricGPUMissing:
+		return true
+	}
+	return false
 }
 
 // Counter reports whether metric is a running total per GPU (ecc_dbe: the

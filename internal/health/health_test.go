@@ -1,6 +1,7 @@
 package health
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -253,5 +254,59 @@ func TestLostGPUsAreMissing(t *testing.T) {
 	}
 	if f := res.Firing()[0]; f.Rule.Name != "gpu-missing" || f.Value != 1 || f.Detail != "GPU 7 (GPU-h) missing since the agent registered again" {
 		t.Errorf("finding = %+v", f)
+	}
+}
+
+// TestMetricsErrorIsNotMissingGPUs: a heartbeat whose agent could not read
+// its GPUs (MetricsError, no GPUs) does not count the node's GPUs missing;
+// rules over GPU metrics that held keep holding without firing anew (their
+// events stay open), rules that did not hold stay clear; GPUs lost at a
+// registration and a failed health check still count.
+func TestMetricsErrorIsNotMissingGPUs(t *testing.T) {
+	rules := allot.DefaultHealthRules()
+	const driver = "nvml: driver not loaded"
+	throttling := map[string]time.Time{"throttle-warn": t0.Add(-time.Hour), "throttle-drain": t0.Add(-time.Hour)}
+	cases := []struct {
+		name    string
+		report  Report
+		since   map[string]time.Time
+		firing  []string
+		holding []string
+		passing bool
+	}{
+		{"no readings: nothing is missing", Report{At: t0, Expected: indices(8), MetricsError: driver}, nil, nil, nil, true},
+		{"no readings and no error: every GPU is missing (as before)", Report{At: t0, Expected: indices(8)}, nil, []string{"gpu-missing"}, []string{"gpu-missing"}, false},
+		{"a GPU lost at registration still counts", Report{At: t0, Expected: indices(7), Lost: []LostGPU{{Index: 7, UUID: "GPU-7"}}, MetricsError: driver},
+			nil, []string{"gpu-missing"}, []string{"gpu-missing"}, false},
+		{"a failed health check still fires", Report{At: t0, Expected: indices(8), MetricsError: driver, HealthCheck: "nvlink down"},
+			nil, []string{"health-check"}, []string{"health-check"}, false},
+		{"throttling that held is not known to have cleared", Report{At: t0, Expected: indices(8), MetricsError: driver},
+			throttling, nil, []string{"throttle-drain", "throttle-warn"}, false},
+		{"a missing GPU that held stays held, not fired again", Report{At: t0, Expected: indices(8), MetricsError: driver},
+			map[string]time.Time{"gpu-missing": t0.Add(-time.Minute)}, nil, []string{"gpu-missing"}, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			res := Evaluate(rules, c.report, c.since)
+			var firing, holding []string
+			for _, f := range res.Firing() {
+				firing = append(firing, f.Rule.Name)
+			}
+			for _, f := range res.Findings {
+				holding = append(holding, f.Rule.Name)
+			}
+			slices.Sort(holding)
+			if !slices.Equal(firing, c.firing) || !slices.Equal(holding, c.holding) || res.Passing != c.passing {
+				t.Errorf("firing %v holding %v passing %v; want %v %v %v", firing, holding, res.Passing, c.firing, c.holding, c.passing)
+			}
+			for _, f := range res.Findings {
+				if old, ok := c.since[f.Rule.Name]; ok && !res.Since[f.Rule.Name].Equal(old) {
+					t.Errorf("%s: since moved from %v to %v", f.Rule.Name, old, res.Since[f.Rule.Name])
+				}
+			}
+		})
+	}
+	if GPUMetric(allot.MetricHealthCheck) || !GPUMetric(allot.MetricGPUMissing) {
+		t.Error("GPUMetric")
 	}
 }
