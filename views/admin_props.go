@@ -17,6 +17,8 @@ var AdminTabs = []AdminTab{
 	{"/admin/teams", "Teams", "teams"},
 	{"/admin/policy", "Policy weights", "policy"},
 	{"/admin/health", "Health rules", "health"},
+	{"/admin/users", "People", "users"},
+	{"/admin/node-tokens", "Node tokens", "node-tokens"},
 	{"/admin/audit", "Audit log", "audit"},
 	{"/admin/versions", "Policy versions", "versions"},
 	{"/nodes", "Nodes", "nodes"},

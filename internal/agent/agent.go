@@ -205,8 +205,10 @@ type Agent struct {
 	cgd      *cgroupDriver // nil: no cgroups
 	runtime  *containerRT  // nil: no container runtime
 	shimPath string
-	// detached is set when the agent exits leaving its jobs running.
+	// detached is set when the agent exits leaving its jobs running; quit
+	// is closed when Run returns.
 	detached atomic.Bool
+	quit     chan struct{}
 }
 
 // New returns an agent for cfg. Nothing happens until Run.
@@ -219,6 +221,7 @@ func New(cfg Config) *Agent {
 		jobs:    make(map[agentproto.LeaseRef]*job),
 		gpuSet:  make(map[int]bool),
 		xidSent: make(map[int]int64),
+		quit:    make(chan struct{}),
 	}
 	if cfg.HTTPClient != nil {
 		a.client.HTTP = cfg.HTTPClient
@@ -280,6 +283,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	wg.Wait()
 	if a.cfg.KeepJobsOnExit {
 		a.detached.Store(true)
+		close(a.quit)
 		a.mu.Lock()
 		n := len(a.jobs)
 		a.mu.Unlock()
@@ -296,6 +300,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	stopOut()
 	<-outDone
+	if !a.detached.Load() {
+		close(a.quit)
+	}
 	return nil
 }
 

@@ -99,9 +99,13 @@ func (a *Agent) start(ref agentproto.LeaseRef) {
 
 	l := j.lease
 	var cg *jobCgroup
+	var tmp string
 	dir := filepath.Join(a.leasesDir(), leaseName(ref))
 	fail := func(err error) {
 		log.Warn("job failed to start", "err", err)
+		if tmp != "" {
+			_ = os.RemoveAll(tmp)
+		}
 		if cg != nil {
 			_ = cg.Kill()
 			_ = cg.Delete()
@@ -136,7 +140,7 @@ func (a *Agent) start(ref agentproto.LeaseRef) {
 			return
 		}
 	}
-	tmp, err := os.MkdirTemp("", "allot-"+leaseName(ref)+"-")
+	tmp, err = os.MkdirTemp("", "allot-"+leaseName(ref)+"-")
 	if err == nil {
 		err = ownedDir(tmp, id)
 	}
@@ -244,7 +248,7 @@ func (a *Agent) run(j *job, rec leaseRecord, cg *jobCgroup, logOffset int64, wai
 	stopTail := make(chan struct{})
 	tailDone := make(chan struct{})
 	go func() {
-		logs.follow(filepath.Join(j.dir, "output.log"), filepath.Join(j.dir, "log.offset"), logOffset, stopTail)
+		logs.follow(filepath.Join(j.dir, "output.log"), filepath.Join(j.dir, "log.offset"), logOffset, stopTail, a.quit)
 		close(tailDone)
 	}()
 	a.jobsDone.Add(1)
@@ -476,7 +480,8 @@ const maxLineBytes = 16 << 10
 // follow reads the job's output file from offset, line by line, until
 // stop is closed and the file is read to its end. It records how far it
 // sent in offsetFile, so an agent restarted mid-job goes on from there.
-func (s *logStream) follow(path, offsetFile string, offset int64, stop <-chan struct{}) {
+// A closed quit (the agent exits, leaving the job running) ends it at once.
+func (s *logStream) follow(path, offsetFile string, offset int64, stop, quit <-chan struct{}) {
 	var f *os.File
 	for f == nil {
 		var err error
@@ -484,6 +489,8 @@ func (s *logStream) follow(path, offsetFile string, offset int64, stop <-chan st
 			f = nil
 			select {
 			case <-stop:
+				return
+			case <-quit:
 				return
 			case <-time.After(50 * time.Millisecond):
 			}
@@ -524,6 +531,8 @@ func (s *logStream) follow(path, offsetFile string, offset int64, stop <-chan st
 		select {
 		case <-stop:
 			stopping = true // one more read to the end
+		case <-quit:
+			return
 		case <-time.After(50 * time.Millisecond):
 		}
 	}

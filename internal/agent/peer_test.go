@@ -37,8 +37,9 @@ type peer struct {
 	logs       map[agentproto.LeaseRef][]string
 	firstLog   map[agentproto.LeaseRef]time.Time
 	orders     []agentproto.Orders
-	unknown    []int64 // answered in the next registration
-	failHB     int     // answer this many heartbeats with 401
+	unknown    []int64               // answered in the next registration
+	failHB     int                   // answer this many heartbeats with 401
+	kill       []agentproto.LeaseRef // answered in the next heartbeat
 	changed    chan struct{}
 	closing    chan struct{}
 	closedOnce sync.Once
@@ -170,9 +171,11 @@ func (p *peer) heartbeat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.hbs = append(p.hbs, hb)
+	rep := agentproto.HeartbeatReply{NodeState: "up", Kill: p.kill}
+	p.kill = nil
 	p.notifyLocked()
 	p.mu.Unlock()
-	_ = json.NewEncoder(w).Encode(agentproto.HeartbeatReply{NodeState: "up"})
+	_ = json.NewEncoder(w).Encode(rep)
 }
 
 func (p *peer) log(w http.ResponseWriter, r *http.Request) {
@@ -313,7 +316,7 @@ func startAgent(t *testing.T, p *peer, edit ...func(*Config)) *testAgent {
 		ShutdownGrace:     time.Second,
 		RetryMax:          200 * time.Millisecond,
 		LogFlush:          50 * time.Millisecond,
-		StateDir:          t.TempDir(),
+		StateDir:          sharedTempDir(t),
 		JobUser:           testUser,
 		CgroupParent:      testCgroupParent(t),
 		RunAsAgent:        !agenttest.Root(),
@@ -322,6 +325,9 @@ func startAgent(t *testing.T, p *peer, edit ...func(*Config)) *testAgent {
 		e(&cfg)
 	}
 	a := New(cfg)
+	p.mu.Lock()
+	regs := len(p.regs)
+	p.mu.Unlock()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
@@ -340,7 +346,7 @@ func startAgent(t *testing.T, p *peer, edit ...func(*Config)) *testAgent {
 		})
 	}
 	t.Cleanup(stop)
-	p.waitFor("registration", 5*time.Second, func() bool { return len(p.regs) > 0 })
+	p.waitFor("registration", 5*time.Second, func() bool { return len(p.regs) > regs })
 	return &testAgent{Agent: a, fake: fake, peer: p, stop: stop}
 }
 

@@ -52,3 +52,16 @@ func jobDir(t *testing.T) string {
 	}
 	return d
 }
+
+// sharedTempDir is a temporary directory other accounts may traverse (the
+// test's jobs reach fake device nodes and checkpoint dirs under it).
+func sharedTempDir(t *testing.T) string {
+	t.Helper()
+	d := t.TempDir()
+	for _, p := range []string{filepath.Dir(d), d} {
+		if err := os.Chmod(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return d
+}
