@@ -163,6 +163,12 @@ func (s *Server) agentOrders(c echo.Context) error {
 		select {
 		case <-woken:
 			done()
+			// A token revoked while the poll waited (the revocation wakes
+			// it) is refused now, not at the next request.
+			tok, _ := strings.CutPrefix(c.Request().Header.Get("Authorization"), "Bearer ")
+			if _, err := s.st.NodeByToken(ctx, strings.TrimSpace(tok)); err != nil {
+				return err
+			}
 		case <-timer.C:
 			done()
 			return writeJSON(c, http.StatusOK, agentproto.Orders{})

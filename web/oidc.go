@@ -265,6 +265,10 @@ func (s *Server) oidcCallback(c echo.Context) error {
 		if allot.ErrorCode(err) == allot.EInternal || allot.ErrorCode(err) == allot.EUnavailable {
 			return err
 		}
+		if allot.ErrorCode(err) == allot.EForbidden { // an admin disabled the account
+			s.log.Warn("OIDC sign-in of a disabled user refused", "user", u.Email, "subject", u.OIDCSubject)
+			return s.loginError(c, http.StatusForbidden, allot.ErrorMessage(err))
+		}
 		s.log.Warn("OIDC sign-in refused", "user", u.Email, "subject", u.OIDCSubject, "err", err)
 		return s.loginError(c, http.StatusConflict, "Your account could not be recorded: "+allot.ErrorMessage(err))
 	}

@@ -63,6 +63,13 @@ func (s *Server) routes() {
 	r(post, "/admin/policy", s.adminPolicyForm, RuleAdmin)
 	r(get, "/admin/audit", s.auditPage, RuleAdmin)
 	r(get, "/admin/versions", s.versionsPage, RuleAdmin)
+	r(get, "/admin/users", s.adminUsersPage, RuleAdmin)
+	r(post, "/admin/users/:user/disable", s.adminUserAccessForm(true), RuleAdmin)
+	r(post, "/admin/users/:user/enable", s.adminUserAccessForm(false), RuleAdmin)
+	r(get, "/admin/node-tokens", s.adminNodeTokensPage, RuleAdmin)
+	r(post, "/admin/node-tokens", s.adminCreateNodeTokenForm, RuleAdmin)
+	r(post, "/admin/node-tokens/rotate", s.adminRotateNodeTokenForm, RuleAdmin)
+	r(post, "/admin/node-tokens/:id/revoke", s.adminRevokeNodeTokenForm, RuleAdmin)
 
 	// Policy docs.
 	r(get, "/docs", s.docsPage, RuleUser)
@@ -103,6 +110,15 @@ func (s *Server) routes() {
 	r(get, api+"/tokens", s.apiListTokens, RuleUser)
 	r(post, api+"/tokens", s.apiCreateToken, RuleUser)
 	r(del, api+"/tokens/:id", s.apiRevokeToken, RuleUser)
+	// API: node tokens and people (admin).
+	r(get, api+"/node-tokens", s.apiListNodeTokens, RuleAdmin)
+	r(post, api+"/node-tokens", s.apiCreateNodeToken, RuleAdmin)
+	r(del, api+"/node-tokens/:id", s.apiRevokeNodeToken, RuleAdmin)
+	r(post, api+"/nodes/:name/rotate-token", s.apiRotateNodeToken, RuleAdmin)
+	r(post, api+"/nodes/:name/revoke-tokens", s.apiRevokeNodeTokens, RuleAdmin)
+	r(get, api+"/users", s.apiListUsers, RuleAdmin)
+	r(post, api+"/users/:user/disable", s.apiDisableUser, RuleAdmin)
+	r(post, api+"/users/:user/enable", s.apiEnableUser, RuleAdmin)
 	// API: admin policy editing, audit (admin); the policy in force (everyone).
 	r(get, api+"/policy", s.apiGetPolicy, RuleUser)
 	r(put, api+"/policy", s.apiPutPolicy, RuleAdmin)

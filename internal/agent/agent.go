@@ -259,6 +259,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.prepare(); err != nil {
 		return err
 	}
+	defer func() {
+		if a.cgd != nil && !a.detached.Load() {
+			a.cgd.removeParent()
+		}
+	}()
 	a.adopt()
 
 	if err := a.register(ctx, true); err != nil {
@@ -290,9 +295,6 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.log.Info("agent exiting; its jobs keep running and the next agent adopts them", "jobs", n)
 	} else {
 		a.shutdownJobs()
-		if a.cgd != nil {
-			a.cgd.removeParent()
-		}
 	}
 	// Give queued reports (the exits just produced) a short chance to go out.
 	if !a.out.waitEmpty(5 * time.Second) {

@@ -27,6 +27,12 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	cleanup()
+	// Leave no cgroups behind (each agent removes its own parent; the
+	// common one goes when the last test is done).
+	for _, sub := range v1Subsystems {
+		_ = os.Remove(filepath.Join("/sys/fs/cgroup", string(sub), "allot-test"))
+	}
+	_ = os.Remove("/sys/fs/cgroup/allot-test")
 	os.Exit(code)
 }
 
