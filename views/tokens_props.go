@@ -11,8 +11,11 @@ type Tokens struct {
 	Name    string
 	Expires string
 	Errors  map[string]string
-	// MinDate is today (the earliest expiry date the form offers).
-	MinDate string
+	// MinDate is today (the earliest expiry date the form offers);
+	// MaxDate the latest the server's token lifetime allows ("" = none).
+	MinDate, MaxDate string
+	// DefaultExpiry says what an empty expiry means ("" = until revoked).
+	DefaultExpiry string
 }
 
 // TokenRow is one token in the list.

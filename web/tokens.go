@@ -60,6 +60,10 @@ func (s *Server) renderTokens(c echo.Context, status int, t views.Tokens) error 
 	now := s.st.Now()
 	t.Page = s.page(c, "API tokens")
 	t.MinDate = now.UTC().Format(time.DateOnly)
+	if ttl := s.cfg.APITokenTTL; ttl > 0 {
+		t.MaxDate = now.Add(ttl).UTC().Format(time.DateOnly)
+		t.DefaultExpiry = "empty: " + fmtTTL(ttl) + " from now, the longest a token may last here"
+	}
 	for i := range list {
 		tk := &list[i]
 		row := views.TokenRow{ID: tk.ID, Name: tk.Name, Prefix: tk.Prefix, Created: fmtTime(tk.CreatedAt), LastUsed: fmtTime(tk.LastUsedAt),
@@ -80,6 +84,9 @@ func (s *Server) createTokenForm(c echo.Context) error {
 	}
 	name, expires := c.FormValue("name"), c.FormValue("expires")
 	exp, err := parseExpiry(expires)
+	if err == nil {
+		exp, err = s.tokenExpiry(exp)
+	}
 	var secret string
 	var tok store.APIToken
 	if err == nil {
@@ -138,7 +145,9 @@ type TokenList struct {
 // TokenRequest is the body of POST /api/v1/tokens.
 type TokenRequest struct {
 	Name string `json:"name"`
-	// ExpiresAt is an RFC 3339 time or a date; empty: never.
+	// ExpiresAt is an RFC 3339 time or a date; empty: the server's
+	// default lifetime (--api-token-ttl, 90 days unless set; never when
+	// it is 0), or the expiry of the token making the request if earlier.
 	ExpiresAt string `json:"expires_at"`
 }
 
@@ -174,10 +183,19 @@ func (s *Server) apiCreateToken(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if exp, err = s.capByCallingToken(c, exp); err != nil {
+	asked := !exp.IsZero()
+	if exp, err = s.tokenExpiry(exp); err != nil {
 		return err
 	}
-	secret, tok, err := s.st.CreateAPITokenExpiring(c.Request().Context(), u.ID, req.Name, exp)
+	parent, err := s.callingToken(c)
+	if err != nil {
+		return err
+	}
+	if exp, err = capByParent(parent, exp, asked); err != nil {
+		return err
+	}
+	// A token made with a token is revoked with it (ParentID).
+	secret, tok, err := s.st.CreateAPITokenWith(c.Request().Context(), u.ID, store.NewAPIToken{Name: req.Name, ExpiresAt: exp, ParentID: parent.ID})
 	if err != nil {
 		return err
 	}
@@ -187,23 +205,59 @@ func (s *Server) apiCreateToken(c echo.Context) error {
 	return writeJSON(c, http.StatusCreated, out)
 }
 
-// capByCallingToken keeps a token made with a bearer token from outliving
-// it: no expiry becomes the calling token's expiry, and a later one is a
-// field error. A call without a bearer token (a browser session) is not
-// capped.
-func (s *Server) capByCallingToken(c echo.Context, exp time.Time) (time.Time, error) {
+// fmtTTL says a token lifetime in days (or hours, under a day).
+func fmtTTL(d time.Duration) string {
+	if d >= 24*time.Hour && d%(24*time.Hour) == 0 {
+		if n := d / (24 * time.Hour); n != 1 {
+			return strconv.FormatInt(int64(n), 10) + " days"
+		}
+		return "1 day"
+	}
+	return d.String()
+}
+
+// tokenExpiry applies the server's API token lifetime (Config.APITokenTTL)
+// to an asked expiry: none asked becomes now + the lifetime, and one
+// later than that is a field error. Without a lifetime (0) it is as
+// asked.
+func (s *Server) tokenExpiry(exp time.Time) (time.Time, error) {
+	ttl := s.cfg.APITokenTTL
+	if ttl <= 0 {
+		return exp, nil
+	}
+	limit := s.st.Now().Add(ttl)
+	if exp.IsZero() {
+		return limit, nil
+	}
+	if exp.After(limit) && exp.UTC().Format(time.DateOnly) == limit.UTC().Format(time.DateOnly) {
+		return limit, nil // the last day the form offers: until the limit
+	}
+	if exp.After(limit) {
+		return time.Time{}, (allot.FieldErrors{"expires_at": "must be at most " + fmtTTL(ttl) + " from now (" +
+			limit.UTC().Format(time.RFC3339) + "), the longest an API token may last on this server"}).Err()
+	}
+	return exp, nil
+}
+
+// callingToken is the API token the request came with (its ID 0 when it
+// came with a browser session).
+func (s *Server) callingToken(c echo.Context) (store.APIToken, error) {
 	secret, ok := strings.CutPrefix(c.Request().Header.Get("Authorization"), "Bearer ")
 	if !ok {
-		return exp, nil
+		return store.APIToken{}, nil
 	}
-	parent, err := s.st.APITokenBySecret(c.Request().Context(), strings.TrimSpace(secret))
-	if err != nil {
-		return time.Time{}, err
-	}
+	return s.st.APITokenBySecret(c.Request().Context(), strings.TrimSpace(secret))
+}
+
+// capByParent keeps a token made with a bearer token (parent; ID 0: none)
+// from outliving it: an expiry the request did not ask for (asked false:
+// none, or the server's default) becomes the parent's expiry when that
+// is earlier, and a later one it asked for is a field error.
+func capByParent(parent store.APIToken, exp time.Time, asked bool) (time.Time, error) {
 	switch {
-	case parent.ExpiresAt.IsZero():
+	case parent.ID == 0 || parent.ExpiresAt.IsZero():
 		return exp, nil
-	case exp.IsZero():
+	case !asked && (exp.IsZero() || exp.After(parent.ExpiresAt)):
 		return parent.ExpiresAt, nil
 	case exp.After(parent.ExpiresAt):
 		return time.Time{}, (allot.FieldErrors{"expires_at": "must not be later than " + parent.ExpiresAt.UTC().Format(time.RFC3339) +
@@ -212,8 +266,8 @@ func (s *Server) capByCallingToken(c echo.Context, exp time.Time) (time.Time, er
 	return exp, nil
 }
 
-// apiRevokeToken revokes a token: the caller's own, or anyone's for an
-// admin. Someone else's token is 404 to others, as if it did not exist.
+// apiRevokeToken revokes a token, and the tokens made with it: the
+// caller's own, or anyone's for an admin. Someone else's token is 404 to others, as if it did not exist.
 func (s *Server) apiRevokeToken(c echo.Context) error {
 	u, err := currentUser(c)
 	if err != nil {
