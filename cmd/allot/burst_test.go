@@ -428,8 +428,8 @@ echo '{"nodes":[{"name":"spot-a"},{"name":"spot-b"}]}'
 	// spot-a's agent registers with the first token; spot-b never does.
 	actx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	a := agent.New(agent.Config{Server: l.url, Token: req.NodeTokens[0], Hostname: "spot-a", HeartbeatInterval: testHeartbeat,
-		Backend: agent.NewFake(agent.FakeOptions{GPUs: 8, Model: "A100-spot", Hostname: "spot-a"}), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	a := agent.New(agent.Local(agent.Config{Server: l.url, Token: req.NodeTokens[0], Hostname: "spot-a", HeartbeatInterval: testHeartbeat,
+		Backend: agent.NewFake(agent.FakeOptions{GPUs: 8, Model: "A100-spot", Hostname: "spot-a"}), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
 	go func() { a.Run(actx); close(done) }() //nolint:errcheck
 	l.agents["spot-a"] = func() { cancel(); <-done }
 	l.waitNode("spot-a", allot.NodeUp)
@@ -487,11 +487,11 @@ func (l *live) startBurstAgent(name, tok string) {
 	ctx, cancel := context.WithCancel(context.Background())
 	up := &atomic.Bool{}
 	up.Store(true)
-	a := agent.New(agent.Config{Server: l.url, Token: tok, Hostname: name, HeartbeatInterval: testHeartbeat,
+	a := agent.New(agent.Local(agent.Config{Server: l.url, Token: tok, Hostname: name, HeartbeatInterval: testHeartbeat,
 		OrdersWait: 5 * time.Second, ShutdownGrace: time.Second, RetryMax: 200 * time.Millisecond,
 		Backend:    agent.NewFake(agent.FakeOptions{GPUs: 8, Model: "A100-spot", Hostname: name}),
 		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
-		HTTPClient: &http.Client{Transport: switchable{up: up, rt: http.DefaultTransport}}})
+		HTTPClient: &http.Client{Transport: switchable{up: up, rt: http.DefaultTransport}}}))
 	done := make(chan struct{})
 	go func() { a.Run(ctx); close(done) }() //nolint:errcheck
 	if stop := l.agents[name]; stop != nil {

@@ -120,11 +120,11 @@ func (l *live) startAgent(node string) {
 	}
 	up := &atomic.Bool{}
 	up.Store(true)
-	a := agent.New(agent.Config{Server: l.url, Token: tok, Hostname: node, Domain: domain, HeartbeatInterval: testHeartbeat,
+	a := agent.New(agent.Local(agent.Config{Server: l.url, Token: tok, Hostname: node, Domain: domain, HeartbeatInterval: testHeartbeat,
 		OrdersWait: 5 * time.Second, StopGrace: 2 * time.Second, ShutdownGrace: time.Second, RetryMax: 200 * time.Millisecond,
 		Backend:    agent.NewFake(agent.FakeOptions{GPUs: 8, Model: typ, Hostname: node}),
 		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
-		HTTPClient: &http.Client{Transport: switchable{up: up, rt: http.DefaultTransport}}})
+		HTTPClient: &http.Client{Transport: switchable{up: up, rt: http.DefaultTransport}}}))
 	done := make(chan struct{})
 	go func() { a.Run(ctx); close(done) }() //nolint:errcheck
 	l.agents[node] = func() { cancel(); <-done }

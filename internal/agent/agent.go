@@ -100,6 +100,8 @@ type Config struct {
 	// job; default this executable (allot). A test binary must call
 	// MaybeShim first thing in TestMain.
 	ShimPath string
+
+	removeState bool // Local: remove StateDir when Run returns without jobs
 }
 
 func (c *Config) defaults() {
@@ -260,8 +262,15 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	defer func() {
-		if a.cgd != nil && !a.detached.Load() {
+		if a.detached.Load() {
+			return
+		}
+		if a.cgd != nil {
 			a.cgd.removeParent()
+		}
+		if a.cfg.removeState {
+			_ = os.RemoveAll(a.cfg.StateDir)
+			_ = os.Remove(filepath.Dir(a.cfg.StateDir))
 		}
 	}()
 	a.adopt()

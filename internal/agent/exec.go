@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -339,4 +340,46 @@ func (rt *containerRT) command(j containerJob) (argv, cleanup []string, envFile 
 	cleanup = append([]string{rt.path}, rt.global...)
 	cleanup = append(cleanup, "rm", "--force", j.Name)
 	return argv, cleanup, envFile, nil
+}
+
+var (
+	localMu      sync.Mutex
+	localJobUser string
+	localSeq     int
+)
+
+// SetLocalJobUser sets the account that jobs of Local agents run as when
+// their lease names none (allot dev's demo account, a test's account).
+func SetLocalJobUser(name string) {
+	localMu.Lock()
+	defer localMu.Unlock()
+	localJobUser = name
+}
+
+// Local adapts cfg for an agent that runs inside another Allot process
+// (allot dev, the local burst provider, tests), next to other such agents:
+// its state directory and cgroup parent are its own (removed when it
+// stops), jobs whose lease names no account run as the SetLocalJobUser
+// account, and where the process is not root, jobs run as the process's
+// own account without cgroups (development only).
+func Local(cfg Config) Config {
+	localMu.Lock()
+	localSeq++
+	n := localSeq
+	if cfg.JobUser == "" {
+		cfg.JobUser = localJobUser
+	}
+	localMu.Unlock()
+	name := fmt.Sprintf("%d-%d-%s", os.Getpid(), n, cfg.Hostname)
+	if cfg.StateDir == "" {
+		cfg.StateDir = filepath.Join(os.TempDir(), "allot-local-agents", name)
+		cfg.removeState = true
+	}
+	if cfg.CgroupParent == "" {
+		cfg.CgroupParent = "allot-local/" + name
+	}
+	if os.Geteuid() != 0 {
+		cfg.RunAsAgent = true
+	}
+	return cfg
 }

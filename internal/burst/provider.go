@@ -230,9 +230,9 @@ func (p *LocalProvider) Provision(ctx context.Context, req Request) ([]string, e
 		go func() {
 			defer close(la.done)
 			for actx.Err() == nil {
-				a := agent.New(agent.Config{Server: p.Server(), Token: token, Hostname: name, HeartbeatInterval: p.HeartbeatInterval,
+				a := agent.New(agent.Local(agent.Config{Server: p.Server(), Token: token, Hostname: name, HeartbeatInterval: p.HeartbeatInterval,
 					Backend: agent.NewFake(agent.FakeOptions{GPUs: req.GPUsPerNode, Model: req.GPUType, MemoryMiB: 81920, Hostname: name}),
-					Logger:  log.With("node", name), ShutdownGrace: 5 * time.Second, RetryMax: time.Second})
+					Logger:  log.With("node", name), ShutdownGrace: 5 * time.Second, RetryMax: time.Second}))
 				if err := a.Run(actx); err == nil || actx.Err() != nil {
 					return
 				}

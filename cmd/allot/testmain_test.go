@@ -1,0 +1,27 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"testing"
+
+	"github.com/allotlabs/allot/internal/agent"
+	"github.com/allotlabs/allot/internal/agent/agenttest"
+)
+
+// testJobUser is the account the jobs of this package's in-process agents
+// run as (made for the run, removed after it).
+const testJobUser = "allot-tc1"
+
+func TestMain(m *testing.M) {
+	agent.MaybeShim() // in-process agents start this binary as their job shim
+	cleanup, err := agenttest.EnsureAccounts(testJobUser)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	agent.SetLocalJobUser(testJobUser)
+	code := m.Run()
+	cleanup()
+	os.Exit(code)
+}
