@@ -45,6 +45,11 @@ type Config struct {
 	// Now, when set, is this process's clock instead of clock.Now (tests
 	// that run one cluster at a chosen instant).
 	Now func() time.Time
+	// APITokenTTL is the lifetime of a personal API token made without an
+	// expiry, and the longest one may ask for (web.Config.APITokenTTL):
+	// `allot server --api-token-ttl`, 90 days by default there; 0 here
+	// (tests): none.
+	APITokenTTL time.Duration
 }
 
 // Main is one running Allot process: HTTP server and/or River worker over
@@ -144,7 +149,7 @@ func (m *Main) Run(ctx context.Context) error {
 		}
 		srv := web.New(web.Config{OIDC: oidcCfg, SecureCookies: strings.HasPrefix(oidcCfg.RedirectURL, "https://"),
 			Store: m.Store, Logger: m.Logger, Registry: m.Registry, DevMode: m.DevMode, Burst: m.Burst,
-			OnJobEvent: m.Trigger, HeartbeatInterval: m.HeartbeatInterval,
+			OnJobEvent: m.Trigger, HeartbeatInterval: m.HeartbeatInterval, APITokenTTL: m.APITokenTTL,
 			Rollup: func(ctx context.Context) error { _, err := jobs.Rollup(ctx, m.Store, m.Store.Now()); return err }})
 		m.Server = srv
 		bg, stop := context.WithCancel(context.Background())

@@ -47,6 +47,7 @@ func devMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	now := fs.String("now", "", "run the whole demo as if it were this RFC 3339 instant (e.g. 2026-12-01T00:00:30Z); time then passes at real speed (default: env ALLOT_NOW, else the real time)")
 	level := cliflag.LogLevel(fs, slog.LevelInfo, "log `level`: debug, info, warn or error (default info; debug adds River's own lines and the agents')")
 	bf := addBurstFlags(fs, "local")
+	tokenTTL := apiTokenTTLFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -121,7 +122,7 @@ func devMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	cpRoot, _ := filepath.Abs(filepath.Join(stateDir, "checkpoints"))
-	m := &Main{Config: Config{DatabaseURL: url, Addr: *addr, Worker: true, Migrate: true, DevMode: true, Logger: log, CheckpointRoot: cpRoot}}
+	m := &Main{Config: Config{DatabaseURL: url, Addr: *addr, Worker: true, Migrate: true, DevMode: true, Logger: log, CheckpointRoot: cpRoot, APITokenTTL: tokenTTL()}}
 	// Single sign-on: the company's provider when ALLOT_OIDC_* says so,
 	// else a development provider with the demo personas.
 	var idp *oidcdev.Server

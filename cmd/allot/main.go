@@ -34,13 +34,14 @@ Run the system:
   worker    River worker pool: scheduling cycles and periodic jobs (DATABASE_URL)
   agent     node agent: runs the jobs the scheduler gives this node (--gpu nvml|fake, --health-cmd PROG)
   migrate   apply database migrations (DATABASE_URL)
-  node-token create NAME   make a node token for an agent (DATABASE_URL)
+  node-token  node agents' tokens (DATABASE_URL): allot node-token create NAME | list [NODE] | revoke ID|PREFIX|--node NODE | rotate NODE
 
 Use it:
   submit    submit a job:  allot submit --team nlp --tier 3 --gpus 8 --time 4h -- python train.py
   jobs      list jobs
   cancel    cancel a job:  allot cancel 42
   token     personal API tokens: allot token create --name laptop | list | revoke ID
+  user      people (admin): allot user disable EMAIL | enable EMAIL
   node      nodes (admin): allot node list | drain gpu03 --reason "fan" [--requeue] | undrain gpu03 --note "fixed"
 
 Measure it:
@@ -71,6 +72,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return cmdCancel(args[1:], stdout, stderr)
 	case "token":
 		return cmdToken(args[1:], stdout, stderr)
+	case "user":
+		if len(args) > 1 && (args[1] == "disable" || args[1] == "enable") {
+			return cmdUserAccess(args[1], args[2:], stdout, stderr)
+		}
+		fmt.Fprint(stderr, userAccessUsage)
+		return 2
 	case "sim":
 		return sim.Main(args[1:], stdout, stderr)
 	case "test-env":
@@ -113,9 +120,11 @@ func cmdServe(name string, args []string, stderr io.Writer) int {
 	level := cliflag.LogLevel(fs, slog.LevelInfo, "log `level`: debug, info, warn or error (default info; River's own routine lines only at debug)")
 	addr := ":8080"
 	var oidcConfig func() (web.OIDCConfig, error)
+	tokenTTL := noAPITokenTTL
 	if name == "server" {
 		fs.StringVar(&addr, "addr", ":8080", "listen address")
 		oidcConfig = oidcFlags(fs)
+		tokenTTL = apiTokenTTLFlag(fs)
 	}
 	bf := addBurstFlags(fs, "none") // the server shows the burst settings on /burst; the worker acts on them
 	if err := fs.Parse(args); err != nil {
@@ -131,7 +140,7 @@ func cmdServe(name string, args []string, stderr io.Writer) int {
 	defer stop()
 	cfg := Config{DatabaseURL: url, Migrate: *migrate, Logger: log}
 	if name == "server" {
-		cfg.Addr = addr
+		cfg.Addr, cfg.APITokenTTL = addr, tokenTTL()
 		if cfg.OIDC, err = oidcConfig(); err != nil {
 			fmt.Fprintf(stderr, "allot %s: %v\n", name, err)
 			return 2

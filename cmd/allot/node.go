@@ -22,12 +22,16 @@ import (
 	"github.com/allotlabs/allot/web"
 )
 
-// cmdNodeToken is `allot node-token create NAME`: an admin command that
-// talks to the database directly (like `allot migrate`).
+// cmdNodeToken is `allot node-token create NAME` (and list, revoke,
+// rotate: nodetoken_cli.go): admin commands that talk to the database
+// directly (like `allot migrate`).
 func cmdNodeToken(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] != "create" {
-		fmt.Fprintln(stderr, "usage: allot node-token create NAME [--gpu-type T --gpus 8 --site onprem --domain D --rack R]")
+	if len(args) == 0 {
+		fmt.Fprint(stderr, nodeTokenUsage)
 		return 2
+	}
+	if args[0] != "create" {
+		return cmdNodeTokenAdmin(args[0], args[1:], stdout, stderr)
 	}
 	fs := flag.NewFlagSet("node-token create", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -85,11 +89,12 @@ func cmdNodeToken(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 	}
-	secret, err := st.CreateNodeToken(ctx, name, *by)
+	res, err := st.IssueNodeToken(ctx, name, *by, false) // audited
 	if err != nil {
-		fmt.Fprintf(stderr, "allot node-token: %v\n", err)
+		fmt.Fprintf(stderr, "allot node-token: %s\n", cliError(err))
 		return 1
 	}
+	secret := res.Secret
 	fmt.Fprintf(stdout, "%s\n\nOn %s run:\n  ALLOT_NODE_TOKEN=%s allot agent --server https://allot.example.com --gpu nvml\n", secret, name, secret)
 	return 0
 }
