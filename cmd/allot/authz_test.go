@@ -199,6 +199,8 @@ func TestAuthorizationMatrix(t *testing.T) {
 				return "T4"
 			case ":name", ":node":
 				return "gpu01"
+			case ":user": // nobody: an admin's disable/enable is a 404, no persona is locked out
+				return "nobody@example.com"
 			case "*":
 				if strings.HasPrefix(path, static.Prefix) {
 					return "pico.min.css"
