@@ -39,11 +39,15 @@ type jobLimits struct {
 type devNum struct{ Major, Minor int64 }
 
 // stdDevices are what every job may use, as container runtimes allow:
-// null, zero, full, random, urandom, tty, console, ptmx and the pts.
-var stdDevices = []devNum{{1, 3}, {1, 5}, {1, 7}, {1, 8}, {1, 9}, {5, 0}, {5, 1}, {5, 2}, {136, -1}}
+// null, zero, full, random, urandom, tty, console, ptmx, the pts and tun
+// (which needs CAP_NET_ADMIN, which jobs lack).
+var stdDevices = []devNum{{1, 3}, {1, 5}, {1, 7}, {1, 8}, {1, 9}, {5, 0}, {5, 1}, {5, 2}, {136, -1}, {10, 200}}
 
 func deviceRules(devs []devNum) []specs.LinuxDeviceCgroup {
-	rules := []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}} // deny all
+	// Deny all, then allow mknod (not open) of any node, as container
+	// runtimes do: a runtime making its container's /dev needs it, and a
+	// node made is still fenced when opened.
+	rules := []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}, {Allow: true, Type: "c", Access: "m"}, {Allow: true, Type: "b", Access: "m"}}
 	for _, d := range slices.Concat(stdDevices, devs) {
 		maj := d.Major
 		r := specs.LinuxDeviceCgroup{Allow: true, Type: "c", Major: &maj, Access: "rw"}

@@ -273,6 +273,7 @@ type containerJob struct {
 	Devices []string // the job's GPU device files
 	Ctl     []string // nvidiactl, nvidia-uvm…
 	Dir     string   // the lease's state directory (root-only)
+	PidsMax int64
 }
 
 // command returns the runtime's argv for j, the cleanup argv, and the
@@ -292,11 +293,7 @@ func (rt *containerRT) command(j containerJob) (argv, cleanup []string, envFile 
 		}
 		b.WriteString(kv + "\n")
 	}
-	var inside []string
-	for _, d := range j.Devices {
-		inside = append(inside, "/dev/"+filepath.Base(d))
-	}
-	b.WriteString("ALLOT_GPU_DEVICES=" + strings.Join(inside, ",") + "\n")
+	b.WriteString("ALLOT_GPU_DEVICES=" + strings.Join(j.Devices, ",") + "\n")
 	b.WriteString("TMPDIR=/tmp\n")
 	if err := os.WriteFile(envFile, []byte(b.String()), 0o600); err != nil {
 		return nil, nil, "", err
@@ -315,19 +312,27 @@ func (rt *containerRT) command(j containerJob) (argv, cleanup []string, envFile 
 	if j.Cgroup != "" {
 		argv = append(argv, "--cgroup-parent", j.Cgroup)
 	}
-	// The container gets the job's GPUs under their usual names; with a
-	// CDI spec on the node podman could name them nvidia.com/gpu=N instead.
+	// The container gets the job's GPU devices (and the driver's control
+	// devices) at their host paths: /dev/nvidiaN on a GPU node. (With a CDI
+	// spec on the node, podman could name them nvidia.com/gpu=N instead.)
 	for _, d := range slices.Concat(j.Devices, j.Ctl) {
-		argv = append(argv, "--device", d+":/dev/"+filepath.Base(d))
+		argv = append(argv, "--device", d)
 	}
 	if rt.name == "podman" {
+		// podman's defaults (1048576 files, processes) may exceed what an
+		// agent without CAP_SYS_RESOURCE can grant: files as the agent has,
+		// processes as the job's pids limit allows (the cgroup enforces it).
 		var rl unix.Rlimit
-		if unix.Getrlimit(unix.RLIMIT_NOFILE, &rl) == nil {
-			// podman's default (1048576) exceeds what an agent without
-			// CAP_SYS_RESOURCE may grant.
+		if unix.Getrlimit(unix.RLIMIT_NOFILE, &rl) == nil && rl.Max != unix.RLIM_INFINITY {
 			n := strconv.FormatUint(rl.Max, 10)
 			argv = append(argv, "--ulimit", "nofile="+n+":"+n)
 		}
+		nproc := uint64(max(j.PidsMax, 1024))
+		if unix.Getrlimit(unix.RLIMIT_NPROC, &rl) == nil && rl.Max < nproc {
+			nproc = rl.Max
+		}
+		n := strconv.FormatUint(nproc, 10)
+		argv = append(argv, "--ulimit", "nproc="+n+":"+n)
 	}
 	if j.Workdir != "" {
 		argv = append(argv, "--volume", j.Workdir+":"+j.Workdir, "--workdir", j.Workdir)

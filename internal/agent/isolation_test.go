@@ -322,3 +322,83 @@ func TestOrphanCgroupIsKilledAtStart(t *testing.T) {
 		t.Fatal("the orphan in a job cgroup without a lease survived the agent's start")
 	}
 }
+
+// testImage builds a tiny OCI image locally (there is no registry here):
+// Debian's busybox-static as /bin, imported into podman's store, removed
+// after the test.
+func testImage(t *testing.T, podman string) string {
+	t.Helper()
+	bb, err := exec.LookPath("busybox")
+	if err != nil {
+		t.Skip("no busybox (Debian package busybox-static, which .ci/run installs) to build the test image from")
+	}
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(bb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "bin", "busybox"), b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []string{"sh", "id", "ls", "cat", "grep", "echo", "sleep"} {
+		if err := os.Symlink("busybox", filepath.Join(root, "bin", c)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tar := filepath.Join(t.TempDir(), "rootfs.tar")
+	if out, err := exec.Command("tar", "-C", root, "-cf", tar, ".").CombinedOutput(); err != nil {
+		t.Fatalf("tar: %v %s", err, out)
+	}
+	name := "localhost/allot-test-busybox:" + strconv.Itoa(os.Getpid())
+	if out, err := exec.Command(podman, "import", tar, name).CombinedOutput(); err != nil {
+		t.Skipf("podman cannot import an image here: %v %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command(podman, "rmi", "--force", name).Run() })
+	return name
+}
+
+// TestContainerJobGetsItsGPUsAndUser runs a job in an image through real
+// podman: it runs as the job's account (not root), inside the job's
+// cgroup, sees only its own GPU's device (plus nvidiactl), and its
+// checkpoint and working directories are mounted.
+func TestContainerJobGetsItsGPUsAndUser(t *testing.T) {
+	needRoot(t)
+	podman, err := exec.LookPath("podman")
+	if err != nil {
+		t.Skip("podman is not installed (.ci/run installs it from Debian)")
+	}
+	t.Parallel()
+	img := testImage(t, podman)
+	p := newPeer(t)
+	ta := startAgent(t, p, func(c *Config) { c.ContainerRuntime = "podman" })
+	if got := p.regs[len(p.regs)-1].Runtimes; len(got) != 1 || got[0] != "podman" {
+		t.Errorf("inventory runtimes = %v", got)
+	}
+	work := jobDir(t)
+	ckpt := filepath.Join(sharedTempDir(t), "ckpt")
+	l := shLease(191, []int{1}, `echo "uid=$(id -u)"; ls $(dirname $ALLOT_GPU_DEVICES) | grep nvidia; grep -c job-191-1 /proc/self/cgroup; echo w > `+work+`/out; echo c > `+ckpt+`/c; echo "gpus=$ALLOT_GPU_DEVICES"`)
+	l.Image, l.WorkDir, l.CheckpointDir = img, work, ckpt
+	ta.run(t, l)
+	e := p.waitExit(ref(191), 60*time.Second)
+	out := logOf(p, ref(191))
+	if e.ExitCode != 0 {
+		t.Fatalf("exit = %+v\n%s", e, out)
+	}
+	if !strings.Contains(out, "uid="+uidOf(t, testUser)+"\n") {
+		t.Errorf("container job ran as the wrong user:\n%s", out)
+	}
+	if !strings.Contains(out, "\nnvidia1\nnvidiactl\n") || strings.Contains(out, "nvidia0") || strings.Contains(out, "nvidia2") {
+		t.Errorf("container job sees the wrong GPUs:\n%s", out)
+	}
+	if !strings.Contains(out, "gpus="+filepath.Join(ta.cfg.StateDir, "dev", "nvidia1")) {
+		t.Errorf("ALLOT_GPU_DEVICES inside the container:\n%s", out)
+	}
+	for _, f := range []string{filepath.Join(work, "out"), filepath.Join(ckpt, "c")} {
+		if _, err := os.Stat(f); err != nil {
+			t.Errorf("the container did not write through its mount: %v", err)
+		}
+	}
+}

@@ -175,7 +175,7 @@ func (a *Agent) start(ref agentproto.LeaseRef) {
 			return
 		}
 		argv, cleanup, envFile, err := a.runtime.command(containerJob{Name: filepath.Base(tmp), Lease: l, ID: id,
-			Env: env, Workdir: workdir, Tmp: tmp, Cgroup: spec.Cgroup, Devices: a.gpuDevicePaths(l.GPUs), Ctl: a.ctlDevicePaths(), Dir: dir})
+			Env: env, Workdir: workdir, Tmp: tmp, Cgroup: spec.Cgroup, Devices: a.gpuDevicePaths(l.GPUs), Ctl: a.ctlDevicePaths(), Dir: dir, PidsMax: a.cfg.PidsMax})
 		if err != nil {
 			fail(err)
 			return
@@ -309,7 +309,11 @@ func (a *Agent) settle(j *job) {
 	a.mu.Unlock()
 	a.log.Info("job exited", "job", e.JobID, "segment", e.Segment, "exit_code", e.ExitCode, "signal", e.Signal, "reason", e.Reason)
 	dir := j.dir
-	a.out.exitedThen(e, func() { _ = os.RemoveAll(dir) })
+	a.out.exitedThen(e, func() {
+		if os.Getenv("ALLOT_KEEP_LEASE_DIRS") == "" {
+			_ = os.RemoveAll(dir)
+		}
+	})
 }
 
 // signal sends sig to every process of the job.

@@ -147,6 +147,9 @@ func ShimMain(args []string, stderr io.Writer) int {
 			return fail(err)
 		}
 	}
+	if spec.AsRoot {
+		fmt.Fprintln(stderr, "allot job-shim: running", strings.Join(spec.Argv, " "))
+	}
 	err = cmd.Start()
 	if leave != nil {
 		if lerr := leave(); lerr != nil && err == nil {
