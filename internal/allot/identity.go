@@ -43,10 +43,10 @@ func POSIXAccountProblem(name string) string {
 
 // Where a job's account came from (AccountSource).
 const (
-	AccountFromUser  = "user"  // an admin's mapping of the submitter
-	AccountFromOIDC  = "oidc"  // the identity provider's claim at sign-in
-	AccountFromTeam  = "team"  // the team's service account
-	AccountFromNone = "" // nothing resolved
+	AccountFromUser = "user" // an admin's mapping of the submitter
+	AccountFromOIDC = "oidc" // the identity provider's claim at sign-in
+	AccountFromTeam = "team" // the team's service account
+	AccountFromNone = ""     // nothing resolved
 )
 
 // AccountSourceText words where an account came from.
@@ -194,7 +194,7 @@ func ParseCPUs(s string) (int64, error) {
 	bad := func() (int64, error) {
 		return 0, fmt.Errorf("%q is not a number of CPUs: use e.g. 4 or 0.5 (to the thousandth)", s)
 	}
-	if whole == "" && frac == "" || len(frac) > 3 || !digits(whole+frac) && whole+frac != "" {
+	if !digits(whole+frac) || len(frac) > 3 {
 		return bad()
 	}
 	if len(whole) > 7 {

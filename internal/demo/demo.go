@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/allotlabs/allot/internal/allot"
@@ -65,11 +66,11 @@ type Team struct {
 // 4000 GPU-hours a month) are the same at every instant.
 var Teams = []Team{
 	{allot.Team{Slug: "fraud", Name: "Fraud Detection", CostCenter: "CC-4100", MonthlyBudgetGPUHours: 2000, FairShareWeight: 1,
-		Guarantees: map[string]int{"A100-80GB": 16}}, 35, []string{"gpu01", "gpu02", "gpu03", "gpu04"}},
+		Guarantees: map[string]int{"A100-80GB": 16}, PosixAccount: "svc-fraud"}, 35, []string{"gpu01", "gpu02", "gpu03", "gpu04"}},
 	{allot.Team{Slug: "recs", Name: "Recommendations", CostCenter: "CC-4200", MonthlyBudgetGPUHours: 3000, FairShareWeight: 1,
-		Guarantees: map[string]int{"A100-80GB": 24, "T4": 16}}, 82, []string{"gpu05", "gpu06", "gpu07", "gpu08"}},
+		Guarantees: map[string]int{"A100-80GB": 24, "T4": 16}, PosixAccount: "svc-recs"}, 82, []string{"gpu05", "gpu06", "gpu07", "gpu08"}},
 	{allot.Team{Slug: "nlp", Name: "Language Models", CostCenter: "CC-4300", MonthlyBudgetGPUHours: 4000, FairShareWeight: 2,
-		Guarantees: map[string]int{"A100-80GB": 32}}, 104, []string{"gpu09", "gpu10", "gpu11", "gpu12"}},
+		Guarantees: map[string]int{"A100-80GB": 32}, PosixAccount: "svc-nlp"}, 104, []string{"gpu09", "gpu10", "gpu11", "gpu12"}},
 }
 
 // Tiers are the five tiers of DESIGN.md with demo prices and limits.
@@ -215,6 +216,10 @@ func seed(ctx context.Context, st *store.Store) error {
 		u := &allot.User{OIDCSubject: "demo|" + who.email, Email: who.email, Name: who.name, Admin: who.admin, Finance: who.finance}
 		if who.team != "" {
 			u.Memberships = []allot.Membership{{Team: who.team, Role: who.role}}
+			// The team's people are mapped to their POSIX accounts (noah,
+			// nadia, …); the admin has none, so the jobs she submits run
+			// as the team's service account (svc-nlp, …).
+			u.PosixUser = strings.ToLower(strings.Fields(who.name)[0])
 		}
 		if err := st.CreateUser(ctx, u); err != nil {
 			return fmt.Errorf("seeding users: %w", err)

@@ -86,15 +86,15 @@ func (s *Store) PosixMappingOf(ctx context.Context, ref string) (PosixMapping, e
 // account ("" removes the mapping), as actor, with an audit entry
 // (user.posix_user, before and after) in the same transaction. Setting
 // the account a user already has changes nothing and writes no entry.
-func (s *Store) SetPosixUser(ctx context.Context, actor, ref, account, note string) (PosixMapping, bool, error) {
+func (s *Store) SetPosixUser(ctx context.Context, actor, ref, account, note string) (PosixMapping, AdminResult, error) {
 	account = strings.TrimSpace(account)
 	if account != "" {
 		if msg := allot.POSIXAccountProblem(account); msg != "" {
-			return PosixMapping{}, false, (allot.FieldErrors{"posix_user": msg}).Err()
+			return PosixMapping{}, AdminResult{}, (allot.FieldErrors{"posix_user": msg}).Err()
 		}
 	}
 	var out PosixMapping
-	changed := false
+	var res AdminResult
 	err := s.InTx(ctx, func(tx *Store) error {
 		a, err := tx.PosixMappingOf(ctx, ref)
 		if err != nil {
@@ -116,14 +116,16 @@ func (s *Store) SetPosixUser(ctx context.Context, actor, ref, account, note stri
 		if _, err := tx.db.Exec(ctx, `UPDATE users SET posix_user = $2 WHERE id = $1`, a.ID, account); err != nil {
 			return mapErr("setting the user's POSIX account", err)
 		}
-		if err := tx.Audit(ctx, &allot.AuditEntry{Actor: actor, Action: "user.posix_user", Object: fmt.Sprintf("user:%s", a.Email),
-			Before: before, After: after, Note: note}); err != nil {
+		e := allot.AuditEntry{Actor: actor, Action: "user.posix_user", Object: fmt.Sprintf("user:%s", a.Email),
+			Before: before, After: after, Note: strings.TrimSpace(note)}
+		if err := tx.Audit(ctx, &e); err != nil {
 			return err
 		}
-		a.PosixUser, out, changed = account, a, true
+		a.PosixUser = account
+		out, res = a, AdminResult{Changed: true, Entry: e}
 		return nil
 	})
-	return out, changed, err
+	return out, res, err
 }
 
 // SetOIDCPosixUser records the POSIX account the identity provider's
