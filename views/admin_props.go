@@ -18,6 +18,7 @@ var AdminTabs = []AdminTab{
 	{"/admin/policy", "Policy weights", "policy"},
 	{"/admin/health", "Health rules", "health"},
 	{"/admin/users", "People", "users"},
+	{"/admin/accounts", "Accounts", "accounts"},
 	{"/admin/node-tokens", "Node tokens", "node-tokens"},
 	{"/admin/audit", "Audit log", "audit"},
 	{"/admin/versions", "Policy versions", "versions"},
@@ -102,6 +103,7 @@ type TeamForm struct {
 type TeamFormValues struct {
 	Slug, Name, CostCenter, Budget, Weight, Webhook, Note string
 	Guarantees                                            []Option // Value: GPU type, Label: GPUs as typed
+	PosixAccount                                          string   // the team's service account
 }
 
 // AdminTeams is /admin/teams.

@@ -83,7 +83,15 @@ type JobDetail struct {
 	Preemptions    int
 	EndReason      string
 	RunAs          string
-	Log            []string
+	// RunAsUser is the POSIX account the job runs as ("" for jobs from
+	// before accounts); Image, Memory and CPUs what it asked of a node
+	// ("" = the node's default).
+	RunAsUser, Image, Memory, CPUs string
+	// EnvRedacted: Env's values are "***" for this viewer. SecretEnv names
+	// the secret variables (values never shown).
+	EnvRedacted bool
+	SecretEnv   []string
+	Log         []string
 	// What the job page explains (see web/jobs.go for the methods).
 	Timeline    []TimelineEvent
 	Factors     []PriorityFactor
@@ -132,6 +140,9 @@ type JobForm struct {
 type JobFormValues struct {
 	Name, Team, Tier, GPUs, GPUType, GPUsPerNode, TimeLimit, Command, Env, WorkDir string
 	Checkpointable, Preemptible                                                    bool
+	// SecretEnv is KEY=value lines like Env; Image, Memory ("64GiB") and
+	// CPUs ("4") as typed.
+	SecretEnv, Image, Memory, CPUs string
 }
 
 // Quota is the budget check shown before submitting.

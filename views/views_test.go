@@ -107,6 +107,8 @@ func fixedJob() JobDetail {
 		Job: JobRow{ID: 42, Name: "llama-sft", Team: "nlp", User: "noah@example.com", Tier: "3", GPUs: 16, GPUType: "A100-80GB", TimeLimit: "12h",
 			State: "pending", Submitted: "2026-11-30 09:00 UTC", PendingReason: "waiting for 16 GPUs in one interconnect domain of type A100-80GB; largest free block is 8"},
 		Command: "python train.py --lr 3e-4", Checkpointable: true, Live: true, CanCancel: true, Priority: "5175", ResubmitURL: "/jobs/new?copy=42",
+		RunAsUser: "noah", Image: "nvcr.io/nvidia/pytorch:24.05-py3", Memory: "64GiB", CPUs: "8",
+		Env: []Option{{Value: "WANDB_MODE", Label: "offline"}}, SecretEnv: []string{"WANDB_API_KEY"},
 		Timeline: []TimelineEvent{
 			{At: "2026-11-30 09:00 UTC", Kind: "submitted", What: "Submitted", Detail: "by noah@example.com, tier 3, 16 GPUs"},
 			{At: "2026-11-30 09:05 UTC", Kind: "started", What: "Run 1 started", Detail: "16 GPUs on gpu01, gpu02"},

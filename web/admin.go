@@ -581,7 +581,9 @@ type TeamJSON struct {
 	Guarantees            map[string]int `json:"guarantees"`
 	FairShareWeight       *int           `json:"fair_share_weight"`
 	WebhookURL            *string        `json:"webhook_url"`
-	Note                  string         `json:"note"`
+	// PosixAccount is the team's service account ("" = none).
+	PosixAccount *string `json:"posix_account"`
+	Note         string  `json:"note"`
 }
 
 func (p *TeamJSON) applyTo(t *allot.Team, hook *string) {
@@ -602,6 +604,9 @@ func (p *TeamJSON) applyTo(t *allot.Team, hook *string) {
 	}
 	if p.WebhookURL != nil {
 		*hook = strings.TrimSpace(*p.WebhookURL)
+	}
+	if p.PosixAccount != nil {
+		t.PosixAccount = strings.TrimSpace(*p.PosixAccount)
 	}
 }
 
@@ -641,8 +646,8 @@ func (s *Server) updateTeam(c echo.Context, u *allot.User, slug string, p *TeamJ
 func teamFormPatch(c echo.Context, types []string, withIdentity bool) (views.TeamFormValues, TeamJSON, error) {
 	v := views.TeamFormValues{Slug: c.FormValue("slug"), Name: c.FormValue("name"), CostCenter: c.FormValue("cost_center"),
 		Budget: c.FormValue("monthly_budget_gpu_hours"), Weight: c.FormValue("fair_share_weight"), Webhook: c.FormValue("webhook_url"),
-		Note: c.FormValue("note")}
-	p := TeamJSON{Guarantees: map[string]int{}, WebhookURL: &v.Webhook, Note: v.Note}
+		Note: c.FormValue("note"), PosixAccount: c.FormValue("posix_account")}
+	p := TeamJSON{Guarantees: map[string]int{}, WebhookURL: &v.Webhook, Note: v.Note, PosixAccount: &v.PosixAccount}
 	if withIdentity {
 		p.Slug, p.Name, p.CostCenter = &v.Slug, &v.Name, &v.CostCenter
 	}
@@ -703,7 +708,8 @@ func (s *Server) teamsView(c echo.Context, edited *views.TeamForm) (views.AdminT
 			return views.AdminTeams{}, err
 		}
 		f := views.TeamForm{Slug: t.Slug, Name: t.Name, Errors: map[string]string{}, Values: views.TeamFormValues{
-			Budget: strconv.FormatInt(t.MonthlyBudgetGPUHours, 10), Weight: strconv.Itoa(t.FairShareWeight), Webhook: hook}}
+			Budget: strconv.FormatInt(t.MonthlyBudgetGPUHours, 10), Weight: strconv.Itoa(t.FairShareWeight), Webhook: hook,
+			PosixAccount: t.PosixAccount}}
 		for _, typ := range types {
 			f.Values.Guarantees = append(f.Values.Guarantees, views.Option{Value: typ, Label: strconv.Itoa(t.Guarantees[typ])})
 		}

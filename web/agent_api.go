@@ -183,7 +183,8 @@ func protoOrders(o store.Orders) agentproto.Orders {
 	var out agentproto.Orders
 	for _, l := range o.Offer {
 		out.Offer = append(out.Offer, agentproto.Lease{JobID: l.JobID, Segment: l.Segment, Team: l.Team, Command: l.Command, Env: l.Env,
-			WorkDir: l.WorkDir, GPUs: l.GPUs, TimeLimit: l.TimeLimit, CheckpointDir: l.CheckpointDir})
+			WorkDir: l.WorkDir, GPUs: l.GPUs, TimeLimit: l.TimeLimit, CheckpointDir: l.CheckpointDir,
+			User: l.User, Submitter: l.Submitter, Image: l.Image, MemoryBytes: l.MemoryBytes, MilliCPUs: l.MilliCPUs})
 	}
 	for _, r := range o.Start {
 		out.Start = append(out.Start, agentproto.LeaseRef{JobID: r.JobID, Segment: r.Segment})

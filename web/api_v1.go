@@ -48,6 +48,19 @@ type JobJSON struct {
 	Segment           int                     `json:"segment"`
 	Preemptions       int                     `json:"preemptions"`
 	EndReason         string                  `json:"end_reason"`
+	// RunAsUser is the POSIX account the job runs as on its nodes ("" for
+	// jobs from before accounts: the agent's default job user).
+	RunAsUser string `json:"run_as_user"`
+	// EnvRedacted says env's values are hidden from the caller ("***"):
+	// only the submitter, the team's leads and admins see them.
+	EnvRedacted bool `json:"env_redacted"`
+	// SecretEnv names the secret variables; their values are never shown
+	// ("***").
+	SecretEnv   map[string]string `json:"secret_env"`
+	Image       string            `json:"image"`
+	MemoryBytes int64             `json:"memory_bytes"` // 0 = the node's default
+	CPUs        float64           `json:"cpus"`         // 0 = the node's default
+	MilliCPUs   int64             `json:"milli_cpus"`
 }
 
 func timePtr(t time.Time) *time.Time {
@@ -64,7 +77,12 @@ func toJSON(j *allot.Job) JobJSON {
 		Checkpointable: j.Checkpointable, Preemptible: j.Preemptible, Demoted: j.Demoted, State: string(j.State),
 		SubmittedAt: j.SubmittedAt.UTC(), StartedAt: timePtr(j.StartedAt), EndedAt: timePtr(j.EndedAt), ExitCode: j.ExitCode,
 		PendingReason: j.PendingReason, Priority: j.Priority, PriorityBreakdown: j.Breakdown, QuotaWarning: quotaWarning(j),
-		RunAs: string(j.RunAs), Segment: j.Segment, Preemptions: j.Preemptions, EndReason: j.EndReason}
+		RunAs: string(j.RunAs), Segment: j.Segment, Preemptions: j.Preemptions, EndReason: j.EndReason,
+		RunAsUser: j.RunAsUser, EnvRedacted: j.EnvRedacted, SecretEnv: map[string]string{}, Image: j.Image, MemoryBytes: j.MemoryBytes,
+		CPUs: float64(j.MilliCPUs) / 1000, MilliCPUs: j.MilliCPUs}
+	for _, k := range j.SecretEnvKeys {
+		out.SecretEnv[k] = allot.Redacted
+	}
 	if j.GPUType != "" {
 		out.GPUType = &j.GPUType
 	}
@@ -93,6 +111,16 @@ type JobRequest struct {
 	WorkDir        string            `json:"workdir"`
 	Checkpointable bool              `json:"checkpointable"`
 	Preemptible    bool              `json:"preemptible"`
+	// SecretEnv is passed to the job like env but never shown after
+	// submission (to anyone: its values read "***").
+	SecretEnv map[string]string `json:"secret_env"`
+	// Image is an OCI image reference to run the command in.
+	Image string `json:"image"`
+	// Memory per node: memory_bytes, or memory as a size ("64GiB").
+	MemoryBytes *int64 `json:"memory_bytes"`
+	Memory      string `json:"memory"`
+	// CPUs per node, a number (4, 0.5) or a string ("0.5").
+	CPUs json.RawMessage `json:"cpus"`
 }
 
 // readObject reads a body that must be one JSON object into v (a
@@ -274,7 +302,37 @@ func decodeJobRequest(body io.Reader) (allot.JobSpec, error) {
 		return allot.JobSpec{}, f.Err()
 	}
 	spec := allot.JobSpec{Name: r.Name, Team: r.Team, GPUType: r.GPUType, GPUsPerNode: r.GPUsPerNode, Command: r.Command,
-		Env: r.Env, WorkDir: r.WorkDir, Checkpointable: r.Checkpointable, Preemptible: r.Preemptible}
+		Env: r.Env, WorkDir: r.WorkDir, Checkpointable: r.Checkpointable, Preemptible: r.Preemptible,
+		SecretEnv: r.SecretEnv, Image: r.Image}
+	switch {
+	case r.MemoryBytes != nil && r.Memory != "":
+		f.Add("memory", "give memory_bytes or memory, not both")
+	case r.MemoryBytes != nil:
+		spec.MemoryBytes = *r.MemoryBytes
+	case r.Memory != "":
+		b, err := allot.ParseMemory(r.Memory)
+		if err != nil {
+			f.Add("memory", "%v", err)
+		}
+		spec.MemoryBytes = b
+	}
+	if len(r.CPUs) > 0 && !bytes.Equal(r.CPUs, []byte("null")) {
+		var str string
+		if json.Unmarshal(r.CPUs, &str) != nil {
+			var n json.Number
+			if err := json.Unmarshal(r.CPUs, &n); err != nil {
+				f.Add("cpus", "must be a number of CPUs, e.g. 4 or 0.5")
+			}
+			str = n.String()
+		}
+		if _, bad := f["cpus"]; !bad {
+			m, err := allot.ParseCPUs(str)
+			if err != nil {
+				f.Add("cpus", "%v", err)
+			}
+			spec.MilliCPUs = m
+		}
+	}
 	if r.GPUs != nil {
 		spec.GPUs = *r.GPUs
 	}
@@ -333,6 +391,7 @@ func (s *Server) submit(c echo.Context, u *allot.User, spec allot.JobSpec, parse
 	if err == nil {
 		s.jobEvent(c.Request().Context())
 	}
+	j.RedactFor(u)
 	return j, err
 }
 
@@ -423,6 +482,9 @@ func (s *Server) listJobs(c echo.Context) (*allot.User, store.JobFilter, []allot
 		f.Limit = 100
 	}
 	jobs, err := s.st.ListJobs(c.Request().Context(), f)
+	for i := range jobs {
+		jobs[i].RedactFor(u)
+	}
 	return u, f, jobs, err
 }
 
@@ -461,6 +523,7 @@ func (s *Server) cancel(c echo.Context) (allot.Job, error) {
 	if err == nil {
 		s.jobEvent(c.Request().Context())
 	}
+	j.RedactFor(u)
 	return j, err
 }
 
@@ -480,6 +543,7 @@ func (s *Server) loadJob(c echo.Context, u *allot.User) (allot.Job, error) {
 	if !canSee(u, &j) {
 		return allot.Job{}, allot.Errorf(allot.ENotFound, "no job %d", id)
 	}
+	j.RedactFor(u)
 	return j, nil
 }
 

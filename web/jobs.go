@@ -134,6 +134,8 @@ func (s *Server) jobPage(c echo.Context) error {
 	for _, k := range keys {
 		d.Env = append(d.Env, views.Option{Value: k, Label: j.Env[k]})
 	}
+	d.EnvRedacted, d.SecretEnv = j.EnvRedacted, j.SecretEnvKeys
+	d.RunAsUser, d.Image, d.Memory, d.CPUs = j.RunAsUser, j.Image, allot.FormatMemory(j.MemoryBytes), allot.FormatCPUs(j.MilliCPUs)
 	if c.Request().Header.Get("HX-Request") == "true" {
 		return render(c, http.StatusOK, views.JobLiveFragment(d)) // the page's own refresh
 	}
@@ -142,7 +144,9 @@ func (s *Server) jobPage(c echo.Context) error {
 
 // copyValues fills the submit form from j's spec. A job demoted for budget
 // is copied as asked (the budget check runs again); one whose tier is
-// preemptible stays preemptible.
+// preemptible stays preemptible. Values the viewer may not see (a redacted
+// env, every secret variable) are copied as names with empty values, to
+// fill in again.
 func copyValues(j *allot.Job) views.JobFormValues {
 	keys := make([]string, 0, len(j.Env))
 	for k := range j.Env {
@@ -151,11 +155,20 @@ func copyValues(j *allot.Job) views.JobFormValues {
 	sort.Strings(keys)
 	env := make([]string, len(keys))
 	for i, k := range keys {
-		env[i] = k + "=" + j.Env[k]
+		if j.EnvRedacted {
+			env[i] = k + "="
+		} else {
+			env[i] = k + "=" + j.Env[k]
+		}
+	}
+	secret := make([]string, len(j.SecretEnvKeys))
+	for i, k := range j.SecretEnvKeys {
+		secret[i] = k + "="
 	}
 	v := views.JobFormValues{Name: j.Name, Team: j.Team, Tier: string(j.Tier), GPUs: strconv.Itoa(j.GPUs), GPUType: j.GPUType,
 		TimeLimit: allot.FormatDuration(j.TimeLimit), Command: allot.JoinCommand(j.Command), Env: strings.Join(env, "\n"), WorkDir: j.WorkDir,
-		Checkpointable: j.Checkpointable, Preemptible: j.Preemptible && !j.Demoted}
+		Checkpointable: j.Checkpointable, Preemptible: j.Preemptible && !j.Demoted,
+		SecretEnv: strings.Join(secret, "\n"), Image: j.Image, Memory: allot.FormatMemory(j.MemoryBytes), CPUs: allot.FormatCPUs(j.MilliCPUs)}
 	if j.GPUsPerNode > 0 {
 		v.GPUsPerNode = strconv.Itoa(j.GPUsPerNode)
 	}
@@ -189,9 +202,10 @@ func formSpec(c echo.Context) (views.JobFormValues, allot.JobSpec, error) {
 	v := views.JobFormValues{Name: c.FormValue("name"), Team: c.FormValue("team"), Tier: c.FormValue("tier"), GPUs: c.FormValue("gpus"),
 		GPUType: c.FormValue("gpu_type"), GPUsPerNode: c.FormValue("gpus_per_node"), TimeLimit: c.FormValue("time_limit"),
 		Command: c.FormValue("command"), Env: c.FormValue("env"), WorkDir: c.FormValue("workdir"),
-		Checkpointable: c.FormValue("checkpointable") == "true", Preemptible: c.FormValue("preemptible") == "true"}
+		Checkpointable: c.FormValue("checkpointable") == "true", Preemptible: c.FormValue("preemptible") == "true",
+		SecretEnv: c.FormValue("secret_env"), Image: c.FormValue("image"), Memory: c.FormValue("memory"), CPUs: c.FormValue("cpus")}
 	spec := allot.JobSpec{Name: strings.TrimSpace(v.Name), Team: v.Team, GPUType: v.GPUType, WorkDir: strings.TrimSpace(v.WorkDir),
-		Checkpointable: v.Checkpointable, Preemptible: v.Preemptible}
+		Checkpointable: v.Checkpointable, Preemptible: v.Preemptible, Image: strings.TrimSpace(v.Image)}
 	f := allot.FieldErrors{}
 	if t, ok := allot.ParseTier(v.Tier); ok {
 		spec.Tier = t
@@ -229,6 +243,25 @@ func formSpec(c echo.Context) (views.JobFormValues, allot.JobSpec, error) {
 		f.Add("env", "%v", err)
 	}
 	spec.Env = env
+	secret, err := allot.ParseEnvLines(v.SecretEnv)
+	if err != nil {
+		f.Add("secret_env", "%v", err)
+	}
+	spec.SecretEnv = secret
+	if strings.TrimSpace(v.Memory) != "" {
+		b, err := allot.ParseMemory(v.Memory)
+		if err != nil {
+			f.Add("memory", "%v", err)
+		}
+		spec.MemoryBytes = b
+	}
+	if strings.TrimSpace(v.CPUs) != "" {
+		m, err := allot.ParseCPUs(v.CPUs)
+		if err != nil {
+			f.Add("cpus", "%v", err)
+		}
+		spec.MilliCPUs = m
+	}
 	return v, spec, f.Err()
 }
 
@@ -275,6 +308,9 @@ func (s *Server) newJobPage(c echo.Context) error {
 		}
 		v = copyValues(&j)
 		title = fmt.Sprintf("Copy of job %d: check the values and submit to create a new job.", j.ID)
+		if len(j.SecretEnvKeys) > 0 || j.EnvRedacted {
+			title += " Values that are not shown (secret variables, and an environment only its submitter, the team's leads and admins see) are copied empty: fill them in again."
+		}
 	}
 	f, err := s.jobForm(c, u, v)
 	if err != nil {

@@ -51,6 +51,11 @@ type ClaimMapping struct {
 	// TeamPrefix + <team> + LeadSuffix makes a lead (default ":lead").
 	TeamPrefix string
 	LeadSuffix string
+	// AccountClaim is the claim whose value is the person's POSIX account
+	// (e.g. "uid" or "preferred_username"), stored at each sign-in; the
+	// person's jobs run as it unless an admin mapped them to another. ""
+	// (the default): no claim is read.
+	AccountClaim string
 }
 
 // WithDefaults fills in the default claim names.
@@ -275,6 +280,10 @@ func (s *Server) oidcCallback(c echo.Context) error {
 	if len(unknown) > 0 {
 		s.log.Warn("OIDC groups name teams Allot does not know", "user", u.Email, "teams", unknown)
 	}
+	// What the account claim says now ("" when it is off or says nothing).
+	if err := s.st.SetOIDCPosixUser(ctx, u.ID, u.OIDCPosixUser); err != nil {
+		return err
+	}
 	s.log.Info("signed in with OIDC", "user", u.Email, "subject", u.OIDCSubject, "admin", u.Admin, "finance", u.Finance, "teams", len(u.Memberships))
 	if err := s.startSession(c, u.ID); err != nil {
 		return err
@@ -354,6 +363,19 @@ func (s *Server) oidcUser(ctx context.Context, o *oidcClient, idt *oidc.IDToken,
 	}
 	u := &allot.User{OIDCSubject: idt.Subject, Email: email, Name: name}
 	u.Admin, u.Finance, u.Memberships = o.cfg.Claims.Map(groups)
+	if claim := o.cfg.Claims.AccountClaim; claim != "" {
+		account := str(claim)
+		switch {
+		case account == "":
+			s.log.Warn("the identity provider sent no account claim: this person's jobs need an admin's mapping or their team's service account",
+				"user", email, "claim", claim)
+		case allot.POSIXAccountProblem(account) != "":
+			s.log.Warn("the identity provider's account claim is not a POSIX account Allot runs jobs as; ignored",
+				"user", email, "claim", claim, "problem", allot.POSIXAccountProblem(account))
+		default:
+			u.OIDCPosixUser = account
+		}
+	}
 	return u, verified, nil
 }
 

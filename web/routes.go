@@ -66,6 +66,8 @@ func (s *Server) routes() {
 	r(get, "/admin/users", s.adminUsersPage, RuleAdmin)
 	r(post, "/admin/users/:user/disable", s.adminUserAccessForm(true), RuleAdmin)
 	r(post, "/admin/users/:user/enable", s.adminUserAccessForm(false), RuleAdmin)
+	r(get, "/admin/accounts", s.adminAccountsPage, RuleAdmin)
+	r(post, "/admin/users/:user/account", s.adminAccountForm, RuleAdmin)
 	r(get, "/admin/node-tokens", s.adminNodeTokensPage, RuleAdmin)
 	r(post, "/admin/node-tokens", s.adminCreateNodeTokenForm, RuleAdmin)
 	r(post, "/admin/node-tokens/rotate", s.adminRotateNodeTokenForm, RuleAdmin)
@@ -130,6 +132,9 @@ func (s *Server) routes() {
 	r(get, api+"/teams", s.apiListTeams, RuleAdmin)
 	r(post, api+"/teams", s.apiCreateTeam, RuleAdmin)
 	r(put, api+"/teams/:team", s.apiUpdateTeam, RuleAdmin)
+	// API: who jobs run as (the team's service account is a team field).
+	r(get, api+"/accounts", s.apiListAccounts, RuleAdmin)
+	r(put, api+"/users/:user/account", s.apiSetAccount, RuleAdmin)
 	r(get, api+"/audit", s.apiAudit, RuleAdmin)
 	r(get, api+"/audit.csv", s.apiAuditCSV, RuleAdmin)
 	// API: nodes and health.
