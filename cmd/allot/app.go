@@ -50,6 +50,12 @@ type Config struct {
 	// `allot server --api-token-ttl`, 90 days by default there; 0 here
 	// (tests): none.
 	APITokenTTL time.Duration
+	// RequirePOSIXAccount refuses a job submission for which no POSIX
+	// account resolves (the admin's mapping, the identity provider's
+	// claim, the team's service account): `allot server
+	// --require-posix-account`, on in `allot dev`. Off (the default), such
+	// a job runs as the agent's default job user.
+	RequirePOSIXAccount bool
 }
 
 // Main is one running Allot process: HTTP server and/or River worker over
@@ -115,6 +121,7 @@ func (m *Main) Run(ctx context.Context) error {
 	if m.Now != nil {
 		m.Store.Now = m.Now
 	}
+	m.Store.RequirePOSIXAccount = m.RequirePOSIXAccount
 	if m.Migrate {
 		if err := store.Migrate(ctx, pool, m.Logger); err != nil {
 			return err

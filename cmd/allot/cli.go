@@ -75,7 +75,12 @@ func cmdSubmit(args []string, stdout, stderr io.Writer) int {
 	checkpointable := fs.Bool("checkpointable", false, "the job checkpoints to ALLOT_CHECKPOINT_DIR and can resume")
 	asJSON := fs.Bool("json", false, "print the job as JSON")
 	env := envFlag{}
-	fs.Var(env, "env", "KEY=value environment variable (repeatable)")
+	fs.Var(env, "env", "KEY=value environment variable (repeatable; the submitter, the team's leads and admins see the values)")
+	secretEnv := envFlag{}
+	fs.Var(secretEnv, "secret-env", "KEY=value secret environment variable (repeatable; passed to the job, never shown again)")
+	image := fs.String("image", "", "OCI image to run the command in, e.g. nvcr.io/nvidia/pytorch:24.05-py3 (default: on the node's host)")
+	memory := fs.String("memory", "", "memory per node, e.g. 64GiB or 512MiB (default: the node's)")
+	cpus := fs.String("cpus", "", "CPUs per node, e.g. 8 or 0.5 (default: the node's)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -107,6 +112,14 @@ func cmdSubmit(args []string, stdout, stderr io.Writer) int {
 	if len(env) > 0 {
 		req.Env = env
 	}
+	if len(secretEnv) > 0 {
+		req.SecretEnv = secretEnv
+	}
+	// Memory and CPUs go as typed: the server parses them (one rule set).
+	req.Image, req.Memory = *image, *memory
+	if *cpus != "" {
+		req.CPUs, _ = json.Marshal(*cpus)
+	}
 	j, err := newClient().Submit(context.Background(), req)
 	if err != nil {
 		return reportErr(stderr, "submit", err)
@@ -115,6 +128,9 @@ func cmdSubmit(args []string, stdout, stderr io.Writer) int {
 		return printJSON(stdout, j)
 	}
 	fmt.Fprintf(stdout, "submitted job %d (%s): %d GPUs, tier %s, state %s\n", j.ID, j.Name, j.GPUs, j.Tier, j.State)
+	if j.RunAsUser != "" {
+		fmt.Fprintf(stdout, "runs as %s\n", j.RunAsUser)
+	}
 	if j.QuotaWarning != "" {
 		fmt.Fprintf(stdout, "warning: %s\n", j.QuotaWarning)
 	}

@@ -48,6 +48,7 @@ func devMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	level := cliflag.LogLevel(fs, slog.LevelInfo, "log `level`: debug, info, warn or error (default info; debug adds River's own lines and the agents')")
 	bf := addBurstFlags(fs, "local")
 	tokenTTL := apiTokenTTLFlag(fs)
+	requireAccount := fs.Bool("require-posix-account", true, "refuse a job for which no POSIX account resolves (the demo maps its people and teams to accounts)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -122,7 +123,8 @@ func devMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	cpRoot, _ := filepath.Abs(filepath.Join(stateDir, "checkpoints"))
-	m := &Main{Config: Config{DatabaseURL: url, Addr: *addr, Worker: true, Migrate: true, DevMode: true, Logger: log, CheckpointRoot: cpRoot, APITokenTTL: tokenTTL()}}
+	m := &Main{Config: Config{DatabaseURL: url, Addr: *addr, Worker: true, Migrate: true, DevMode: true, Logger: log, CheckpointRoot: cpRoot, APITokenTTL: tokenTTL(),
+		RequirePOSIXAccount: *requireAccount}}
 	// Single sign-on: the company's provider when ALLOT_OIDC_* says so,
 	// else a development provider with the demo personas.
 	var idp *oidcdev.Server

@@ -41,7 +41,8 @@ Use it:
   jobs      list jobs
   cancel    cancel a job:  allot cancel 42
   token     personal API tokens: allot token create --name laptop | list | revoke ID
-  user      people (admin): allot user disable EMAIL | enable EMAIL
+  user      who jobs run as (admin): allot user accounts | set-account noah@example.com noah | disable EMAIL | enable EMAIL
+  team      a team's service account (admin): allot team set-account nlp svc-nlp
   node      nodes (admin): allot node list | drain gpu03 --reason "fan" [--requeue] | undrain gpu03 --note "fixed"
 
 Measure it:
@@ -76,8 +77,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if len(args) > 1 && (args[1] == "disable" || args[1] == "enable") {
 			return cmdUserAccess(args[1], args[2:], stdout, stderr)
 		}
-		fmt.Fprint(stderr, userAccessUsage)
-		return 2
+		return cmdUser(args[1:], stdout, stderr)
+	case "team":
+		return cmdTeam(args[1:], stdout, stderr)
 	case "sim":
 		return sim.Main(args[1:], stdout, stderr)
 	case "test-env":
@@ -121,10 +123,13 @@ func cmdServe(name string, args []string, stderr io.Writer) int {
 	addr := ":8080"
 	var oidcConfig func() (web.OIDCConfig, error)
 	tokenTTL := noAPITokenTTL
+	requireAccount := new(bool)
 	if name == "server" {
 		fs.StringVar(&addr, "addr", ":8080", "listen address")
 		oidcConfig = oidcFlags(fs)
 		tokenTTL = apiTokenTTLFlag(fs)
+		requireAccount = fs.Bool("require-posix-account", os.Getenv("ALLOT_REQUIRE_POSIX_ACCOUNT") == "true",
+			"refuse a job for which no POSIX account resolves (admin mapping, --oidc-account-claim, team service account); off, such jobs run as the agent's --job-user (env ALLOT_REQUIRE_POSIX_ACCOUNT=true)")
 	}
 	bf := addBurstFlags(fs, "none") // the server shows the burst settings on /burst; the worker acts on them
 	if err := fs.Parse(args); err != nil {
@@ -138,7 +143,7 @@ func cmdServe(name string, args []string, stderr io.Writer) int {
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level.Level, ReplaceAttr: clock.LogTime}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	cfg := Config{DatabaseURL: url, Migrate: *migrate, Logger: log}
+	cfg := Config{DatabaseURL: url, Migrate: *migrate, Logger: log, RequirePOSIXAccount: *requireAccount}
 	if name == "server" {
 		cfg.Addr, cfg.APITokenTTL = addr, tokenTTL()
 		if cfg.OIDC, err = oidcConfig(); err != nil {

@@ -43,6 +43,8 @@ func oidcFlags(fs *flag.FlagSet) func() (web.OIDCConfig, error) {
 	fs.StringVar(&c.Claims.FinanceGroup, "oidc-finance-group", env("ALLOT_OIDC_FINANCE_GROUP", "allot-finance"), "group whose members are finance (env ALLOT_OIDC_FINANCE_GROUP)")
 	fs.StringVar(&c.Claims.TeamPrefix, "oidc-team-prefix", env("ALLOT_OIDC_TEAM_PREFIX", "team:"), "group prefix + team slug = engineer in the team (env ALLOT_OIDC_TEAM_PREFIX)")
 	fs.StringVar(&c.Claims.LeadSuffix, "oidc-lead-suffix", env("ALLOT_OIDC_LEAD_SUFFIX", ":lead"), "prefix + team + this suffix = lead of the team (env ALLOT_OIDC_LEAD_SUFFIX)")
+	fs.StringVar(&c.Claims.AccountClaim, "oidc-account-claim", env("ALLOT_OIDC_ACCOUNT_CLAIM", ""),
+		"claim whose value is the person's POSIX account, stored at each sign-in, e.g. uid or preferred_username; their jobs run as it unless an admin mapped them (env ALLOT_OIDC_ACCOUNT_CLAIM; default: none)")
 	return func() (web.OIDCConfig, error) {
 		c.Scopes = strings.Fields(scopes)
 		c.ClientSecret = clientSecret()
@@ -211,6 +213,9 @@ func devOIDC(addr string, fallback bool, password string) (srv *oidcdev.Server, 
 		}
 		moved = fmt.Sprintf("%s is taken, so the development OIDC provider listens on %s instead (--oidc-addr chooses its address)", addr, strings.TrimPrefix(srv.Issuer(), "http://"))
 	}
-	c = web.OIDCConfig{Issuer: srv.Issuer(), ClientID: "allot-dev", ClientSecret: "allot-dev-secret"}
+	// The demo users' preferred_username (noah, nadia, finn, ada) is their
+	// POSIX account, as a company's provider would send uid.
+	c = web.OIDCConfig{Issuer: srv.Issuer(), ClientID: "allot-dev", ClientSecret: "allot-dev-secret",
+		Claims: web.ClaimMapping{AccountClaim: "preferred_username"}}
 	return srv, c, moved, nil
 }

@@ -1,0 +1,124 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+)
+
+// Who jobs run as, from the command line (admins): a person's POSIX
+// account, and a team's service account.
+
+const userUsage = `usage:
+  allot user accounts                          list people and their POSIX accounts
+  allot user set-account EMAIL ACCOUNT         jobs EMAIL submits run as ACCOUNT
+  allot user set-account EMAIL ""              remove the mapping (the identity provider's claim or the team's service account apply)
+  allot user disable EMAIL | enable EMAIL      stop or allow a person's sign-ins and tokens
+flags: --server URL --token T --note TEXT
+`
+
+func cmdUser(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, userUsage)
+		return 2
+	}
+	fs := flag.NewFlagSet("user "+args[0], flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, userUsage) }
+	newClient := clientFlags(fs)
+	note := fs.String("note", "", "why, for the audit log")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := fs.Parse(args[1:]); err != nil {
+		return 2
+	}
+	ctx := context.Background()
+	switch args[0] {
+	case "accounts", "list":
+		if fs.NArg() != 0 {
+			fmt.Fprint(stderr, userUsage)
+			return 2
+		}
+		users, err := newClient().Accounts(ctx)
+		if err != nil {
+			return reportErr(stderr, "user accounts", err)
+		}
+		if *asJSON {
+			return printJSON(stdout, users)
+		}
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "EMAIL\tNAME\tTEAMS\tACCOUNT (ADMIN)\tACCOUNT (IDENTITY PROVIDER)")
+		for _, u := range users {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", u.Email, u.Name, strings.Join(u.Teams, ","), dash(u.PosixUser), dash(u.OIDCPosixUser))
+		}
+		tw.Flush()
+		return 0
+	case "set-account":
+		if fs.NArg() != 2 {
+			fmt.Fprint(stderr, userUsage)
+			return 2
+		}
+		r, m, err := newClient().SetAccount(ctx, fs.Arg(0), fs.Arg(1), *note)
+		if err != nil {
+			return reportErr(stderr, "user set-account", err)
+		}
+		switch {
+		case !r.Changed:
+			fmt.Fprintf(stdout, "no change: %s already runs as %s\n", m.Email, dash(m.PosixUser))
+		case m.PosixUser == "":
+			fmt.Fprintf(stdout, "%s has no account of their own now (audit entry %d)\n", m.Email, r.AuditID)
+		default:
+			fmt.Fprintf(stdout, "jobs %s submits run as %s (audit entry %d)\n", m.Email, m.PosixUser, r.AuditID)
+		}
+		return 0
+	}
+	fmt.Fprintf(stderr, "allot user: unknown subcommand %q\n%s", args[0], userUsage)
+	return 2
+}
+
+const teamUsage = `usage:
+  allot team set-account TEAM ACCOUNT     the team's service account: its jobs run as it when their submitter has no account
+  allot team set-account TEAM ""          no service account
+flags: --server URL --token T --note TEXT
+`
+
+func cmdTeam(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] != "set-account" {
+		fmt.Fprint(stderr, teamUsage)
+		return 2
+	}
+	fs := flag.NewFlagSet("team set-account", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, teamUsage) }
+	newClient := clientFlags(fs)
+	note := fs.String("note", "", "why, for the audit log")
+	if err := fs.Parse(args[1:]); err != nil {
+		return 2
+	}
+	if fs.NArg() != 2 {
+		fmt.Fprint(stderr, teamUsage)
+		return 2
+	}
+	r, err := newClient().SetTeamAccount(context.Background(), fs.Arg(0), fs.Arg(1), *note)
+	if err != nil {
+		return reportErr(stderr, "team set-account", err)
+	}
+	switch {
+	case !r.Changed:
+		fmt.Fprintf(stdout, "no change: team %s already has service account %s\n", fs.Arg(0), dash(fs.Arg(1)))
+	case fs.Arg(1) == "":
+		fmt.Fprintf(stdout, "team %s has no service account now (audit entry %d)\n", fs.Arg(0), r.AuditID)
+	default:
+		fmt.Fprintf(stdout, "team %s's service account is %s (audit entry %d)\n", fs.Arg(0), fs.Arg(1), r.AuditID)
+	}
+	return 0
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "—"
+	}
+	return s
+}
