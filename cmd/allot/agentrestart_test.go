@@ -42,11 +42,10 @@ type agentProc struct {
 func startAgentProcess(t *testing.T, l *live, node, tokenFile, stateDir string) *agentProc {
 	t.Helper()
 	args := []string{"--server", l.url, "--token-file", tokenFile, "--gpu", "fake", "--fake-gpus", "8", "--hostname", node,
-		"--heartbeat", testHeartbeat.String(), "--state-dir", stateDir, "--metrics-addr", "", "--job-user", testJobUser,
-		"--cgroups", map[bool]string{true: "auto", false: "off"}[agenttest.Root()]}
-	if !agenttest.Root() {
-		args = append(args, "--insecure-run-as-agent")
-	}
+		"--heartbeat", testHeartbeat.String(), "--metrics-addr", ""}
+	// The same state directory and cgroup parent for the restarted agent.
+	args = append(args, localAgentFlags(t, node)...)
+	args = append(args, "--state-dir", stateDir)
 	b, _ := json.Marshal(args)
 	logPath := filepath.Join(t.TempDir(), "agent.log")
 	f, err := os.Create(logPath)
@@ -111,11 +110,8 @@ func TestAgentKill9JobSurvivesBilledOnce(t *testing.T) {
 	ap := startAgentProcess(t, l, node, secret, state)
 	l.waitNode(node, "up")
 
-	dir := t.TempDir()
-	if agenttest.Root() {
-		chownToJobUser(t, dir)
-	}
-	script := `echo start; for f in /proc/$PPID/environ /proc/` + fmt.Sprint(ap.cmd.Process.Pid) + `/environ; do tr '\0' '\n' < $f 2>/dev/null | grep -c ALLOT_NODE_TOKEN; done; ` +
+	dir := jobTempDir(t)
+	script := `echo start; for f in /proc/$PPID/environ /proc/` + fmt.Sprint(ap.cmd.Process.Pid) + `/environ; do (tr '\0' '\n' < $f) 2>/dev/null | grep -c ALLOT_NODE_TOKEN; done; ` +
 		`while [ ! -e ` + dir + `/go ]; do sleep 0.1; done; echo end`
 	j := l.submit(demo.Engineer, `{"team":"nlp","tier":3,"gpus":2,"gpu_type":"A100-80GB","time_limit":"5m","command":`+jsonCmd("sh", "-c", script)+`}`)
 	l.waitJob(j.ID, 20*time.Second, func(j web.JobJSON) bool { return j.State == "running" }, "running")
@@ -171,13 +167,30 @@ func TestAgentKill9JobSurvivesBilledOnce(t *testing.T) {
 	}
 }
 
-// chownToJobUser lets the test's job account write dir.
-func chownToJobUser(t *testing.T, dir string) {
+// jobTempDir is a temporary directory the jobs of in-process agents (the
+// account testJobUser, not root) can write.
+func jobTempDir(t *testing.T) string {
 	t.Helper()
+	dir := t.TempDir()
 	if err := os.Chmod(filepath.Dir(dir), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Chmod(dir, 0o777); err != nil {
 		t.Fatal(err)
 	}
+	return dir
+}
+
+// localAgentFlags are the flags of an `allot agent` that runs next to
+// other tests' agents on this machine: its own state directory and cgroup
+// parent, the test account for jobs, and leaving no job behind when it
+// stops. Not root: jobs run as the test's own account.
+func localAgentFlags(t *testing.T, node string) []string {
+	t.Helper()
+	f := []string{"--state-dir", t.TempDir(), "--job-user", testJobUser, "--keep-jobs=false",
+		"--cgroup-parent", fmt.Sprintf("allot-test/%d-%s-%s", os.Getpid(), strings.NewReplacer("/", "_").Replace(t.Name()), node)}
+	if !agenttest.Root() {
+		f = append(f, "--insecure-run-as-agent", "--cgroups", "off")
+	}
+	return f
 }

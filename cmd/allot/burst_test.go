@@ -120,7 +120,7 @@ func TestBurstLocal(t *testing.T) {
 			RetryBackoff: 50 * time.Millisecond, RegisterTimeout: time.Minute}
 	})
 	ctx := context.Background()
-	dir := t.TempDir()
+	dir := jobTempDir(t)
 	// 8×3 + 8×3 + 4×3 = 60 GPU-h; the tier-1 job does not count.
 	a := l.queueOld(`{"team":"nlp","tier":3,"gpus":8,"time_limit":"3h","command":`+waitFile(dir+"/a")+`}`, 150*time.Minute)
 	bj := l.queueOld(`{"team":"nlp","tier":4,"gpus":8,"time_limit":"3h","command":`+waitFile(dir+"/b")+`}`, 150*time.Minute)
@@ -195,6 +195,10 @@ func TestBurstLocal(t *testing.T) {
 		}
 	}
 	if ev := l.evaluate(b); ev.View.Decision.Action != burst.ActNone || len(ev.Released) != 0 {
+		for _, id := range []int64{a, bj, c} {
+			lines, _ := l.m.Store.JobLog(ctx, id)
+			t.Logf("job %d: %s %q", id, l.job(id).State, lines)
+		}
 		t.Fatalf("with both burst nodes busy: %+v released %v", ev.View.Decision, ev.Released)
 	}
 	// The job on one burst node ends: that node is idle and goes; the other stays.
@@ -316,7 +320,7 @@ func TestBurstLocal(t *testing.T) {
 // backoff, the event ends failed with the command's stderr, and no node or
 // node token is left behind.
 func TestBurstExecFailing(t *testing.T) {
-	dir := t.TempDir()
+	dir := jobTempDir(t)
 	script := filepath.Join(dir, "burst-wrapper")
 	calls := filepath.Join(dir, "calls")
 	if err := os.WriteFile(script, []byte("#!/bin/sh\ncat >> "+calls+"\necho >> "+calls+"\necho 'spot capacity exhausted in eu-west-1' >&2\nexit 3\n"), 0o755); err != nil {
@@ -383,7 +387,7 @@ func TestBurstExecFailing(t *testing.T) {
 // given registers; a node whose agent never registers is released as
 // failed after the timeout (the command is called to release it).
 func TestBurstExecRegisters(t *testing.T) {
-	dir := t.TempDir()
+	dir := jobTempDir(t)
 	script := filepath.Join(dir, "burst-wrapper")
 	calls := filepath.Join(dir, "calls")
 	if err := os.WriteFile(script, []byte(`#!/bin/sh
@@ -537,7 +541,7 @@ func (l *live) burstNode(name string) (store.BurstNode, bool) {
 // nodes leave the cluster's capacity, and a provider that reuses the host
 // names gets them back as new nodes with new tokens.
 func TestBurstReleaseLifecycle(t *testing.T) {
-	dir := t.TempDir()
+	dir := jobTempDir(t)
 	script := filepath.Join(dir, "burst-wrapper")
 	calls := filepath.Join(dir, "calls")
 	failRelease := filepath.Join(dir, "fail-release")

@@ -40,6 +40,7 @@ func (l *live) startAgentCLI(node string, extra ...string) {
 	ctx, cancel := context.WithCancel(context.Background())
 	args := append([]string{"--server", l.url, "--token", tok, "--hostname", node, "--gpu", "fake", "--fake-model", "A100-80GB",
 		"--heartbeat", testHeartbeat.String(), "--metrics-addr", "", "--log-level", "error"}, extra...)
+	args = append(args, localAgentFlags(l.t, node)...)
 	done := make(chan int, 1)
 	var stderr syncBuffer
 	go func() { done <- agent.MainContext(ctx, args, io.Discard, &stderr) }()
@@ -265,7 +266,7 @@ func TestHealthDrainAndRequeue(t *testing.T) {
 	}
 	faults := filepath.Join(t.TempDir(), "faults.json")
 	l.startAgentCLI("gpu04", "--fake-faults", faults)
-	dir := t.TempDir()
+	dir := jobTempDir(t)
 	j := l.submit(demo.Engineer, `{"team":"nlp","tier":3,"gpus":2,"gpu_type":"A100-80GB","time_limit":"5m","checkpointable":true,"command":`+
 		jsonCmd("sh", "-c", `trap 'echo term >> `+dir+`/marker; sleep 0.5; exit 0' TERM; while true; do sleep 0.1; done`)+`}`)
 	l.waitJob(j.ID, 20*time.Second, func(j web.JobJSON) bool { return j.State == "running" }, "running")
@@ -310,7 +311,7 @@ func TestHealthCmdAndAutoUndrain(t *testing.T) {
 		`{"rules":[{"name":"health-check","metric":"health_check","severity":"critical","action":"drain"}],"auto_undrain_after":"1s"}`); code != http.StatusOK {
 		t.Fatalf("rules: %d %s", code, b)
 	}
-	dir := t.TempDir()
+	dir := jobTempDir(t)
 	check := filepath.Join(dir, "check-gpus")
 	script := func(body string) {
 		writeFaults(t, check, "#!/bin/sh\n"+body+"\n")

@@ -51,7 +51,7 @@ func bootLive(t *testing.T, nodes ...string) *live {
 func startLive(t *testing.T, prepare func(m *Main)) *live {
 	t.Helper()
 	ctx := context.Background()
-	m := &Main{Config: Config{Worker: true, DevMode: true, HeartbeatInterval: testHeartbeat, CheckpointRoot: t.TempDir()}}
+	m := &Main{Config: Config{Worker: true, DevMode: true, HeartbeatInterval: testHeartbeat, CheckpointRoot: jobTempDir(t)}}
 	if prepare != nil {
 		prepare(m)
 	}
@@ -190,7 +190,8 @@ func (l *live) waitJob(id int64, limit time.Duration, pred func(web.JobJSON) boo
 			return j
 		}
 		if time.Now().After(deadline) {
-			l.t.Fatalf("timed out after %v waiting for job %d %s; it is %s (segment %d): %s %s", limit, id, what, j.State, j.Segment, j.PendingReason, j.EndReason)
+			lines, _ := l.m.Store.JobLog(context.Background(), id)
+			l.t.Fatalf("timed out after %v waiting for job %d %s; it is %s (segment %d): %s %s; log: %q", limit, id, what, j.State, j.Segment, j.PendingReason, j.EndReason, lines)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -227,7 +228,7 @@ func TestLiveSubmitRunComplete(t *testing.T) {
 		t.Errorf("failed job = %+v", got)
 	}
 	// Cancelling a running job stops its process and frees its GPUs.
-	dir := t.TempDir()
+	dir := jobTempDir(t)
 	c := l.submit(demo.Engineer, `{"team":"nlp","tier":3,"gpus":1,"time_limit":"5m","command":`+
 		jsonCmd("sh", "-c", `trap 'echo cancelled > `+dir+`/marker; exit 0' TERM; while true; do sleep 0.1; done`)+`}`)
 	l.waitJob(c.ID, 20*time.Second, func(j web.JobJSON) bool { return j.State == "running" }, "running")
@@ -265,7 +266,7 @@ func TestLiveSubmitRunComplete(t *testing.T) {
 
 func TestLiveGangEnvironment(t *testing.T) {
 	l := bootLive(t, "gpu01", "gpu02", "gpu09")
-	dir := t.TempDir()
+	dir := jobTempDir(t)
 	j := l.submit(demo.Admin, `{"team":"fraud","tier":3,"gpus":16,"gpu_type":"A100-80GB","time_limit":"5m","checkpointable":true,"command":`+
 		jsonCmd("sh", "-c", `env > `+dir+`/env-$NODE_RANK; sleep 0.2`)+`}`)
 	l.waitJob(j.ID, 20*time.Second, func(j web.JobJSON) bool { return j.State == "completed" }, "completed")
@@ -301,7 +302,7 @@ func TestLiveGangEnvironment(t *testing.T) {
 
 func TestLivePreemption(t *testing.T) {
 	l := bootLive(t, "gpu13")
-	dir := t.TempDir()
+	dir := jobTempDir(t)
 	victim := l.submit(demo.Admin, `{"team":"recs","tier":"preemptible","gpus":8,"gpu_type":"T4","time_limit":"10m","checkpointable":true,"command":`+
 		jsonCmd("sh", "-c", `echo run $ALLOT_SEGMENT >> `+dir+`/runs; trap 'echo term >> `+dir+`/runs; echo saved > $ALLOT_CHECKPOINT_DIR/ckpt; exit 0' TERM; while true; do sleep 0.1; done`)+`}`)
 	l.waitJob(victim.ID, 20*time.Second, func(j web.JobJSON) bool { return j.State == "running" }, "running")
@@ -340,7 +341,7 @@ func TestLivePreemption(t *testing.T) {
 
 func TestLiveNodeLost(t *testing.T) {
 	l := bootLive(t, "gpu13", "gpu01")
-	dir := t.TempDir()
+	dir := jobTempDir(t)
 	j := l.submit(demo.Admin, `{"team":"recs","tier":3,"gpus":4,"gpu_type":"T4","time_limit":"10m","checkpointable":true,"command":`+
 		jsonCmd("sh", "-c", `echo started >> `+dir+`/log; sleep 60`)+`}`)
 	nc := l.submit(demo.Admin, `{"team":"recs","tier":3,"gpus":4,"gpu_type":"T4","time_limit":"10m","command":`+jsonCmd("sleep", "60")+`}`)
@@ -448,7 +449,7 @@ func TestAgentBadInput(t *testing.T) {
 // and the job completes with its output intact.
 func TestLiveServerRestart(t *testing.T) {
 	l := bootLive(t, "gpu13")
-	dir := t.TempDir()
+	dir := jobTempDir(t)
 	j := l.submit(demo.Admin, `{"team":"recs","tier":3,"gpus":2,"gpu_type":"T4","time_limit":"5m","command":`+
 		jsonCmd("sh", "-c", `echo before; while [ ! -f `+dir+`/go ]; do sleep 0.05; done; echo after`)+`}`)
 	l.waitJob(j.ID, 20*time.Second, func(j web.JobJSON) bool { return j.State == "running" }, "running")

@@ -45,6 +45,7 @@ func MainContext(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	jobUser := fs.String("job-user", "", "POSIX account of jobs whose submitter maps to none (never root)")
 	runAsAgent := fs.Bool("insecure-run-as-agent", false, "development only: run jobs as the agent's own (non-root) account, without cgroups; jobs can read the agent's token")
 	cgroupsMode := fs.String("cgroups", "auto", "a cgroup per job: auto (required when root) or off (development only)")
+	cgroupParent := fs.String("cgroup-parent", "", "cgroup under which the job cgroups are made (default allot/HOSTNAME)")
 	memPerGPU := fs.String("memory-per-gpu", "", "memory limit per GPU of jobs that set none, e.g. 120GiB (default: the node's memory / its GPUs)")
 	cpusPerGPU := fs.Float64("cpus-per-gpu", 0, "CPU limit per GPU of jobs that set none (default: the node's CPUs / its GPUs)")
 	pidsMax := fs.Int64("pids-max", 16384, "most processes and threads of one job")
@@ -183,7 +184,7 @@ func MainContext(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		Server: *server, Token: token, Hostname: *hostname, Domain: *domain,
 		Backend: backend, HeartbeatInterval: *heartbeat, Logger: logger,
 		HealthCmd: *healthCmd, HealthInterval: *healthEvery, WorkDir: *workDir,
-		StateDir: *stateDir, JobUser: *jobUser, RunAsAgent: *runAsAgent, Cgroups: *cgroupsMode,
+		StateDir: *stateDir, JobUser: *jobUser, CgroupParent: *cgroupParent, RunAsAgent: *runAsAgent, Cgroups: *cgroupsMode,
 		MemoryPerGPU: memPer, MilliCPUsPerGPU: int64(*cpusPerGPU * 1000), PidsMax: *pidsMax,
 		ContainerRuntime: *runtimeName, ContainerRuntimePath: *runtimePath, KeepJobsOnExit: *keepJobs,
 	})
