@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/allotlabs/allot/internal/agent"
 	"github.com/allotlabs/allot/internal/cliflag"
 	"github.com/allotlabs/allot/internal/clock"
 	"github.com/allotlabs/allot/internal/demo"
@@ -182,6 +183,10 @@ func devMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	if !*noAgents {
+		if err := devJobAccount(stderr, stateDir, cpRoot); err != nil {
+			fmt.Fprintf(stderr, "allot dev: %v\n", err)
+			return 1
+		}
 		stopAgents, err := startDevAgentsWithFaults(ctx, m, slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: quiet, ReplaceAttr: clock.LogTime})), *faultsDir, *jobsDir)
 		if err != nil {
 			fmt.Fprintf(stderr, "allot dev: %v\n", err)
@@ -375,4 +380,40 @@ func cmdTestEnv(args []string, stdout, stderr io.Writer) int {
 	defer db.Close()
 	fmt.Fprintf(stderr, "allot test-env: PostgreSQL from %s: %s\n", db.Source, redactURL(db.URL))
 	return runChild(fs.Args(), append(os.Environ(), "DATABASE_URL="+db.URL), stdout, stderr)
+}
+
+// DevJobAccount is the unprivileged account the demo's jobs run as when
+// allot dev runs as root (and a job's submitter maps to no account).
+const DevJobAccount = "allot-demo"
+
+// devJobAccount prepares the demo's job account: as root, the account
+// allot-demo (created if missing, and kept), which must reach the jobs'
+// working and checkpoint directories under stateDir; otherwise jobs run as
+// the developer's own account, without cgroups.
+func devJobAccount(stderr io.Writer, stateDir, cpRoot string) error {
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(stderr, "allot dev: not root, so the demo's jobs run as your own account, without per-job cgroups or GPU fencing (run as root to see them)")
+		return nil
+	}
+	created, err := agent.EnsureAccount(DevJobAccount)
+	if err != nil {
+		return fmt.Errorf("creating the demo's job account %s: %w", DevJobAccount, err)
+	}
+	if created {
+		fmt.Fprintf(stderr, "allot dev: created the unprivileged account %s for the demo's jobs (userdel %s removes it)\n", DevJobAccount, DevJobAccount)
+	}
+	agent.SetLocalJobUser(DevJobAccount)
+	// The job account traverses the state dir (not list it) to its
+	// working directory and its checkpoints.
+	if err := os.MkdirAll(cpRoot, 0o755); err != nil {
+		return err
+	}
+	for _, d := range []string{stateDir, cpRoot} {
+		if fi, err := os.Stat(d); err == nil && fi.Mode().Perm()&0o011 != 0o011 {
+			if err := os.Chmod(d, fi.Mode().Perm()|0o011); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }

@@ -16,7 +16,6 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/allotlabs/allot/internal/agent/agenttest"
 	"github.com/allotlabs/allot/internal/agentproto"
 )
 
@@ -135,7 +134,7 @@ func TestLeaseRunsWithExactEnvironment(t *testing.T) {
 	delete(got, "TMPDIR")
 	delete(got, "ALLOT_GPU_DEVICES")
 	want := map[string]string{"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "USER": testUser, "LOGNAME": testUser}
-	if !agenttest.Root() {
+	if !isRoot() {
 		want["USER"], want["LOGNAME"] = got["USER"], got["USER"]
 	}
 	for k, v := range l.Env {
@@ -148,7 +147,7 @@ func TestLeaseRunsWithExactEnvironment(t *testing.T) {
 	fi, err := os.Stat(l.CheckpointDir)
 	if err != nil || fi.Mode().Perm() != 0o700 {
 		t.Errorf("checkpoint dir: %v %v", fi, err)
-	} else if agenttest.Root() {
+	} else if isRoot() {
 		u, _ := user.Lookup(testUser)
 		if st := fi.Sys().(*syscall.Stat_t); strconv.Itoa(int(st.Uid)) != u.Uid {
 			t.Errorf("checkpoint dir owned by uid %d, want %s (%s)", st.Uid, u.Uid, testUser)

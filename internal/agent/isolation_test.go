@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/allotlabs/allot/internal/agent/agenttest"
 	"github.com/allotlabs/allot/internal/agentproto"
 )
 
@@ -20,7 +19,7 @@ import (
 
 func needRoot(t *testing.T) {
 	t.Helper()
-	if !agenttest.Root() {
+	if !isRoot() {
 		t.Skip("needs root: jobs run as other accounts in cgroups only when the agent is root")
 	}
 }

@@ -16,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/allotlabs/allot/internal/agent/agenttest"
 	"github.com/allotlabs/allot/internal/agentproto"
 )
 
@@ -319,7 +318,7 @@ func startAgent(t *testing.T, p *peer, edit ...func(*Config)) *testAgent {
 		StateDir:          sharedTempDir(t),
 		JobUser:           testUser,
 		CgroupParent:      testCgroupParent(t),
-		RunAsAgent:        !agenttest.Root(),
+		RunAsAgent:        !isRoot(),
 	}
 	for _, e := range edit {
 		e(&cfg)

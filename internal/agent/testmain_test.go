@@ -7,8 +7,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"testing"
-
-	"github.com/allotlabs/allot/internal/agent/agenttest"
 )
 
 // Jobs of this package's tests run as these accounts (made for the run,
@@ -20,13 +18,23 @@ const (
 
 func TestMain(m *testing.M) {
 	MaybeShim() // the agents under test start this binary as their job shim
-	cleanup, err := agenttest.EnsureAccounts(testUser, otherUser)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+	var made []string
+	if isRoot() {
+		for _, n := range []string{testUser, otherUser} {
+			created, err := EnsureAccount(n)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				os.Exit(1)
+			}
+			if created {
+				made = append(made, n)
+			}
+		}
 	}
 	code := m.Run()
-	cleanup()
+	for _, n := range made {
+		_ = RemoveAccount(n)
+	}
 	// Leave no cgroups behind (each agent removes its own parent; the
 	// common one goes when the last test is done).
 	for _, sub := range v1Subsystems {
@@ -71,3 +79,5 @@ func sharedTempDir(t *testing.T) string {
 	}
 	return d
 }
+
+func isRoot() bool { return os.Geteuid() == 0 }

@@ -1,0 +1,48 @@
+package agent
+
+import (
+	"fmt"
+	"os/exec"
+	"os/user"
+	"strings"
+	"time"
+)
+
+// EnsureAccount creates the system account name (useradd, as root: no
+// home, no login shell, its own group) unless it exists. It reports
+// whether it created it. allot dev uses it for its demo account; tests for
+// theirs.
+func EnsureAccount(name string) (bool, error) {
+	if _, err := user.Lookup(name); err == nil {
+		return false, nil
+	}
+	err := retryPasswd(func() error {
+		return runQuiet("useradd", "--system", "--no-create-home", "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin", "--user-group", name)
+	})
+	return err == nil, err
+}
+
+// RemoveAccount deletes an account EnsureAccount created.
+func RemoveAccount(name string) error {
+	return retryPasswd(func() error { return runQuiet("userdel", name) })
+}
+
+func runQuiet(name string, args ...string) error {
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s %s: %v: %s", name, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// retryPasswd retries while /etc/passwd is locked by another useradd.
+func retryPasswd(f func() error) error {
+	var err error
+	for range 50 {
+		if err = f(); err == nil || !strings.Contains(err.Error(), "lock") {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return err
+}
