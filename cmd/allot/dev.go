@@ -386,8 +386,9 @@ func cmdTestEnv(args []string, stdout, stderr io.Writer) int {
 // allot dev runs as root (and a job's submitter maps to no account).
 const DevJobAccount = "allot-demo"
 
-// devJobAccount prepares the demo's job account: as root, the account
-// allot-demo (created if missing, and kept), which must reach the jobs'
+// devJobAccount prepares the demo's job accounts: as root, the demo's
+// people (noah, nadia, …), its teams' service accounts (svc-nlp, …) and
+// allot-demo, created if missing and kept, which must reach the jobs'
 // working and checkpoint directories under stateDir; otherwise jobs run as
 // the developer's own account, without cgroups.
 func devJobAccount(stderr io.Writer, stateDir, cpRoot string) error {
@@ -395,12 +396,20 @@ func devJobAccount(stderr io.Writer, stateDir, cpRoot string) error {
 		fmt.Fprintln(stderr, "allot dev: not root, so the demo's jobs run as your own account, without per-job cgroups or GPU fencing (run as root to see them)")
 		return nil
 	}
-	created, err := agent.EnsureAccount(DevJobAccount)
-	if err != nil {
-		return fmt.Errorf("creating the demo's job account %s: %w", DevJobAccount, err)
+	// The demo's people and teams' service accounts, so its jobs run as
+	// their submitters; allot-demo for jobs whose submitter maps to none.
+	var made []string
+	for _, name := range append(demo.Accounts(), DevJobAccount) {
+		created, err := agent.EnsureAccount(name)
+		if err != nil {
+			return fmt.Errorf("creating the demo's job account %s: %w", name, err)
+		}
+		if created {
+			made = append(made, name)
+		}
 	}
-	if created {
-		fmt.Fprintf(stderr, "allot dev: created the unprivileged account %s for the demo's jobs (userdel %s removes it)\n", DevJobAccount, DevJobAccount)
+	if len(made) > 0 {
+		fmt.Fprintf(stderr, "allot dev: created unprivileged accounts for the demo's jobs: %s (userdel removes them)\n", strings.Join(made, " "))
 	}
 	agent.SetLocalJobUser(DevJobAccount)
 	// The job account traverses the state dir (not list it) to its

@@ -7,6 +7,7 @@ import (
 
 	"github.com/allotlabs/allot/internal/agent"
 	"github.com/allotlabs/allot/internal/agent/agenttest"
+	"github.com/allotlabs/allot/internal/demo"
 )
 
 // testJobUser is the account the jobs of this package's in-process agents
@@ -15,7 +16,8 @@ const testJobUser = "allot-tc1"
 
 func TestMain(m *testing.M) {
 	agent.MaybeShim() // in-process agents start this binary as their job shim
-	cleanup, err := agenttest.EnsureAccounts(testJobUser)
+	// The demo's accounts too: its people's and teams' jobs run as them.
+	cleanup, err := agenttest.EnsureAccounts(append(demo.Accounts(), testJobUser)...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
