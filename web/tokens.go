@@ -12,8 +12,9 @@ import (
 	"github.com/labstack/echo/v4"
 )
 
-// parseExpiry reads a token expiry: empty (never), an RFC 3339 time, or a
-// date (valid until the end of that day, UTC).
+// parseExpiry reads a token expiry: empty (none asked: the server's
+// default lifetime applies, see tokenExpiry), an RFC 3339 time, or a date
+// (valid until the end of that day, UTC).
 func parseExpiry(s string) (time.Time, error) {
 	s = strings.TrimSpace(s)
 	if s == "" {
@@ -134,7 +135,10 @@ type TokenJSON struct {
 	LastUsedAt *time.Time `json:"last_used_at"`
 	ExpiresAt  *time.Time `json:"expires_at"`
 	RevokedAt  *time.Time `json:"revoked_at"`
-	Token      string     `json:"token,omitempty"`
+	// ParentID is the token whose request made this one (omitted: made in
+	// the portal); revoking that one revokes this one too.
+	ParentID int64  `json:"parent_id,omitempty"`
+	Token    string `json:"token,omitempty"`
 }
 
 // TokenList is the body of GET /api/v1/tokens.
@@ -159,7 +163,7 @@ func tokenJSON(t *store.APIToken, now time.Time) TokenJSON {
 		return &v
 	}
 	return TokenJSON{ID: t.ID, Name: t.Name, Prefix: t.Prefix, Status: tokenStatus(t, now), CreatedAt: t.CreatedAt,
-		LastUsedAt: opt(t.LastUsedAt), ExpiresAt: opt(t.ExpiresAt), RevokedAt: opt(t.RevokedAt)}
+		LastUsedAt: opt(t.LastUsedAt), ExpiresAt: opt(t.ExpiresAt), RevokedAt: opt(t.RevokedAt), ParentID: t.ParentID}
 }
 
 func (s *Server) apiListTokens(c echo.Context) error {

@@ -389,8 +389,9 @@ func TestTokenChildrenRevokedWithParent(t *testing.T) {
 	child := mint(parent.Token, "child")
 	grandchild := mint(child.Token, "grandchild")
 	sibling := mint(e.tokens[demo.Engineer], "sibling")
-	if n := e.count(`SELECT count(*) FROM api_tokens WHERE id = $1 AND parent_token_id = $2`, grandchild.ID, child.ID); n != 1 {
-		t.Fatalf("grandchild's parent not recorded")
+	if n := e.count(`SELECT count(*) FROM api_tokens WHERE id = $1 AND parent_token_id = $2`, grandchild.ID, child.ID); n != 1 ||
+		child.ParentID != parent.ID || parent.ParentID == 0 {
+		t.Fatalf("parents not recorded: child's %d (want %d), parent's %d", child.ParentID, parent.ID, parent.ParentID)
 	}
 	if code := e.bearer("DELETE", fmt.Sprintf("/api/v1/tokens/%d", parent.ID), sibling.Token); code != http.StatusNoContent {
 		t.Fatalf("revoke parent: %d", code)

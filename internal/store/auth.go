@@ -310,10 +310,21 @@ func (s *Store) DeleteExpiredSessions(ctx context.Context) (int64, error) {
 	return tag.RowsAffected(), mapErr("deleting expired sessions", err)
 }
 
-// RevokeAPITokensNamed revokes userID's unrevoked tokens called name.
+// RevokeAPITokensNamed revokes userID's unrevoked tokens called name, and
+// the tokens made with them.
 func (s *Store) RevokeAPITokensNamed(ctx context.Context, userID int64, name string) error {
-	_, err := s.db.Exec(ctx, `UPDATE api_tokens SET revoked_at = $3 WHERE user_id = $1 AND name = $2 AND revoked_at IS NULL`, userID, name, s.Now())
-	return mapErr("revoking API tokens", err)
+	return s.InTx(ctx, func(tx *Store) error {
+		rows, err := tx.db.Query(ctx, `SELECT id FROM api_tokens WHERE user_id = $1 AND name = $2 AND revoked_at IS NULL FOR UPDATE`, userID, name)
+		if err != nil {
+			return mapErr("revoking API tokens", err)
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil || len(ids) == 0 {
+			return mapErr("revoking API tokens", err)
+		}
+		_, err = tx.revokeTokenTree(ctx, ids, tx.Now())
+		return err
+	})
 }
 
 // CountTeams returns the number of teams (0 means an empty organisation).

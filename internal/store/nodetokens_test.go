@@ -198,4 +198,19 @@ func TestAPITokenTree(t *testing.T) {
 	if n := b.count(t, "api_tokens"); n != before {
 		t.Errorf("a refused child was stored: %d → %d", before, n)
 	}
+	// Revoking by name (allot dev replacing its tokens) takes the children too.
+	_, named, err := b.st.CreateAPIToken(b.ctx, noah.ID, "named")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns, _, err := b.st.CreateAPITokenWith(b.ctx, noah.ID, store.NewAPIToken{Name: "made by named", ParentID: named.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.st.RevokeAPITokensNamed(b.ctx, noah.ID, "named"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.st.UserByAPIToken(b.ctx, ns); allot.ErrorCode(err) != allot.EUnauthorized {
+		t.Errorf("child of a token revoked by name: %v", err)
+	}
 }
