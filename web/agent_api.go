@@ -70,12 +70,31 @@ func (s *Server) agentRegister(c echo.Context) error {
 	for _, r := range inv.Running {
 		si.Running = append(si.Running, store.LeaseRef{JobID: r.JobID, Segment: r.Segment})
 	}
-	unknown, err := s.st.RegisterNode(c.Request().Context(), node, si)
+	orphans, err := s.st.RegisterNode(c.Request().Context(), node, si)
 	if err != nil {
 		return err
 	}
 	s.trigger(c)
-	return writeJSON(c, http.StatusOK, agentproto.Registration{Node: node, HeartbeatInterval: s.cfg.HeartbeatInterval, Unknown: unknown})
+	reg := agentproto.Registration{Node: node, HeartbeatInterval: s.cfg.HeartbeatInterval}
+	for _, o := range orphans {
+		reg.Unknown = append(reg.Unknown, o.JobID)
+		reg.UnknownLeases = append(reg.UnknownLeases, agentproto.LeaseRef{JobID: o.JobID, Segment: o.Segment})
+	}
+	s.logOrphans(c, node, orphans)
+	return writeJSON(c, http.StatusOK, reg)
+}
+
+// logOrphans warns about jobs an agent reported running that its node does
+// not hold: it is told to kill them.
+func (s *Server) logOrphans(c echo.Context, node string, orphans []store.Orphan) {
+	for _, o := range orphans {
+		what := "the node holds no such lease"
+		if o.Ended {
+			what = "its lease has ended on the server"
+		}
+		s.log.Warn("agent runs a job its node does not hold: told to kill it", "node", node, "job", o.JobID, "segment", o.Segment,
+			"endpoint", c.Request().URL.Path, "why", what, "gpus_held", o.Held, "gpus_shared", o.Shared)
+	}
 }
 
 func (s *Server) agentHeartbeat(c echo.Context) error {
@@ -90,6 +109,9 @@ func (s *Server) agentHeartbeat(c echo.Context) error {
 	samples := make([]store.GPUSample, 0, len(hb.GPUs))
 	readings := make([]health.GPU, 0, len(hb.GPUs))
 	f := allot.FieldErrors{}
+	if hb.MetricsError != "" {
+		hb.GPUs = nil // reading the GPUs failed: there is nothing to read here
+	}
 	for _, g := range hb.GPUs {
 		if g.Index < 0 || g.Index >= allot.MaxGPUsPerNode || g.UtilPct < 0 || g.UtilPct > 100 || g.MemUsedMiB < 0 || g.MemTotalMiB < 0 ||
 			g.ECCDoubleVol < 0 || g.ECCSingleVol < 0 || len(g.XIDs) > 64 {
@@ -103,19 +125,28 @@ func (s *Server) agentHeartbeat(c echo.Context) error {
 	if err := f.Err(); err != nil {
 		return err
 	}
-	state, err := s.st.Heartbeat(c.Request().Context(), node, samples)
+	beat, err := s.st.RecordHeartbeat(c.Request().Context(), node, samples, hb.MetricsError)
 	if err != nil {
 		return err
 	}
+	switch {
+	case beat.MetricsFailed:
+		s.log.Warn("node cannot read its GPU metrics; not counting its GPUs missing", "node", node, "err", beat.MetricsError)
+	case beat.MetricsBack:
+		s.log.Info("node reads its GPU metrics again", "node", node)
+	}
+	state := beat.State
 	stats := make([]store.JobStat, 0, len(hb.Jobs))
 	for _, j := range hb.Jobs {
 		stats = append(stats, store.JobStat{JobID: j.JobID, Segment: j.Segment, CPUSeconds: j.CPUSeconds, RSSBytes: j.RSSBytes, LastCheckpoint: j.LastCheckpoint})
 	}
-	if err := s.st.RecordJobStats(c.Request().Context(), node, stats); err != nil {
+	orphans, err := s.st.HeartbeatJobs(c.Request().Context(), node, stats)
+	if err != nil {
 		return err
 	}
+	s.logOrphans(c, node, orphans)
 	if state != allot.NodeDown {
-		out, err := s.st.EvaluateHealth(c.Request().Context(), node, readings, hb.Health)
+		out, err := s.st.EvaluateHeartbeatHealth(c.Request().Context(), node, readings, hb.Health, beat.MetricsError)
 		if err != nil {
 			return err
 		}
@@ -127,7 +158,11 @@ func (s *Server) agentHeartbeat(c echo.Context) error {
 		}
 		state = out.State
 	}
-	return writeJSON(c, http.StatusOK, agentproto.HeartbeatReply{NodeState: state})
+	reply := agentproto.HeartbeatReply{NodeState: state}
+	for _, o := range orphans {
+		reply.Kill = append(reply.Kill, agentproto.LeaseRef{JobID: o.JobID, Segment: o.Segment})
+	}
+	return writeJSON(c, http.StatusOK, reply)
 }
 
 // agentOrders long-polls: it answers at once when there are orders, else
@@ -222,28 +257,44 @@ func leaseReport[T any](s *Server, c echo.Context, ref func(*T) (int64, int)) (s
 	return node, body, r, err
 }
 
+// refused logs an agent report the server refused because the node does
+// not hold the lease (another node's, an unknown job) or because of the
+// lease's state (a lease never taken, one that has ended): a job may have
+// stolen the node's token, so every such report is worth a look.
+func (s *Server) refused(c echo.Context, node string, ref store.LeaseRef, err error) error {
+	if code := allot.ErrorCode(err); code == allot.ENotFound || code == allot.EConflict {
+		s.log.Warn("agent report refused", "node", node, "job", ref.JobID, "segment", ref.Segment, "endpoint", c.Request().URL.Path,
+			"code", code, "err", allot.ErrorMessage(err))
+	}
+	return err
+}
+
 func (s *Server) agentTakeLease(c echo.Context) error {
 	node, _, ref, err := leaseReport(s, c, func(r *agentproto.LeaseRef) (int64, int) { return r.JobID, r.Segment })
 	if err != nil {
 		return err
 	}
 	if err := s.st.TakeLease(c.Request().Context(), node, ref); err != nil {
-		return err
+		return s.refused(c, node, ref, err)
 	}
 	return c.NoContent(http.StatusNoContent)
 }
 
+// agentStarted records a start; its time is when the report arrives (the
+// report's own time is not trusted).
 func (s *Server) agentStarted(c echo.Context) error {
 	node, ev, ref, err := leaseReport(s, c, func(e *agentproto.JobStarted) (int64, int) { return e.JobID, e.Segment })
 	if err != nil {
 		return err
 	}
 	if err := s.st.LeaseStarted(c.Request().Context(), node, ref, ev.PID); err != nil {
-		return err
+		return s.refused(c, node, ref, err)
 	}
 	return c.NoContent(http.StatusNoContent)
 }
 
+// agentExited records an exit; its time is bounded by what the server saw
+// (store.LeaseExited).
 func (s *Server) agentExited(c echo.Context) error {
 	node, ev, ref, err := leaseReport(s, c, func(e *agentproto.JobExited) (int64, int) { return e.JobID, e.Segment })
 	if err != nil {
@@ -251,7 +302,7 @@ func (s *Server) agentExited(c echo.Context) error {
 	}
 	if _, err := s.st.LeaseExited(c.Request().Context(), node, ref, store.LeaseExit{ExitCode: ev.ExitCode, Signal: ev.Signal,
 		Reason: ev.Reason, Message: ev.Message, At: ev.Time, LastCheckpoint: ev.LastCheckpoint}); err != nil {
-		return err
+		return s.refused(c, node, ref, err)
 	}
 	// GPUs came free either way: worth a cycle.
 	s.trigger(c)
@@ -264,7 +315,7 @@ func (s *Server) agentLog(c echo.Context) error {
 		return err
 	}
 	if err := s.st.AppendLog(c.Request().Context(), node, ref, l.Lines); err != nil {
-		return err
+		return s.refused(c, node, ref, err)
 	}
 	return c.NoContent(http.StatusNoContent)
 }

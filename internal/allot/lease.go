@@ -127,11 +127,12 @@ type LeaseEnd struct {
 }
 
 // LostLeaseEnd ends a lease of a node that stopped answering: at the node's
-// last heartbeat (billing stops there), bounded like a report (never
-// before the server last saw the lease alive, never after now), exit code
-// -1, reason node_lost.
-func LostLeaseEnd(lastHeartbeat, lastSeen, now time.Time) LeaseEnd {
-	return LeaseEnd{At: BoundExit(lastHeartbeat, lastSeen, now), ExitCode: -1, Reason: ReasonNodeLost}
+// last heartbeat (billing stops there; never before the lease was offered,
+// never after now), exit code -1, reason node_lost. A start report that
+// arrived after the last heartbeat does not extend it: the node's silence
+// is what the server saw.
+func LostLeaseEnd(lastHeartbeat, offered, now time.Time) LeaseEnd {
+	return LeaseEnd{At: BoundExit(lastHeartbeat, offered, now), ExitCode: -1, Reason: ReasonNodeLost}
 }
 
 // UnconfirmedLeaseEnd ends a started lease whose process is gone without

@@ -71,7 +71,8 @@ func TestServerEndedLeases(t *testing.T) {
 		want allot.LeaseEnd
 	}{
 		{"lost: ends at the last heartbeat", allot.LostLeaseEnd(at(50), at(40), at(90)), allot.LeaseEnd{At: at(50), ExitCode: -1, Reason: allot.ReasonNodeLost}},
-		{"lost: never before it was last seen (started after the last heartbeat)", allot.LostLeaseEnd(at(50), at(60), at(90)), allot.LeaseEnd{At: at(60), ExitCode: -1, Reason: allot.ReasonNodeLost}},
+		{"lost: never before it was offered (offered after the last heartbeat)", allot.LostLeaseEnd(at(50), at(60), at(90)), allot.LeaseEnd{At: at(60), ExitCode: -1, Reason: allot.ReasonNodeLost}},
+		{"lost: never after now", allot.LostLeaseEnd(at(95), at(10), at(90)), allot.LeaseEnd{At: at(90), ExitCode: -1, Reason: allot.ReasonNodeLost}},
 		{"unconfirmed stop without a reason", allot.UnconfirmedLeaseEnd("", at(90)), allot.LeaseEnd{At: at(90), ExitCode: -1, Reason: allot.ReasonAgentRestarted}},
 		{"unconfirmed preemption", allot.UnconfirmedLeaseEnd(allot.ReasonPreempted, at(90)), allot.LeaseEnd{At: at(90), ExitCode: -1, Reason: allot.ReasonPreempted}},
 	}

@@ -4,11 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/allotlabs/allot/internal/allot"
 	"github.com/allotlabs/allot/internal/health"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // NodeTokenPrefix starts every node token.
@@ -35,10 +38,7 @@ type NodeInventory struct {
 }
 
 // LeaseRef names one node's part of one run segment of a job.
-type LeaseRef struct {
-	JobID   int64
-	Segment int
-}
+type LeaseRef = allot.LeaseRef
 
 // scanLeaseRef maps a (job_id, segment) row.
 func scanLeaseRef(r pgx.CollectableRow) (LeaseRef, error) {
@@ -56,13 +56,21 @@ func notify(ctx context.Context, db DBTX, nodes ...string) error {
 }
 
 // RegisterNode records an agent's inventory, brings a down node up, makes
-// every open order be sent again, and returns the jobs the agent reported
-// running that the server no longer runs there (the agent stops them).
+// every open order be sent again, and reconciles the leases the agent
+// reports running with the node's leases (allot.ReconcileRegistration):
+// reported leases run on (seen now; a taken one runs from now), a taken
+// lease it does not report is offered again (or ends, when asked to stop),
+// a running one it does not report is asked to stop (its exit report may
+// follow; EndUnconfirmedStops ends it otherwise). It returns the leases the
+// agent reported that the node does not hold (ended on the server, never
+// taken, unknown): the agent kills them. One that ended on the server keeps
+// its GPUs allocated until the agent confirms the kill, so no other job
+// gets GPUs its process still uses.
 // A GPU the node had (by UUID; by index when it had none) that the agent
 // no longer reports is kept in the node's lost GPUs: the gpu_missing health
 // rule counts it until it is back or an admin undrains the node. A new
 // node's first registration just sets its inventory.
-func (s *Store) RegisterNode(ctx context.Context, node string, inv NodeInventory) ([]int64, error) {
+func (s *Store) RegisterNode(ctx context.Context, node string, inv NodeInventory) ([]Orphan, error) {
 	f := allot.FieldErrors{}
 	if len(inv.GPUs) == 0 || len(inv.GPUs) > allot.MaxGPUsPerNode {
 		f.Add("gpus", "must list 1 to %d GPUs", allot.MaxGPUsPerNode)
@@ -77,7 +85,7 @@ func (s *Store) RegisterNode(ctx context.Context, node string, inv NodeInventory
 	if err := f.Err(); err != nil {
 		return nil, err
 	}
-	var unknown []int64
+	var orphans []Orphan
 	err := s.InTx(ctx, func(tx *Store) error {
 		now := tx.Now()
 		_, err := tx.db.Exec(ctx, `
@@ -108,83 +116,134 @@ func (s *Store) RegisterNode(ctx context.Context, node string, inv NodeInventory
 		if _, err := tx.db.Exec(ctx, `UPDATE leases SET offer_sent_at = NULL, start_sent_at = NULL, stop_sent_at = NULL WHERE node = $1 AND state <> 'exited'`, node); err != nil {
 			return mapErr("registering node", err)
 		}
-		// A started lease the agent no longer runs either ended while the
-		// server was away (its exit report follows) or was lost with the
-		// agent's process.
-		reported := map[LeaseRef]bool{}
-		for _, r := range inv.Running {
-			reported[r] = true
-		}
-		// A taken lease it does not report was never started: offer it again,
-		// unless it was meanwhile asked to stop (then it just ends).
-		rows, err := tx.db.Query(ctx, `SELECT job_id, segment, stop_requested_at IS NOT NULL FROM leases WHERE node = $1 AND state = 'taken' ORDER BY job_id`, node)
+		leases, err := tx.nodeLeases(ctx, node, inv.Running)
 		if err != nil {
-			return mapErr("registering node", err)
+			return err
 		}
-		type takenLease struct {
-			ref     LeaseRef
-			stopped bool
-		}
-		taken, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (takenLease, error) {
-			var l takenLease
-			return l, r.Scan(&l.ref.JobID, &l.ref.Segment, &l.stopped)
-		})
-		if err != nil {
-			return mapErr("registering node", err)
-		}
-		for _, l := range taken {
-			if reported[l.ref] {
-				continue
+		for _, d := range allot.ReconcileRegistration(leases, inv.Running) {
+			r := d.Ref
+			switch d.Action {
+			case allot.ActSeen:
+				_, err = tx.db.Exec(ctx, `UPDATE leases SET seen_at = $4 WHERE job_id = $1 AND segment = $2 AND node = $3`, r.JobID, r.Segment, node, now)
+			case allot.ActAdopt:
+				_, err = tx.db.Exec(ctx, `UPDATE leases SET state = 'running', started_at = $4, seen_at = $4 WHERE job_id = $1 AND segment = $2 AND node = $3`,
+					r.JobID, r.Segment, node, now)
+			case allot.ActReoffer:
+				_, err = tx.db.Exec(ctx, `UPDATE leases SET state = 'offered', taken_at = NULL WHERE job_id = $1 AND segment = $2 AND node = $3`,
+					r.JobID, r.Segment, node)
+			case allot.ActEnd:
+				err = tx.endLostLease(ctx, node, r, now, false)
+			case allot.ActAwaitExit:
+				_, err = tx.db.Exec(ctx, `UPDATE leases SET stop_requested_at = $4, stop_reason = $5, stop_grace_s = 0
+					WHERE job_id = $1 AND segment = $2 AND node = $3 AND stop_requested_at IS NULL`, r.JobID, r.Segment, node, now, string(allot.ReasonAgentRestarted))
+			case allot.ActKill:
+				orphans = append(orphans, Orphan{LeaseRef: r})
+			case allot.ActKillAndHold:
+				var o Orphan
+				o, err = tx.holdOrphan(ctx, node, r, now)
+				orphans = append(orphans, o)
+			case allot.ActRelease:
+				err = tx.releaseOrphan(ctx, node, r, now)
 			}
-			if l.stopped {
-				if err := tx.endLostLease(ctx, node, l.ref, now); err != nil {
-					return err
-				}
-				continue
-			}
-			if _, err := tx.db.Exec(ctx, `UPDATE leases SET state = 'offered', taken_at = NULL WHERE job_id = $1 AND segment = $2 AND node = $3`,
-				l.ref.JobID, l.ref.Segment, node); err != nil {
+			if err != nil {
 				return mapErr("registering node", err)
-			}
-		}
-		rows, err = tx.db.Query(ctx, `SELECT job_id, segment FROM leases WHERE node = $1 AND state = 'running' ORDER BY job_id`, node)
-		if err != nil {
-			return mapErr("registering node", err)
-		}
-		open, err := pgx.CollectRows(rows, scanLeaseRef)
-		if err != nil {
-			return mapErr("registering node", err)
-		}
-		for _, r := range open {
-			if reported[r] {
-				continue
-			}
-			// Its exit report may still be queued in the agent (the job ended
-			// while the server was away): give it time to arrive. If it does
-			// not, EndUnconfirmedStops ends the lease.
-			if _, err := tx.db.Exec(ctx, `UPDATE leases SET stop_requested_at = $4, stop_reason = 'agent_restarted', stop_grace_s = 0
-				WHERE job_id = $1 AND segment = $2 AND node = $3 AND stop_requested_at IS NULL`, r.JobID, r.Segment, node, now); err != nil {
-				return mapErr("registering node", err)
-			}
-		}
-		for _, r := range inv.Running {
-			var state string
-			err := tx.db.QueryRow(ctx, `SELECT state FROM leases WHERE job_id = $1 AND segment = $2 AND node = $3`, r.JobID, r.Segment, node).Scan(&state)
-			switch {
-			case err == pgx.ErrNoRows || state == "exited" || state == "offered":
-				unknown = append(unknown, r.JobID)
-			case err != nil:
-				return mapErr("registering node", err)
-			case state == "taken":
-				if _, err := tx.db.Exec(ctx, `UPDATE leases SET state = 'running', started_at = $4 WHERE job_id = $1 AND segment = $2 AND node = $3`,
-					r.JobID, r.Segment, node, now); err != nil {
-					return mapErr("registering node", err)
-				}
 			}
 		}
 		return notify(ctx, tx.db, node)
 	})
-	return unknown, err
+	return orphans, err
+}
+
+// Orphan is a lease a node's agent reported running that the node does not
+// hold on the server: the agent must kill its process.
+type Orphan struct {
+	LeaseRef
+	// Ended: the lease ended on the server (lost node, unconfirmed stop,
+	// cancel); else the node never held it, or only as an offer.
+	Ended bool
+	// Held are its GPUs kept allocated to it until the agent confirms the
+	// kill; Shared are GPUs of it that another job's allocation already
+	// holds (they were given away before the agent reported it).
+	Held, Shared []int
+}
+
+// nodeLeases loads the leases of node that a registration or heartbeat
+// reconciles: open ones, exited ones whose GPUs are still held, and those
+// reported.
+func (s *Store) nodeLeases(ctx context.Context, node string, reported []LeaseRef) ([]allot.NodeLease, error) {
+	jobs, segs := make([]int64, len(reported)), make([]int32, len(reported))
+	for i, r := range reported {
+		jobs[i], segs[i] = r.JobID, int32(r.Segment)
+	}
+	rows, err := s.db.Query(ctx, `
+		WITH l AS (
+			SELECT * FROM leases WHERE node = $1 AND state <> 'exited'
+			UNION
+			SELECT l.* FROM leases l JOIN unnest($2::bigint[], $3::int[]) AS r(j, s) ON l.job_id = r.j AND l.segment = r.s WHERE l.node = $1
+			UNION
+			SELECT l.* FROM leases l JOIN (SELECT DISTINCT job_id, segment FROM allocations WHERE node = $1 AND released_at IS NULL) a
+				ON l.job_id = a.job_id AND l.segment = a.segment WHERE l.node = $1)
+		SELECT job_id, segment, state, stop_requested_at IS NOT NULL,
+			state = 'exited' AND EXISTS (SELECT 1 FROM allocations a WHERE a.node = $1 AND a.job_id = l.job_id AND a.segment = l.segment AND a.released_at IS NULL)
+		FROM l ORDER BY job_id, segment`, node, jobs, segs)
+	if err != nil {
+		return nil, mapErr("loading the node's leases", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (allot.NodeLease, error) {
+		var l allot.NodeLease
+		var state string
+		err := r.Scan(&l.Ref.JobID, &l.Ref.Segment, &state, &l.Stopping, &l.Held)
+		l.State = allot.LeaseState(state)
+		return l, err
+	})
+	return out, mapErr("loading the node's leases", err)
+}
+
+// holdOrphan keeps the GPUs of an ended lease that node's agent still runs
+// allocated to it from now (those no other allocation holds) and records
+// the orphan; the agent is told to kill it.
+func (s *Store) holdOrphan(ctx context.Context, node string, r LeaseRef, now time.Time) (Orphan, error) {
+	o := Orphan{LeaseRef: r, Ended: true}
+	if _, err := s.db.Exec(ctx, `UPDATE leases SET orphaned_at = coalesce(orphaned_at, $4) WHERE job_id = $1 AND segment = $2 AND node = $3 AND state = 'exited'`,
+		r.JobID, r.Segment, node, now); err != nil {
+		return o, mapErr("recording orphan", err)
+	}
+	if _, err := s.db.Exec(ctx, `
+		INSERT INTO allocations (job_id, segment, node, gpu_index, started_at)
+		SELECT l.job_id, l.segment, l.node, g, $4 FROM leases l, unnest(l.gpu_indices) AS g
+		WHERE l.job_id = $1 AND l.segment = $2 AND l.node = $3 AND l.state = 'exited'
+		ON CONFLICT (node, gpu_index) WHERE released_at IS NULL DO NOTHING`, r.JobID, r.Segment, node, now); err != nil {
+		return o, mapErr("holding the GPUs of an orphan", err)
+	}
+	rows, err := s.db.Query(ctx, `
+		SELECT g, a.job_id = l.job_id AND a.segment = l.segment FROM leases l, unnest(l.gpu_indices) AS g
+		JOIN allocations a ON a.node = $3 AND a.gpu_index = g AND a.released_at IS NULL
+		WHERE l.job_id = $1 AND l.segment = $2 AND l.node = $3 ORDER BY g`, r.JobID, r.Segment, node)
+	if err != nil {
+		return o, mapErr("holding the GPUs of an orphan", err)
+	}
+	var g int
+	var own bool
+	_, err = pgx.ForEachRow(rows, []any{&g, &own}, func() error {
+		if own {
+			o.Held = append(o.Held, g)
+		} else {
+			o.Shared = append(o.Shared, g)
+		}
+		return nil
+	})
+	return o, mapErr("holding the GPUs of an orphan", err)
+}
+
+// releaseOrphan releases the GPUs held for an ended lease whose process the
+// agent confirmed gone.
+func (s *Store) releaseOrphan(ctx context.Context, node string, r LeaseRef, now time.Time) error {
+	var state string
+	err := s.db.QueryRow(ctx, `SELECT state FROM leases WHERE job_id = $1 AND segment = $2 AND node = $3`, r.JobID, r.Segment, node).Scan(&state)
+	if err != nil || state != string(allot.LeaseExited) {
+		return mapErr("releasing an orphan", err)
+	}
+	return s.releaseAllocations(ctx, r.JobID, r.Segment, node, now)
 }
 
 // keepLostGPUs updates node's lost GPUs for a registration reporting now:
@@ -234,17 +293,70 @@ type GPUSample struct {
 // attributed to the jobs holding the GPUs. It returns the node's state. A
 // node marked down must register again (ENotFound).
 func (s *Store) Heartbeat(ctx context.Context, node string, samples []GPUSample) (string, error) {
+	out, err := s.RecordHeartbeat(ctx, node, samples, "")
+	return out.State, err
+}
+
+// MetricsUnavailable starts the state reason of an up node whose agent
+// cannot read its GPUs.
+const MetricsUnavailable = "GPU metrics unavailable: "
+
+// maxMetricsError bounds the stored metrics error.
+const maxMetricsError = 512
+
+// HeartbeatOutcome is what recording one heartbeat found.
+type HeartbeatOutcome struct {
+	State string
+	// MetricsError is the agent's error reading its GPUs ("" when it read
+	// them); MetricsFailed and MetricsBack say it started or stopped with
+	// this heartbeat.
+	MetricsError               string
+	MetricsFailed, MetricsBack bool
+}
+
+// RecordHeartbeat records that node is alive and stores its GPU samples,
+// attributed to the jobs holding the GPUs. metricsError is set when the
+// agent could not read its GPUs (then there are no samples): the node keeps
+// it (nodes.metrics_error) and an up node says so in its state reason
+// ("GPU metrics unavailable: …") until its metrics are back; the first such
+// heartbeat tells the admins. A node marked down must register again
+// (ENotFound).
+func (s *Store) RecordHeartbeat(ctx context.Context, node string, samples []GPUSample, metricsError string) (HeartbeatOutcome, error) {
 	now := s.Now()
-	var state string
-	err := s.db.QueryRow(ctx, `UPDATE nodes SET last_heartbeat = $2 WHERE name = $1 AND state <> 'down' AND registered_at IS NOT NULL RETURNING state`, node, now).Scan(&state)
+	var out HeartbeatOutcome
+	metricsError = strings.ToValidUTF8(strings.TrimSpace(metricsError), "?")
+	if len(metricsError) > maxMetricsError {
+		metricsError = strings.ToValidUTF8(metricsError[:maxMetricsError], "")
+	}
+	if metricsError != "" {
+		samples = nil // whatever came with it is not a reading
+	}
+	var old string
+	err := s.db.QueryRow(ctx, `
+		UPDATE nodes n SET last_heartbeat = $2, metrics_error = $3,
+			metrics_error_since = CASE WHEN $3 = '' THEN NULL ELSE coalesce(n.metrics_error_since, $2) END,
+			state_reason = CASE
+				WHEN n.state = 'up' AND $3 <> '' AND (n.state_reason = '' OR starts_with(n.state_reason, $4)) THEN $4 || $3
+				WHEN n.state = 'up' AND $3 = '' AND starts_with(n.state_reason, $4) THEN ''
+				ELSE n.state_reason END
+		FROM (SELECT name, metrics_error FROM nodes WHERE name = $1) o
+		WHERE n.name = o.name AND n.state <> 'down' AND n.registered_at IS NOT NULL RETURNING n.state, o.metrics_error`,
+		node, now, metricsError, MetricsUnavailable).Scan(&out.State, &old)
 	if err == pgx.ErrNoRows {
-		return "", allot.Errorf(allot.ENotFound, "node %s is not registered (or was marked down): register again", node)
+		return out, allot.Errorf(allot.ENotFound, "node %s is not registered (or was marked down): register again", node)
 	}
 	if err != nil {
-		return "", mapErr("recording heartbeat", err)
+		return out, mapErr("recording heartbeat", err)
+	}
+	out.MetricsError, out.MetricsFailed, out.MetricsBack = metricsError, metricsError != "" && old == "", metricsError == "" && old != ""
+	if out.MetricsFailed {
+		if err := s.Notify(ctx, Notification{Kind: "node.metrics_unavailable", Severity: "warning", Subject: "node:" + node, Link: "/nodes/" + node,
+			Message: fmt.Sprintf("Node %s: the agent cannot read its GPUs (%s). Its health rules over GPU metrics are unknown until they are back; the node is not drained for it.", node, metricsError)}); err != nil {
+			return out, err
+		}
 	}
 	if len(samples) == 0 {
-		return state, nil
+		return out, nil
 	}
 	n := len(samples)
 	idx, util, temp, power := make([]int32, n), make([]float32, n), make([]float32, n), make([]float32, n)
@@ -260,7 +372,7 @@ func (s *Store) Heartbeat(ctx context.Context, node string, samples []GPUSample)
 			AS s(i, u, mu, mt, t, p, sbe, dbe, thr, xid)
 		LEFT JOIN allocations a ON a.node = $1 AND a.gpu_index = s.i AND a.released_at IS NULL`,
 		node, now, idx, util, used, total, temp, power, sbe, dbe, thr, xid)
-	return state, mapErr("recording GPU samples", err)
+	return out, mapErr("recording GPU samples", err)
 }
 
 // Lease is an order for an agent: run this part of a job.
@@ -437,23 +549,25 @@ func (s *Store) TakeLease(ctx context.Context, node string, r LeaseRef) error {
 	})
 }
 
-// LeaseStarted records that the job's process runs on node.
+// LeaseStarted records that the job's process runs on node. Its start is
+// when the report arrived (the agent's clock is not trusted).
 func (s *Store) LeaseStarted(ctx context.Context, node string, r LeaseRef, pid int) error {
 	return s.InTx(ctx, func(tx *Store) error {
 		state, err := tx.lockLease(ctx, node, r)
 		if err != nil {
 			return err
 		}
-		switch state {
-		case "running":
+		switch allot.LeaseState(state) {
+		case allot.LeaseRunning:
 			return nil
-		case "offered":
+		case allot.LeaseOffered:
 			return allot.Errorf(allot.EConflict, "job %d segment %d: start before the lease was taken", r.JobID, r.Segment)
-		case "exited":
+		case allot.LeaseExited:
 			return allot.Errorf(allot.EConflict, "the lease for job %d segment %d has ended", r.JobID, r.Segment)
 		}
-		_, err = tx.db.Exec(ctx, `UPDATE leases SET state = 'running', started_at = $4, pid = $5 WHERE job_id = $1 AND segment = $2 AND node = $3`,
-			r.JobID, r.Segment, node, tx.Now(), pid)
+		now := tx.Now()
+		_, err = tx.db.Exec(ctx, `UPDATE leases SET state = 'running', started_at = $4, seen_at = $4, pid = $5 WHERE job_id = $1 AND segment = $2 AND node = $3`,
+			r.JobID, r.Segment, node, now, pid)
 		return mapErr("recording start", err)
 	})
 }
@@ -470,8 +584,14 @@ type LeaseExit struct {
 
 // LeaseExited records the end of node's part of a job, releases its GPUs,
 // and when the whole gang has ended, finishes the job: completed, failed,
-// or back to pending after a preemption. It is idempotent. It reports
-// whether the job's state changed (so a scheduling cycle is worth running).
+// or back to pending after a preemption (allot.SettleSegment). The
+// agent's time is bounded by what the server saw (allot.BoundExit): never
+// before the lease was last seen alive (offered, taken, started, listed by
+// a heartbeat or registration), never after the report arrived. An exit of
+// a lease never taken is refused (EConflict). It is idempotent; the exit
+// of a lease that already ended confirms that its process is gone, which
+// releases GPUs held for it as an orphan. It reports whether the job's
+// state changed (so a scheduling cycle is worth running).
 func (s *Store) LeaseExited(ctx context.Context, node string, r LeaseRef, ex LeaseExit) (bool, error) {
 	changed := false
 	err := s.InTx(ctx, func(tx *Store) error {
@@ -481,21 +601,23 @@ func (s *Store) LeaseExited(ctx context.Context, node string, r LeaseRef, ex Lea
 			return mapErr("locking job", err)
 		}
 		state, err := tx.lockLease(ctx, node, r)
-		if err != nil || state == "exited" {
+		if err != nil {
 			return err
 		}
 		now := tx.Now()
-		at := ex.At
+		switch allot.LeaseState(state) {
+		case allot.LeaseExited:
+			return tx.releaseOrphan(ctx, node, r, now)
+		case allot.LeaseOffered:
+			return allot.Errorf(allot.EConflict, "job %d segment %d: exit reported for a lease this node never took", r.JobID, r.Segment)
+		}
 		var offered time.Time
-		if err := tx.db.QueryRow(ctx, `SELECT offered_at FROM leases WHERE job_id = $1 AND segment = $2 AND node = $3`, r.JobID, r.Segment, node).Scan(&offered); err != nil {
+		var taken, started, seen *time.Time
+		if err := tx.db.QueryRow(ctx, `SELECT offered_at, taken_at, started_at, seen_at FROM leases WHERE job_id = $1 AND segment = $2 AND node = $3`,
+			r.JobID, r.Segment, node).Scan(&offered, &taken, &started, &seen); err != nil {
 			return mapErr("loading lease", err)
 		}
-		if at.IsZero() || at.After(now) {
-			at = now
-		}
-		if at.Before(offered) {
-			at = offered
-		}
+		at := allot.BoundExit(ex.At, allot.Latest(offered, deref(taken), deref(started), deref(seen)), now)
 		_, err = tx.db.Exec(ctx, `
 			UPDATE leases SET state = 'exited', exited_at = $4, exit_code = $5, exit_signal = $6, exit_reason = $7,
 				last_checkpoint = CASE WHEN $8::timestamptz <= $4 THEN greatest(last_checkpoint, $8) ELSE last_checkpoint END
@@ -506,21 +628,32 @@ func (s *Store) LeaseExited(ctx context.Context, node string, r LeaseRef, ex Lea
 		if err := tx.releaseAllocations(ctx, r.JobID, r.Segment, node, at); err != nil {
 			return err
 		}
-		if ex.Reason == "start_failed" && ex.Message != "" {
+		if ex.Reason == string(allot.ReasonStartFailed) && ex.Message != "" {
 			if err := tx.appendLog(ctx, r.JobID, []string{"allot: " + ex.Message}); err != nil {
 				return err
 			}
 		}
-		changed, err = tx.finishSegment(ctx, r, ex)
+		changed, err = tx.finishSegment(ctx, r)
 		return err
 	})
 	return changed, err
 }
 
+func deref(t *time.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return *t
+}
+
 // EndUnconfirmedStops ends leases asked to stop before cutoff (plus their
 // grace) that no agent confirmed: the agent restarted and lost the process,
-// or never answers. They end now as if reported, so GPUs are released,
-// billing stops and the job is requeued or failed. It returns how many.
+// or never answers. They end now as if reported, so billing stops and the
+// job is requeued or failed; their GPUs are released, except when the
+// agent still listed the lease alive after its stop's deadline: then its
+// process outlived the stop, the GPUs stay held until the agent confirms
+// it is gone, and its heartbeats are answered with a kill. It returns how
+// many.
 func (s *Store) EndUnconfirmedStops(ctx context.Context, cutoff time.Time) (int, error) {
 	n := 0
 	err := s.InTx(ctx, func(tx *Store) error {
@@ -544,7 +677,7 @@ func (s *Store) EndUnconfirmedStops(ctx context.Context, cutoff time.Time) (int,
 			return mapErr("finding unconfirmed stops", err)
 		}
 		for _, l := range ls {
-			if err := tx.endLostLease(ctx, l.node, l.ref, tx.Now()); err != nil {
+			if err := tx.endLostLease(ctx, l.node, l.ref, tx.Now(), true); err != nil {
 				return err
 			}
 			n++
@@ -554,27 +687,35 @@ func (s *Store) EndUnconfirmedStops(ctx context.Context, cutoff time.Time) (int,
 	return n, err
 }
 
-// endLostLease settles a started lease whose process is gone without an exit
-// report (its agent restarted): the lease ends now with exit code -1 and
-// reason agent_restarted, as if the agent had reported it.
-func (s *Store) endLostLease(ctx context.Context, node string, r LeaseRef, at time.Time) error {
+// endLostLease settles a lease whose process is gone without an exit
+// report (its agent restarted, or never confirmed a stop): it ends at at
+// with exit code -1 and its stop reason (allot.UnconfirmedLeaseEnd), as if
+// the agent had reported it. With mayHold, a lease the agent listed alive
+// after its stop's deadline keeps its GPUs until the agent confirms.
+func (s *Store) endLostLease(ctx context.Context, node string, r LeaseRef, at time.Time, mayHold bool) error {
 	if _, err := s.db.Exec(ctx, `SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE`, r.JobID); err != nil {
 		return mapErr("locking job", err)
 	}
-	var reason string
-	if err := s.db.QueryRow(ctx, `SELECT coalesce(nullif(stop_reason, ''), 'agent_restarted') FROM leases WHERE job_id = $1 AND segment = $2 AND node = $3`,
-		r.JobID, r.Segment, node).Scan(&reason); err != nil {
+	var stop string
+	var seen, stopAt *time.Time
+	var grace int64
+	if err := s.db.QueryRow(ctx, `SELECT stop_reason, seen_at, stop_requested_at, coalesce(stop_grace_s, 0) FROM leases WHERE job_id = $1 AND segment = $2 AND node = $3`,
+		r.JobID, r.Segment, node).Scan(&stop, &seen, &stopAt, &grace); err != nil {
 		return mapErr("ending lost lease", err)
 	}
-	ex := LeaseExit{ExitCode: -1, Reason: reason, At: at}
-	if _, err := s.db.Exec(ctx, `UPDATE leases SET state = 'exited', exited_at = $4, exit_code = -1, exit_reason = $5
-		WHERE job_id = $1 AND segment = $2 AND node = $3`, r.JobID, r.Segment, node, at, ex.Reason); err != nil {
+	end := allot.UnconfirmedLeaseEnd(allot.LeaseReason(stop), at)
+	hold := mayHold && allot.StillRunsAfterStop(deref(seen), deref(stopAt), time.Duration(grace)*time.Second)
+	if _, err := s.db.Exec(ctx, `UPDATE leases SET state = 'exited', exited_at = $4, exit_code = $5, exit_reason = $6,
+			orphaned_at = CASE WHEN $7 THEN $4 ELSE orphaned_at END
+		WHERE job_id = $1 AND segment = $2 AND node = $3`, r.JobID, r.Segment, node, end.At, end.ExitCode, string(end.Reason), hold); err != nil {
 		return mapErr("ending lost lease", err)
 	}
-	if err := s.releaseAllocations(ctx, r.JobID, r.Segment, node, at); err != nil {
-		return err
+	if !hold {
+		if err := s.releaseAllocations(ctx, r.JobID, r.Segment, node, end.At); err != nil {
+			return err
+		}
 	}
-	_, err := s.finishSegment(ctx, r, ex)
+	_, err := s.finishSegment(ctx, r)
 	return err
 }
 
@@ -584,56 +725,71 @@ func (s *Store) releaseAllocations(ctx context.Context, jobID int64, segment int
 	return mapErr("releasing allocations", err)
 }
 
-// finishSegment settles a job after one of its leases exited.
-func (s *Store) finishSegment(ctx context.Context, r LeaseRef, ex LeaseExit) (bool, error) {
-	var open []string
-	var preempted, drained bool
-	var firstBad int
-	var badReason string
-	err := s.db.QueryRow(ctx, `
-		SELECT coalesce(array_agg(node) FILTER (WHERE state <> 'exited'), '{}'),
-			coalesce(bool_or(stop_reason = 'preempted'), false), coalesce(bool_or(stop_reason = 'drain'), false),
-			coalesce((array_agg(exit_code ORDER BY exited_at) FILTER (WHERE state = 'exited' AND exit_code <> 0))[1], 0),
-			coalesce((array_agg(coalesce(nullif(exit_reason, ''), nullif(stop_reason, ''), '')) FILTER (WHERE state = 'exited' AND (exit_code <> 0 OR exit_reason <> '')))[1], '')
-		FROM leases WHERE job_id = $1 AND segment = $2`, r.JobID, r.Segment).Scan(&open, &preempted, &drained, &firstBad, &badReason)
+// finishSegment settles a job after one of its leases ended: it loads the
+// segment, lets allot.SettleSegment decide and writes the decision. It
+// reports whether the job's state changed. The caller holds the job's lock.
+func (s *Store) finishSegment(ctx context.Context, r LeaseRef) (bool, error) {
+	seg := allot.Segment{Segment: r.Segment}
+	var state string
+	if err := s.db.QueryRow(ctx, `SELECT state, segment, checkpointable FROM jobs WHERE id = $1 FOR UPDATE`, r.JobID).
+		Scan(&state, &seg.JobSegment, &seg.Checkpointable); err != nil {
+		return false, mapErr("settling job", err)
+	}
+	seg.JobState = allot.JobState(state)
+	rows, err := s.db.Query(ctx, `
+		SELECT node, state, coalesce(exit_code, 0), exit_reason, stop_reason, coalesce(exited_at, 'infinity')
+		FROM leases WHERE job_id = $1 AND segment = $2 ORDER BY exited_at NULLS LAST, rank, node`, r.JobID, r.Segment)
 	if err != nil {
 		return false, mapErr("settling job", err)
 	}
-	var state string
-	var seg int
-	if err := s.db.QueryRow(ctx, `SELECT state, segment FROM jobs WHERE id = $1 FOR UPDATE`, r.JobID).Scan(&state, &seg); err != nil {
+	seg.Leases, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (allot.SegmentLease, error) {
+		var l allot.SegmentLease
+		var st, exitReason, stopReason string
+		var exited pgtype.Timestamptz
+		err := row.Scan(&l.Node, &st, &l.ExitCode, &exitReason, &stopReason, &exited)
+		l.State, l.ExitReason, l.StopReason = allot.LeaseState(st), allot.LeaseReason(exitReason), allot.LeaseReason(stopReason)
+		if exited.InfinityModifier == pgtype.Finite {
+			l.ExitedAt = exited.Time
+		}
+		return l, err
+	})
+	if err != nil {
 		return false, mapErr("settling job", err)
 	}
-	if state != string(allot.JobRunning) || seg != r.Segment {
-		return false, nil // cancelled, lost or already requeued: only the GPUs mattered
-	}
+	return s.applySettlement(ctx, r, allot.SettleSegment(seg))
+}
+
+// applySettlement writes a settlement of a job's running segment: the
+// job's new state (only while it still runs), then the stop of the
+// segment's unfinished leases. It reports whether the job's state changed.
+func (s *Store) applySettlement(ctx context.Context, r LeaseRef, d allot.Settlement) (bool, error) {
 	now := s.Now()
-	if len(open) > 0 {
-		// A gang member ended on its own: stop the others.
-		if !preempted && !drained && (ex.ExitCode != 0 || ex.Reason != "") {
-			if err := s.requestStop(ctx, r.JobID, r.Segment, "gang_member_failed", 30*time.Second); err != nil {
-				return false, err
-			}
+	changed := false
+	if d.Outcome != allot.OutcomeNone {
+		var tag pgconn.CommandTag
+		var err error
+		switch d.Outcome {
+		case allot.OutcomeRequeue:
+			tag, err = s.db.Exec(ctx, `UPDATE jobs SET state = 'pending', preemptions = preemptions + CASE WHEN $3 THEN 1 ELSE 0 END, updated_at = $2,
+				pending_reason = $4 WHERE id = $1 AND state = 'running' AND segment = $5`, r.JobID, now, d.Preemption, d.PendingReason, r.Segment)
+		case allot.OutcomeComplete, allot.OutcomeFail:
+			tag, err = s.db.Exec(ctx, `UPDATE jobs SET state = $2, exit_code = coalesce($3, exit_code), end_reason = CASE WHEN $2 = 'failed' THEN $4 ELSE end_reason END,
+				ended_at = $5, updated_at = $5 WHERE id = $1 AND state = 'running' AND segment = $6`, r.JobID, string(d.Outcome), d.ExitCode, d.EndReason, now, r.Segment)
 		}
-		return false, nil
-	}
-	switch {
-	case drained && !preempted:
-		_, err = s.db.Exec(ctx, `UPDATE jobs SET state = 'pending', updated_at = $2,
-			pending_reason = 'requeued: its node was drained; waiting for the next scheduling cycle' WHERE id = $1`, r.JobID, now)
-	case preempted:
-		_, err = s.db.Exec(ctx, `UPDATE jobs SET state = 'pending', preemptions = preemptions + 1, updated_at = $2,
-			pending_reason = 'requeued after preemption; waiting for the next scheduling cycle' WHERE id = $1`, r.JobID, now)
-	case firstBad == 0 && badReason == "":
-		_, err = s.db.Exec(ctx, `UPDATE jobs SET state = 'completed', exit_code = 0, ended_at = $2, updated_at = $2 WHERE id = $1`, r.JobID, now)
-	default:
-		if badReason == "" {
-			badReason = fmt.Sprintf("exit code %d", firstBad)
+		if err != nil {
+			return false, mapErr("settling job", err)
 		}
-		_, err = s.db.Exec(ctx, `UPDATE jobs SET state = 'failed', exit_code = $2, end_reason = $3, ended_at = $4, updated_at = $4 WHERE id = $1`,
-			r.JobID, firstBad, badReason, now)
+		if tag.RowsAffected() == 0 {
+			return false, nil // no longer running this segment: nothing to settle
+		}
+		changed = true
 	}
-	return true, mapErr("settling job", err)
+	if d.StopOthers != "" {
+		if err := s.requestStop(ctx, r.JobID, r.Segment, string(d.StopOthers), d.StopGrace); err != nil {
+			return changed, err
+		}
+	}
+	return changed, nil
 }
 
 // requestStop asks every unfinished lease of a job segment to stop. Leases
@@ -714,8 +870,8 @@ func (s *Store) JobLog(ctx context.Context, jobID int64) ([]string, error) {
 
 // ExpireOffers undoes starts whose gang did not take all its leases by
 // cutoff (an agent refused or never answered): the leases end, the GPUs are
-// released, and the job goes back to the queue. It returns the jobs it
-// requeued.
+// released, and the job goes back to the queue (allot.ExpiredOffer). It
+// returns the jobs it requeued.
 func (s *Store) ExpireOffers(ctx context.Context, cutoff time.Time) ([]int64, error) {
 	var requeued []int64
 	err := s.InTx(ctx, func(tx *Store) error {
@@ -730,18 +886,13 @@ func (s *Store) ExpireOffers(ctx context.Context, cutoff time.Time) ([]int64, er
 			return mapErr("finding expired offers", err)
 		}
 		for _, r := range refs {
-			tag, err := tx.db.Exec(ctx, `UPDATE jobs SET state = 'pending', updated_at = $2,
-				pending_reason = 'a node did not take its part of the job in time; it goes back to the queue' WHERE id = $1 AND state = 'running'`, r.JobID, tx.Now())
+			changed, err := tx.applySettlement(ctx, r, allot.ExpiredOffer())
 			if err != nil {
-				return mapErr("requeueing job", err)
-			}
-			if tag.RowsAffected() == 0 {
-				continue
-			}
-			if err := tx.requestStop(ctx, r.JobID, r.Segment, "offer_expired", 0); err != nil {
 				return err
 			}
-			requeued = append(requeued, r.JobID)
+			if changed {
+				requeued = append(requeued, r.JobID)
+			}
 		}
 		return nil
 	})
@@ -763,17 +914,70 @@ func (s *Store) RetireServer(ctx context.Context, id string) error {
 	return mapErr("retiring server", err)
 }
 
-// RecordJobStats stores the agents' per-job process statistics.
-func (s *Store) RecordJobStats(ctx context.Context, node string, stats []JobStat) error {
-	for _, st := range stats {
-		if _, err := s.db.Exec(ctx, `UPDATE leases SET cpu_seconds = $4, rss_bytes = $5,
-				last_checkpoint = CASE WHEN $6::timestamptz <= $7 THEN greatest(last_checkpoint, $6) ELSE last_checkpoint END
-			WHERE job_id = $1 AND segment = $2 AND node = $3 AND state <> 'exited'`,
-			st.JobID, st.Segment, node, st.CPUSeconds, st.RSSBytes, st.LastCheckpoint, s.Now()); err != nil {
-			return mapErr("recording job stats", err)
+// HeartbeatJobs stores the per-job process statistics of a heartbeat and
+// reconciles its job list with node's leases (allot.ReconcileHeartbeat):
+// the open leases it lists were seen alive now (leases.seen_at, the lower
+// bound of their end); held GPUs of orphans it no longer lists are
+// released (the kill is confirmed). It returns the leases it lists that the
+// node does not hold (ended on the server, or never the node's): the agent
+// kills them; one that ended keeps its GPUs allocated until the agent
+// confirms.
+func (s *Store) HeartbeatJobs(ctx context.Context, node string, stats []JobStat) ([]Orphan, error) {
+	var orphans []Orphan
+	err := s.InTx(ctx, func(tx *Store) error {
+		now := tx.Now()
+		listed := make([]LeaseRef, len(stats))
+		byRef := make(map[LeaseRef]JobStat, len(stats))
+		for i, st := range stats {
+			listed[i] = LeaseRef{JobID: st.JobID, Segment: st.Segment}
+			byRef[listed[i]] = st
 		}
-	}
-	return nil
+		leases, err := tx.nodeLeases(ctx, node, listed)
+		if err != nil {
+			return err
+		}
+		var seen []JobStat
+		for _, d := range allot.ReconcileHeartbeat(leases, listed) {
+			switch d.Action {
+			case allot.ActSeen:
+				seen = append(seen, byRef[d.Ref])
+			case allot.ActKill:
+				orphans = append(orphans, Orphan{LeaseRef: d.Ref})
+			case allot.ActKillAndHold:
+				o, err := tx.holdOrphan(ctx, node, d.Ref, now)
+				if err != nil {
+					return err
+				}
+				orphans = append(orphans, o)
+			case allot.ActRelease:
+				if err := tx.releaseOrphan(ctx, node, d.Ref, now); err != nil {
+					return err
+				}
+			}
+		}
+		if len(seen) == 0 {
+			return nil
+		}
+		n := len(seen)
+		jobs, segs, cpu, rss, ckpt := make([]int64, n), make([]int32, n), make([]float64, n), make([]int64, n), make([]*time.Time, n)
+		for i, st := range seen {
+			jobs[i], segs[i], cpu[i], rss[i], ckpt[i] = st.JobID, int32(st.Segment), st.CPUSeconds, st.RSSBytes, st.LastCheckpoint
+		}
+		_, err = tx.db.Exec(ctx, `
+			UPDATE leases l SET cpu_seconds = u.cpu, rss_bytes = u.rss, seen_at = $2,
+				last_checkpoint = CASE WHEN u.ckpt <= $2 THEN greatest(l.last_checkpoint, u.ckpt) ELSE l.last_checkpoint END
+			FROM unnest($3::bigint[], $4::int[], $5::float8[], $6::bigint[], $7::timestamptz[]) AS u(j, s, cpu, rss, ckpt)
+			WHERE l.job_id = u.j AND l.segment = u.s AND l.node = $1 AND l.state <> 'exited'`, node, now, jobs, segs, cpu, rss, ckpt)
+		return mapErr("recording job stats", err)
+	})
+	return orphans, err
+}
+
+// RecordJobStats stores the agents' per-job process statistics (and
+// reconciles the node's leases with them: see HeartbeatJobs).
+func (s *Store) RecordJobStats(ctx context.Context, node string, stats []JobStat) error {
+	_, err := s.HeartbeatJobs(ctx, node, stats)
+	return err
 }
 
 // JobStat is one job's process statistics on one node.
@@ -809,8 +1013,11 @@ func (s *Store) LostNodes(ctx context.Context, interval time.Duration) ([]string
 
 // MarkLostNodes marks down every node that has sent no heartbeat since
 // before cutoff. Its unfinished leases end at the last heartbeat (usage is
-// billed up to then); checkpointable jobs go back to the queue, others fail
-// with reason node_lost. It returns the nodes it marked down.
+// billed up to then; allot.LostLeaseEnd); checkpointable jobs go back to
+// the queue, others fail with reason node_lost (allot.SettleSegment). GPUs
+// held for its orphans are released at the last heartbeat too (nobody gets
+// a down node's GPUs; when its agent comes back still running them they
+// are held again). It returns the nodes it marked down.
 func (s *Store) MarkLostNodes(ctx context.Context, cutoff time.Time) ([]string, error) {
 	var lost []string
 	err := s.InTx(ctx, func(tx *Store) error {
@@ -840,44 +1047,40 @@ func (s *Store) MarkLostNodes(ctx context.Context, cutoff time.Time) ([]string, 
 				ORDER BY id FOR UPDATE`, n.name); err != nil {
 				return mapErr("locking jobs of lost node", err)
 			}
-			rows, err := tx.db.Query(ctx, `
-				UPDATE leases SET state = 'exited', exited_at = greatest($2, offered_at), exit_code = -1, exit_reason = 'node_lost'
-				WHERE node = $1 AND state <> 'exited' RETURNING job_id, segment`, n.name, n.hb)
+			rows, err := tx.db.Query(ctx, `SELECT job_id, segment, offered_at FROM leases
+				WHERE node = $1 AND state <> 'exited' ORDER BY job_id, segment FOR UPDATE`, n.name)
 			if err != nil {
 				return mapErr("ending leases of lost node", err)
 			}
-			refs, err := pgx.CollectRows(rows, scanLeaseRef)
+			type open struct {
+				ref     LeaseRef
+				offered time.Time
+			}
+			ls, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (open, error) {
+				var o open
+				return o, r.Scan(&o.ref.JobID, &o.ref.Segment, &o.offered)
+			})
 			if err != nil {
 				return mapErr("ending leases of lost node", err)
 			}
-			for _, r := range refs {
-				if err := tx.releaseAllocations(ctx, r.JobID, r.Segment, n.name, n.hb); err != nil {
+			for _, l := range ls {
+				end := allot.LostLeaseEnd(n.hb, l.offered, now)
+				if _, err := tx.db.Exec(ctx, `UPDATE leases SET state = 'exited', exited_at = $4, exit_code = $5, exit_reason = $6
+					WHERE job_id = $1 AND segment = $2 AND node = $3`, l.ref.JobID, l.ref.Segment, n.name, end.At, end.ExitCode, string(end.Reason)); err != nil {
+					return mapErr("ending leases of lost node", err)
+				}
+				if err := tx.releaseAllocations(ctx, l.ref.JobID, l.ref.Segment, n.name, end.At); err != nil {
 					return err
-				}
-				var checkpointable bool
-				var state string
-				if err := tx.db.QueryRow(ctx, `SELECT state, checkpointable FROM jobs WHERE id = $1 AND segment = $2 FOR UPDATE`, r.JobID, r.Segment).Scan(&state, &checkpointable); err != nil {
-					if err == pgx.ErrNoRows {
-						continue
-					}
-					return mapErr("settling job of lost node", err)
-				}
-				if state != string(allot.JobRunning) {
-					continue
 				}
 				// running → lost → pending|failed, in one transaction.
-				if checkpointable {
-					_, err = tx.db.Exec(ctx, `UPDATE jobs SET state = 'pending', updated_at = $2,
-						pending_reason = 'requeued: node ' || $3 || ' stopped answering' WHERE id = $1`, r.JobID, now, n.name)
-				} else {
-					_, err = tx.db.Exec(ctx, `UPDATE jobs SET state = 'failed', end_reason = 'node_lost', ended_at = $2, updated_at = $2 WHERE id = $1`, r.JobID, now)
-				}
-				if err != nil {
-					return mapErr("settling job of lost node", err)
-				}
-				if err := tx.requestStop(ctx, r.JobID, r.Segment, "node_lost", 30*time.Second); err != nil {
+				if _, err := tx.finishSegment(ctx, l.ref); err != nil {
 					return err
 				}
+			}
+			if _, err := tx.db.Exec(ctx, `UPDATE allocations a SET released_at = greatest($2, a.started_at)
+				FROM leases l WHERE a.node = $1 AND a.released_at IS NULL AND l.job_id = a.job_id AND l.segment = a.segment AND l.node = a.node AND l.state = 'exited'`,
+				n.name, n.hb); err != nil {
+				return mapErr("releasing orphans of lost node", err)
 			}
 		}
 		return nil

@@ -38,6 +38,17 @@ const maxHealthOutput = 4096
 // health rule drained once it has passed its checks for the policy's
 // AutoUndrainAfter. Every state change is audited (actor "system").
 func (s *Store) EvaluateHealth(ctx context.Context, node string, gpus []health.GPU, check string) (HealthOutcome, error) {
+	return s.EvaluateHeartbeatHealth(ctx, node, gpus, check, "")
+}
+
+// EvaluateHeartbeatHealth is EvaluateHealth for a heartbeat that may say
+// the agent could not read its GPUs (metricsError): then rules over GPU
+// metrics are unknown (see health.Report.MetricsError), so GPUs absent
+// from the heartbeat do not drain the node as missing.
+func (s *Store) EvaluateHeartbeatHealth(ctx context.Context, node string, gpus []health.GPU, check, metricsError string) (HealthOutcome, error) {
+	if metricsError != "" {
+		gpus = nil
+	}
 	if len(check) > maxHealthOutput {
 		check = check[:maxHealthOutput]
 	}
@@ -45,13 +56,13 @@ func (s *Store) EvaluateHealth(ctx context.Context, node string, gpus []health.G
 	// Most heartbeats change nothing: a read-only pass without a
 	// transaction settles them; the first write it would make sends the
 	// evaluation into a transaction that locks the node and does it all.
-	out, err := s.evaluateHealth(ctx, node, gpus, check, false)
+	out, err := s.evaluateHealth(ctx, node, gpus, check, metricsError, false)
 	if err != errHealthWrite {
 		return out, err
 	}
 	err = s.InTx(ctx, func(tx *Store) error {
 		var err error
-		out, err = tx.evaluateHealth(ctx, node, gpus, check, true)
+		out, err = tx.evaluateHealth(ctx, node, gpus, check, metricsError, true)
 		return err
 	})
 	return out, err
@@ -60,7 +71,7 @@ func (s *Store) EvaluateHealth(ctx context.Context, node string, gpus []health.G
 // errHealthWrite stops a read-only evaluation that has something to write.
 var errHealthWrite = errors.New("health evaluation needs a write")
 
-func (s *Store) evaluateHealth(ctx context.Context, node string, gpus []health.GPU, check string, write bool) (HealthOutcome, error) {
+func (s *Store) evaluateHealth(ctx context.Context, node string, gpus []health.GPU, check, metricsError string, write bool) (HealthOutcome, error) {
 	var out HealthOutcome
 	lock := ""
 	if write {
@@ -109,7 +120,7 @@ func (s *Store) evaluateHealth(ctx context.Context, node string, gpus []health.G
 		for i, r := range holding {
 			since[r] = holdingSince[i]
 		}
-		res := health.Evaluate(p.HealthRules, health.Report{At: now, GPUs: gpus, Expected: expected, Lost: lost, HealthCheck: check}, since)
+		res := health.Evaluate(p.HealthRules, health.Report{At: now, GPUs: gpus, Expected: expected, Lost: lost, HealthCheck: check, MetricsError: metricsError}, since)
 
 		// Keep the state of the rules that hold (written only when it changed).
 		changed := len(res.Since) != len(since)
