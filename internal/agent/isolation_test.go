@@ -325,7 +325,9 @@ func TestOrphanCgroupIsKilledAtStart(t *testing.T) {
 // testImage builds a tiny OCI image locally (there is no registry here):
 // Debian's busybox-static as /bin, imported into podman's store, removed
 // after the test.
-func testImage(t *testing.T, podman string) string {
+func testImage(t *testing.T, podman string) string { return testImageTB(t, podman) }
+
+func testImageTB(t testing.TB, podman string) string {
 	t.Helper()
 	bb, err := exec.LookPath("busybox")
 	if err != nil {
