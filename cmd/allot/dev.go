@@ -183,7 +183,7 @@ func devMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	if !*noAgents {
-		if err := devJobAccount(stderr, stateDir, cpRoot); err != nil {
+		if err := devJobAccount(stderr, stateDir, cpRoot, *jobsDir); err != nil {
 			fmt.Fprintf(stderr, "allot dev: %v\n", err)
 			return 1
 		}
@@ -391,7 +391,7 @@ const DevJobAccount = "allot-demo"
 // allot-demo, created if missing and kept, which must reach the jobs'
 // working and checkpoint directories under stateDir; otherwise jobs run as
 // the developer's own account, without cgroups.
-func devJobAccount(stderr io.Writer, stateDir, cpRoot string) error {
+func devJobAccount(stderr io.Writer, stateDir, cpRoot, jobsDir string) error {
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(stderr, "allot dev: not root, so the demo's jobs run as your own account, without per-job cgroups or GPU fencing (run as root to see them)")
 		return nil
@@ -421,6 +421,16 @@ func devJobAccount(stderr io.Writer, stateDir, cpRoot string) error {
 		if fi, err := os.Stat(d); err == nil && fi.Mode().Perm()&0o011 != 0o011 {
 			if err := os.Chmod(d, fi.Mode().Perm()|0o011); err != nil {
 				return err
+			}
+		}
+	}
+	for _, d := range []string{filepath.Dir(stateDir), jobsDir} {
+		for p := d; ; p = filepath.Dir(p) {
+			if fi, err := os.Stat(p); err == nil && fi.Mode().Perm()&0o001 == 0 {
+				return fmt.Errorf("the demo's jobs run as unprivileged accounts, which cannot reach %s: %s is not searchable by others (chmod o+x %s, or choose --data-dir and --jobs-dir elsewhere)", d, p, p)
+			}
+			if p == "/" || p == "." {
+				break
 			}
 		}
 	}

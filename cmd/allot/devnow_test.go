@@ -40,7 +40,7 @@ func init() {
 func TestDevNow(t *testing.T) {
 	t.Parallel()
 	const at = "2027-03-01T00:00:20Z"
-	dir := t.TempDir()
+	dir := jobTempDir(t) // the demo's job accounts reach .allot/work under it
 	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), devArgsEnv+"=--now "+at+" --addr 127.0.0.1:0 --no-oidc --database-url "+storetest.URL(t)+
 		" --data-dir "+filepath.Join(dir, "pgdata"))

@@ -189,7 +189,7 @@ func (a *Agent) start(ref agentproto.LeaseRef) {
 		switch {
 		case !strings.Contains(p, "/"):
 			// Resolve a bare name with the job's PATH, not the agent's.
-			if q, ok := lookPath(p, env); ok {
+			if q, ok := lookPathAs(p, env, id); ok {
 				p = q
 			} else {
 				fail(fmt.Errorf("exec: %q: executable file not found in the job's PATH", p))
@@ -647,4 +647,64 @@ func lastCheckpoint(dir string) *time.Time {
 	// File times are the real time; the agent reports on its clock.
 	newest = newest.Add(clock.Offset()).UTC()
 	return &newest
+}
+
+// lookPathAs is lookPath for the job's account: a candidate the account
+// cannot reach or execute (e.g. under root's 0700 home on the agent's
+// PATH) is skipped, as the account's own shell would skip it.
+func lookPathAs(name string, env []string, id identity) (string, bool) {
+	if id.Same {
+		return lookPath(name, env)
+	}
+	path := ""
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			path = v
+		}
+	}
+	for dir := range strings.SplitSeq(path, ":") {
+		if dir == "" {
+			dir = "."
+		}
+		p := dir + "/" + name
+		if fi, err := os.Stat(p); err == nil && !fi.IsDir() && canExec(p, id) {
+			return p, true
+		}
+	}
+	return "", false
+}
+
+// canExec reports whether account id may execute the file at p: every
+// directory on the way searchable by it, the file executable by it (from
+// the mode bits of owner, group and others).
+func canExec(p string, id identity) bool {
+	abs, err := filepath.Abs(p)
+	if err != nil {
+		return false
+	}
+	allowed := func(fi os.FileInfo, bit os.FileMode) bool {
+		st, ok := fi.Sys().(*syscall.Stat_t)
+		if !ok {
+			return false
+		}
+		m := fi.Mode().Perm()
+		switch {
+		case st.Uid == id.UID:
+			return m&(bit<<6) != 0
+		case st.Gid == id.GID || slices.Contains(id.Groups, st.Gid):
+			return m&(bit<<3) != 0
+		}
+		return m&bit != 0
+	}
+	for d := filepath.Dir(abs); ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil || !allowed(fi, 0o1) {
+			return false
+		}
+		if d == "/" {
+			break
+		}
+	}
+	fi, err := os.Stat(abs)
+	return err == nil && allowed(fi, 0o1)
 }
