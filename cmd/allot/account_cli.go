@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 )
@@ -20,24 +21,33 @@ const userUsage = `usage:
 flags: --server URL --token T --note TEXT
 `
 
+// cmdUser runs `allot user SUBCOMMAND`; flags may come before or after
+// the subcommand and its arguments.
 func cmdUser(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, userUsage)
-		return 2
-	}
-	fs := flag.NewFlagSet("user "+args[0], flag.ContinueOnError)
+	fs := flag.NewFlagSet("user", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, userUsage) }
 	newClient := clientFlags(fs)
 	note := fs.String("note", "", "why, for the audit log")
 	asJSON := fs.Bool("json", false, "print JSON")
-	if err := fs.Parse(args[1:]); err != nil {
+	pos, ok := parseInterleaved(fs, args)
+	if !ok {
 		return 2
 	}
+	if len(pos) == 0 {
+		fmt.Fprint(stderr, userUsage)
+		return 2
+	}
+	sub := pos[0]
+	if sub == "disable" || sub == "enable" {
+		i := slices.Index(args, sub)
+		return cmdUserAccess(sub, append(slices.Clone(args[:i]), args[i+1:]...), stdout, stderr)
+	}
+	pos = pos[1:]
 	ctx := context.Background()
-	switch args[0] {
+	switch sub {
 	case "accounts", "list":
-		if fs.NArg() != 0 {
+		if len(pos) != 0 {
 			fmt.Fprint(stderr, userUsage)
 			return 2
 		}
@@ -56,11 +66,11 @@ func cmdUser(args []string, stdout, stderr io.Writer) int {
 		tw.Flush()
 		return 0
 	case "set-account":
-		if fs.NArg() != 2 {
+		if len(pos) != 2 {
 			fmt.Fprint(stderr, userUsage)
 			return 2
 		}
-		r, m, err := newClient().SetAccount(ctx, fs.Arg(0), fs.Arg(1), *note)
+		r, m, err := newClient().SetAccount(ctx, pos[0], pos[1], *note)
 		if err != nil {
 			return reportErr(stderr, "user set-account", err)
 		}
@@ -74,7 +84,7 @@ func cmdUser(args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
-	fmt.Fprintf(stderr, "allot user: unknown subcommand %q\n%s", args[0], userUsage)
+	fmt.Fprintf(stderr, "allot user: unknown subcommand %q\n%s", sub, userUsage)
 	return 2
 }
 
@@ -85,33 +95,31 @@ flags: --server URL --token T --note TEXT
 `
 
 func cmdTeam(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] != "set-account" {
-		fmt.Fprint(stderr, teamUsage)
-		return 2
-	}
 	fs := flag.NewFlagSet("team set-account", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, teamUsage) }
 	newClient := clientFlags(fs)
 	note := fs.String("note", "", "why, for the audit log")
-	if err := fs.Parse(args[1:]); err != nil {
+	pos, ok := parseInterleaved(fs, args)
+	if !ok {
 		return 2
 	}
-	if fs.NArg() != 2 {
+	if len(pos) != 3 || pos[0] != "set-account" {
 		fmt.Fprint(stderr, teamUsage)
 		return 2
 	}
-	r, err := newClient().SetTeamAccount(context.Background(), fs.Arg(0), fs.Arg(1), *note)
+	team, account := pos[1], pos[2]
+	r, err := newClient().SetTeamAccount(context.Background(), team, account, *note)
 	if err != nil {
 		return reportErr(stderr, "team set-account", err)
 	}
 	switch {
 	case !r.Changed:
-		fmt.Fprintf(stdout, "no change: team %s already has service account %s\n", fs.Arg(0), dash(fs.Arg(1)))
-	case fs.Arg(1) == "":
-		fmt.Fprintf(stdout, "team %s has no service account now (audit entry %d)\n", fs.Arg(0), r.AuditID)
+		fmt.Fprintf(stdout, "no change: team %s already has service account %s\n", team, dash(account))
+	case account == "":
+		fmt.Fprintf(stdout, "team %s has no service account now (audit entry %d)\n", team, r.AuditID)
 	default:
-		fmt.Fprintf(stdout, "team %s's service account is %s (audit entry %d)\n", fs.Arg(0), fs.Arg(1), r.AuditID)
+		fmt.Fprintf(stdout, "team %s's service account is %s (audit entry %d)\n", team, account, r.AuditID)
 	}
 	return 0
 }

@@ -104,12 +104,16 @@ func (j *Job) RedactFor(u *User) {
 const MaxImageLen = 255
 
 // imageRE is an OCI image reference: [registry[:port]/]path[:tag][@digest]
-// (the grammar of the distribution reference, without normalisation).
+// (the grammar of the distribution reference, without normalisation). As
+// there, a first part is a registry only when it has a dot or a port or is
+// localhost; else it is a path component (lower case).
 var imageRE = regexp.MustCompile(`^` +
-	`(?:(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]+)?|\[[0-9a-fA-F:]+\](?::[0-9]+)?)/)?` +
+	`(?:(?:localhost(?::[0-9]+)?|` + dnsLabel + `(?:\.` + dnsLabel + `)+(?::[0-9]+)?|` + dnsLabel + `:[0-9]+|\[[0-9a-fA-F:]+\](?::[0-9]+)?)/)?` +
 	`[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*` +
 	`(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?` +
 	`(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$`)
+
+const dnsLabel = `[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?`
 
 // ImageProblem says what is wrong with an image reference, "" when it is
 // fine ("" itself is fine: no image, the job runs on the host).

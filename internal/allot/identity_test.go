@@ -75,13 +75,13 @@ func TestParseMemoryAndCPUs(t *testing.T) {
 func TestImageReferences(t *testing.T) {
 	for _, ok := range []string{"", "ubuntu", "ubuntu:22.04", "nvcr.io/nvidia/pytorch:24.05-py3", "ghcr.io/acme/train:1.4",
 		"localhost:5000/team/img", "registry.example.com:443/a/b/c:tag_1", "python@sha256:" + strings.Repeat("ab", 32),
-		"docker.io/library/busybox:1.36@sha256:" + strings.Repeat("0f", 32), "my_org/my__img", "a-b---c/d"} {
+		"docker.io/library/busybox:1.36@sha256:" + strings.Repeat("0f", 32), "my_org/my__img", "a-b---c/d", "Registry.Example.com/x", "localhost/x", "myhost:5000/x:1"} {
 		if msg := ImageProblem(ok); msg != "" {
 			t.Errorf("%q refused: %s", ok, msg)
 		}
 	}
 	for _, bad := range []string{"ubuntu 22.04", "Ubuntu", "ghcr.io/Acme/x", "docker://ubuntu", "-img", "img:", "img:-tag", "img@sha256:abc",
-		"a/" + strings.Repeat("b", 254), "img\t", "img/", "/img", "img;rm -rf /", "img$(x)"} {
+		"a/" + strings.Repeat("b", 254), "img\t", "img/", "/img", "img;rm -rf /", "img$(x)", "UPPER/case", "Registry/x"} {
 		if ImageProblem(bad) == "" {
 			t.Errorf("%q accepted", bad)
 		}
