@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"flag"
 	"fmt"
 	"io"
@@ -111,9 +113,21 @@ func devMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if *faultsDir, err = filepath.Abs(*faultsDir); err == nil {
 		err = os.MkdirAll(*faultsDir, 0o755)
 	}
+	// As root the demo's jobs run as unprivileged accounts, which must
+	// reach their working and checkpoint directories: where the state
+	// directory lies under one others cannot search (a 0700 home, a test's
+	// temporary directory), they go to a directory of their own in TMPDIR.
+	jobsRoot := stateDir
+	if os.Geteuid() == 0 && !*noAgents && !searchable(filepath.Dir(mustAbs(stateDir))) {
+		jobsRoot = filepath.Join(os.TempDir(), "allot-dev-"+shortHash(mustAbs(stateDir)))
+		fmt.Fprintf(stderr, "allot dev: %s is not reachable by the demo's job accounts; their working and checkpoint directories are in %s until allot dev stops\n", stateDir, jobsRoot)
+		if err = os.MkdirAll(jobsRoot, 0o755); err == nil {
+			defer os.RemoveAll(jobsRoot)
+		}
+	}
 	if err == nil {
 		if *jobsDir == "" {
-			*jobsDir = filepath.Join(stateDir, "work")
+			*jobsDir = filepath.Join(jobsRoot, "work")
 		}
 		if *jobsDir, err = filepath.Abs(*jobsDir); err == nil {
 			err = demo.WriteWorkspace(*jobsDir)
@@ -123,7 +137,7 @@ func devMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "allot dev: --faults-dir or --jobs-dir: %v\n", err)
 		return 1
 	}
-	cpRoot, _ := filepath.Abs(filepath.Join(stateDir, "checkpoints"))
+	cpRoot, _ := filepath.Abs(filepath.Join(jobsRoot, "checkpoints"))
 	m := &Main{Config: Config{DatabaseURL: url, Addr: *addr, Worker: true, Migrate: true, DevMode: true, Logger: log, CheckpointRoot: cpRoot, APITokenTTL: tokenTTL(),
 		RequirePOSIXAccount: *requireAccount}}
 	// Single sign-on: the company's provider when ALLOT_OIDC_* says so,
@@ -424,15 +438,35 @@ func devJobAccount(stderr io.Writer, stateDir, cpRoot, jobsDir string) error {
 			}
 		}
 	}
-	for _, d := range []string{filepath.Dir(stateDir), jobsDir} {
-		for p := d; ; p = filepath.Dir(p) {
-			if fi, err := os.Stat(p); err == nil && fi.Mode().Perm()&0o001 == 0 {
-				return fmt.Errorf("the demo's jobs run as unprivileged accounts, which cannot reach %s: %s is not searchable by others (chmod o+x %s, or choose --data-dir and --jobs-dir elsewhere)", d, p, p)
-			}
-			if p == "/" || p == "." {
-				break
-			}
+	for _, d := range []string{filepath.Dir(cpRoot), jobsDir} {
+		if !searchable(d) {
+			return fmt.Errorf("the demo's jobs run as unprivileged accounts, which cannot reach %s: a directory on its path is not searchable by others (chmod o+x it, or choose --jobs-dir elsewhere)", d)
 		}
 	}
 	return nil
+}
+
+// searchable reports whether every directory from dir up to / lets others
+// pass (o+x).
+func searchable(dir string) bool {
+	for p := dir; ; p = filepath.Dir(p) {
+		if fi, err := os.Stat(p); err == nil && fi.Mode().Perm()&0o001 == 0 {
+			return false
+		}
+		if p == "/" || p == "." {
+			return true
+		}
+	}
+}
+
+func mustAbs(p string) string {
+	if a, err := filepath.Abs(p); err == nil {
+		return a
+	}
+	return p
+}
+
+func shortHash(s string) string {
+	h := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(h[:6])
 }
