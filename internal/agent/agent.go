@@ -93,6 +93,9 @@ type Config struct {
 	// overrides the program (default: the name, from PATH).
 	ContainerRuntime     string
 	ContainerRuntimePath string
+	// ContainerRuntimeArgs are global flags put before the runtime's
+	// subcommand, e.g. ["-H", "unix:///run/docker.sock"] or ["--root", …].
+	ContainerRuntimeArgs []string
 	// KeepJobsOnExit leaves running jobs alone when the agent stops (the
 	// next agent adopts them); otherwise the agent stops them first.
 	KeepJobsOnExit bool

@@ -70,7 +70,7 @@ func (a *Agent) prepare() error {
 		a.inv.DevDir = dir
 	}
 	if a.cfg.ContainerRuntime != "" {
-		rt, err := newContainerRT(a.cfg.ContainerRuntime, a.cfg.ContainerRuntimePath)
+		rt, err := newContainerRT(a.cfg.ContainerRuntime, a.cfg.ContainerRuntimePath, a.cfg.ContainerRuntimeArgs)
 		if err != nil {
 			return fmt.Errorf("agent: %w", err)
 		}
@@ -217,7 +217,7 @@ type containerRT struct {
 	global []string
 }
 
-func newContainerRT(name, path string) (*containerRT, error) {
+func newContainerRT(name, path string, extra []string) (*containerRT, error) {
 	if name != "podman" && name != "docker" {
 		return nil, fmt.Errorf("--container-runtime %q: use podman or docker", name)
 	}
@@ -239,6 +239,7 @@ func newContainerRT(name, path string) (*containerRT, error) {
 			}
 		}
 	}
+	rt.global = append(rt.global, extra...)
 	return rt, nil
 }
 

@@ -5,8 +5,10 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -327,7 +329,7 @@ func TestOrphanCgroupIsKilledAtStart(t *testing.T) {
 // after the test.
 func testImage(t *testing.T, podman string) string { return testImageTB(t, podman) }
 
-func testImageTB(t testing.TB, podman string) string {
+func testImageTB(t testing.TB, podman string, global ...string) string {
 	t.Helper()
 	bb, err := exec.LookPath("busybox")
 	if err != nil {
@@ -354,52 +356,123 @@ func testImageTB(t testing.TB, podman string) string {
 		t.Fatalf("tar: %v %s", err, out)
 	}
 	name := "localhost/allot-test-busybox:" + strconv.Itoa(os.Getpid())
-	if out, err := exec.Command(podman, "import", tar, name).CombinedOutput(); err != nil {
-		t.Skipf("podman cannot import an image here: %v %s", err, out)
+	if out, err := exec.Command(podman, append(slices.Clone(global), "import", tar, name)...).CombinedOutput(); err != nil {
+		t.Skipf("%s cannot import an image here: %v %s", filepath.Base(podman), err, out)
 	}
-	t.Cleanup(func() { _ = exec.Command(podman, "rmi", "--force", name).Run() })
+	t.Cleanup(func() { _ = exec.Command(podman, append(slices.Clone(global), "rmi", "--force", name)...).Run() })
 	return name
 }
 
 // TestContainerJobGetsItsGPUsAndUser runs a job in an image through real
-// podman: it runs as the job's account (not root), inside the job's
-// cgroup, sees only its own GPU's device (plus nvidiactl), and its
-// checkpoint and working directories are mounted.
+// podman and real Docker (a private dockerd): it runs as the job's account
+// (not root), inside the job's cgroup, sees only its own GPU's device
+// (plus nvidiactl), and its checkpoint and working directories are
+// mounted.
 func TestContainerJobGetsItsGPUsAndUser(t *testing.T) {
 	needRoot(t)
-	podman, err := exec.LookPath("podman")
+	for _, rt := range []string{"podman", "docker"} {
+		t.Run(rt, func(t *testing.T) {
+			bin, err := exec.LookPath(rt)
+			if err != nil {
+				t.Skipf("%s is not installed (.ci/run installs it from Debian)", rt)
+			}
+			t.Parallel()
+			var global []string
+			if rt == "docker" {
+				global = startDockerd(t)
+			}
+			img := testImageTB(t, bin, global...)
+			p := newPeer(t)
+			ta := startAgent(t, p, func(c *Config) { c.ContainerRuntime, c.ContainerRuntimeArgs = rt, global })
+			if got := p.regs[len(p.regs)-1].Runtimes; len(got) != 1 || got[0] != rt {
+				t.Errorf("inventory runtimes = %v", got)
+			}
+			work := jobDir(t)
+			ckpt := filepath.Join(sharedTempDir(t), "ckpt")
+			l := shLease(191, []int{1}, `echo "uid=$(id -u)"; ls $(dirname $ALLOT_GPU_DEVICES) | grep nvidia; grep -c job-191-1 /proc/self/cgroup; echo w > `+work+`/out; echo c > `+ckpt+`/c; echo "gpus=$ALLOT_GPU_DEVICES"`)
+			l.Image, l.WorkDir, l.CheckpointDir = img, work, ckpt
+			ta.run(t, l)
+			e := p.waitExit(ref(191), 60*time.Second)
+			out := logOf(p, ref(191))
+			if e.ExitCode != 0 {
+				t.Fatalf("exit = %+v\n%s", e, out)
+			}
+			if !strings.Contains(out, "uid="+uidOf(t, testUser)+"\n") {
+				t.Errorf("container job ran as the wrong user:\n%s", out)
+			}
+			if !strings.Contains(out, "\nnvidia1\nnvidiactl\n") || strings.Contains(out, "nvidia0") || strings.Contains(out, "nvidia2") {
+				t.Errorf("container job sees the wrong GPUs:\n%s", out)
+			}
+			if !strings.Contains(out, "gpus="+filepath.Join(ta.cfg.StateDir, "dev", "nvidia1")) {
+				t.Errorf("ALLOT_GPU_DEVICES inside the container:\n%s", out)
+			}
+			for _, f := range []string{filepath.Join(work, "out"), filepath.Join(ckpt, "c")} {
+				if _, err := os.Stat(f); err != nil {
+					t.Errorf("the container did not write through its mount: %v", err)
+				}
+			}
+		})
+	}
+}
+
+// startDockerd runs a private Docker daemon for the test (its own data
+// root, socket and cgroup parent) and returns the global flags that reach
+// it. It is stopped, and its mounts removed, when the test ends.
+func startDockerd(t *testing.T) []string {
+	t.Helper()
+	dockerd, err := exec.LookPath("dockerd")
 	if err != nil {
-		t.Skip("podman is not installed (.ci/run installs it from Debian)")
+		t.Skip("no dockerd (.ci/run installs Debian's docker.io)")
 	}
-	t.Parallel()
-	img := testImage(t, podman)
-	p := newPeer(t)
-	ta := startAgent(t, p, func(c *Config) { c.ContainerRuntime = "podman" })
-	if got := p.regs[len(p.regs)-1].Runtimes; len(got) != 1 || got[0] != "podman" {
-		t.Errorf("inventory runtimes = %v", got)
+	dir, err := os.MkdirTemp("", "allot-dockerd-")
+	if err != nil {
+		t.Fatal(err)
 	}
-	work := jobDir(t)
-	ckpt := filepath.Join(sharedTempDir(t), "ckpt")
-	l := shLease(191, []int{1}, `echo "uid=$(id -u)"; ls $(dirname $ALLOT_GPU_DEVICES) | grep nvidia; grep -c job-191-1 /proc/self/cgroup; echo w > `+work+`/out; echo c > `+ckpt+`/c; echo "gpus=$ALLOT_GPU_DEVICES"`)
-	l.Image, l.WorkDir, l.CheckpointDir = img, work, ckpt
-	ta.run(t, l)
-	e := p.waitExit(ref(191), 60*time.Second)
-	out := logOf(p, ref(191))
-	if e.ExitCode != 0 {
-		t.Fatalf("exit = %+v\n%s", e, out)
+	sock := filepath.Join(dir, "sock")
+	cmd := exec.Command(dockerd, "--data-root", filepath.Join(dir, "data"), "--exec-root", filepath.Join(dir, "exec"),
+		"--pidfile", filepath.Join(dir, "pid"), "-H", "unix://"+sock, "--iptables=false", "--ip6tables=false", "--bridge=none",
+		"--cgroup-parent", "/allot-test/dockerd-"+strconv.Itoa(os.Getpid()))
+	logf, _ := os.Create(filepath.Join(dir, "log"))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
 	}
-	if !strings.Contains(out, "uid="+uidOf(t, testUser)+"\n") {
-		t.Errorf("container job ran as the wrong user:\n%s", out)
-	}
-	if !strings.Contains(out, "\nnvidia1\nnvidiactl\n") || strings.Contains(out, "nvidia0") || strings.Contains(out, "nvidia2") {
-		t.Errorf("container job sees the wrong GPUs:\n%s", out)
-	}
-	if !strings.Contains(out, "gpus="+filepath.Join(ta.cfg.StateDir, "dev", "nvidia1")) {
-		t.Errorf("ALLOT_GPU_DEVICES inside the container:\n%s", out)
-	}
-	for _, f := range []string{filepath.Join(work, "out"), filepath.Join(ckpt, "c")} {
-		if _, err := os.Stat(f); err != nil {
-			t.Errorf("the container did not write through its mount: %v", err)
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+		logf.Close()
+		unmountUnder(dir)
+		_ = os.RemoveAll(dir)
+		dirs, _ := filepath.Glob("/sys/fs/cgroup/*/allot-test/dockerd-" + strconv.Itoa(os.Getpid()))
+		for _, d := range dirs {
+			_ = os.Remove(d)
 		}
+	})
+	for i := 0; ; i++ {
+		if exec.Command("docker", "-H", "unix://"+sock, "version").Run() == nil {
+			break
+		}
+		if i > 300 {
+			b, _ := os.ReadFile(filepath.Join(dir, "log"))
+			t.Skipf("dockerd did not come up here: %s", lastLines(string(b), 5))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return []string{"-H", "unix://" + sock}
+}
+
+// unmountUnder detaches every mount below dir (deepest first).
+func unmountUnder(dir string) {
+	b, _ := os.ReadFile("/proc/self/mountinfo")
+	var mps []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			mps = append(mps, f[4])
+		}
+	}
+	slices.SortFunc(mps, func(a, b string) int { return len(b) - len(a) })
+	for _, m := range mps {
+		_ = syscall.Unmount(m, syscall.MNT_DETACH)
 	}
 }

@@ -51,6 +51,11 @@ func MainContext(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	pidsMax := fs.Int64("pids-max", 16384, "most processes and threads of one job")
 	runtimeName := fs.String("container-runtime", "", "runs jobs that name an image: podman or docker (default: none)")
 	runtimePath := fs.String("container-runtime-path", "", "path of the container runtime program (default: found in PATH)")
+	var runtimeArgs []string
+	fs.Func("container-runtime-arg", "a global flag of the container runtime, put before its subcommand (repeat it), e.g. --container-runtime-arg=-H --container-runtime-arg=unix:///run/docker.sock", func(v string) error {
+		runtimeArgs = append(runtimeArgs, v)
+		return nil
+	})
 	keepJobs := fs.Bool("keep-jobs", true, "leave running jobs alone when the agent stops: the next agent adopts them (false: stop them, SIGTERM then SIGKILL after 10 s)")
 	gpu := fs.String("gpu", "nvml", "GPU backend: nvml (NVIDIA driver) or fake (no GPUs needed)")
 	fakeGPUs := fs.Int("fake-gpus", 8, "number of GPUs of the fake backend")
@@ -186,7 +191,7 @@ func MainContext(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		HealthCmd: *healthCmd, HealthInterval: *healthEvery, WorkDir: *workDir,
 		StateDir: *stateDir, JobUser: *jobUser, CgroupParent: *cgroupParent, RunAsAgent: *runAsAgent, Cgroups: *cgroupsMode,
 		MemoryPerGPU: memPer, MilliCPUsPerGPU: int64(*cpusPerGPU * 1000), PidsMax: *pidsMax,
-		ContainerRuntime: *runtimeName, ContainerRuntimePath: *runtimePath, KeepJobsOnExit: *keepJobs,
+		ContainerRuntime: *runtimeName, ContainerRuntimePath: *runtimePath, ContainerRuntimeArgs: runtimeArgs, KeepJobsOnExit: *keepJobs,
 	})
 
 	if *metricsAddr != "" {
