@@ -3,8 +3,10 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -282,12 +284,33 @@ func (c *jobCgroup) Kill() error {
 	}
 }
 
-// Delete removes the (empty) cgroup.
+// Delete removes the (empty) cgroup, and in v1 what a container runtime
+// made under it in other hierarchies (blkio, cpuset, name=systemd…).
 func (c *jobCgroup) Delete() error {
 	if c.v2 != nil {
 		return c.v2.Delete()
 	}
-	return c.v1.Delete()
+	err := c.v1.Delete()
+	removeTree(c.path)
+	return err
+}
+
+// removeTree removes the cgroup path and the (empty) cgroups below it in
+// every mounted v1 hierarchy, deepest first.
+func removeTree(p string) {
+	roots, _ := filepath.Glob("/sys/fs/cgroup/*")
+	for _, r := range roots {
+		var dirs []string
+		_ = filepath.WalkDir(filepath.Join(r, p), func(d string, e fs.DirEntry, err error) error {
+			if err == nil && e.IsDir() {
+				dirs = append(dirs, d)
+			}
+			return nil
+		})
+		for i := len(dirs) - 1; i >= 0; i-- {
+			_ = os.Remove(dirs[i])
+		}
+	}
 }
 
 // enter moves the calling process into the cgroup and returns a function
@@ -339,11 +362,12 @@ func (d *cgroupDriver) removeParent() {
 		_ = os.Remove(path.Join("/sys/fs/cgroup", d.parent))
 		return
 	}
-	for _, s := range v1Subsystems {
+	roots, _ := filepath.Glob("/sys/fs/cgroup/*")
+	for _, r := range roots {
 		// Remove the parent and then its own parent when that is empty too
 		// (e.g. allot/<node>, then allot).
 		for p := d.parent; p != "/" && p != "."; p = path.Dir(p) {
-			if os.Remove(path.Join("/sys/fs/cgroup", string(s), p)) != nil {
+			if os.Remove(path.Join(r, p)) != nil {
 				break
 			}
 		}
