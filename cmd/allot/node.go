@@ -129,10 +129,10 @@ func startDevAgentsWithFaults(ctx context.Context, m *Main, log *slog.Logger, fa
 		if n.GPUType == "T4" {
 			mem = 15360
 		}
-		a := agent.New(agent.Config{Server: m.URL(), Token: tok, Hostname: n.Name, Domain: n.Domain, HeartbeatInterval: m.HeartbeatInterval,
+		a := agent.New(agent.Local(agent.Config{Server: m.URL(), Token: tok, Hostname: n.Name, Domain: n.Domain, HeartbeatInterval: m.HeartbeatInterval,
 			Backend: agent.NewFake(agent.FakeOptions{GPUs: n.GPUCount, Model: n.GPUType, MemoryMiB: mem, Hostname: n.Name,
 				FaultFile: devFaultFile(faultsDir, n.Name)}),
-			Logger: log.With("node", n.Name), ShutdownGrace: 5e9, WorkDir: workDir})
+			Logger: log.With("node", n.Name), ShutdownGrace: 5e9, WorkDir: workDir}))
 		go func() {
 			if err := a.Run(actx); err != nil && actx.Err() == nil {
 				log.Error("agent stopped", "node", n.Name, "err", err)
