@@ -1183,7 +1183,7 @@ func jobLive(d JobDetail) templ.Component {
 			}
 		}
 		if d.EnvRedacted {
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 115, "<dt></dt><dd><small class=\"muted\" data-testid=\"env-redacted\">Values hidden: only the submitter, the team's leads and admins see them.</small></dd>")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 115, "<dt>env values</dt><dd><small class=\"muted\" data-testid=\"env-redacted\">Values hidden: only the submitter, the team's leads and admins see them.</small></dd>")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
