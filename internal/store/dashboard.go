@@ -258,7 +258,7 @@ type RunSegment struct {
 // JobSegments returns a job's run segments, oldest first.
 func (s *Store) JobSegments(ctx context.Context, jobID int64) ([]RunSegment, error) {
 	rows, err := s.db.Query(ctx, `
-		SELECT a.segment, array_agg(DISTINCT a.node ORDER BY a.node), count(*)::int, min(a.started_at),
+		SELECT a.segment, array_agg(DISTINCT a.node ORDER BY a.node), count(DISTINCT (a.node, a.gpu_index))::int, min(a.started_at),
 			CASE WHEN bool_or(a.released_at IS NULL) THEN NULL ELSE max(a.released_at) END,
 			coalesce(l.stop, ''), coalesce(l.by, 0), l.code, coalesce(l.reason, '')
 		FROM allocations a

@@ -382,7 +382,10 @@ func (s *Store) CancelJob(ctx context.Context, u *allot.User, id int64) (allot.J
 			release = leases == 0
 		}
 		if release {
-			if _, err := tx.db.Exec(ctx, `UPDATE allocations SET released_at = greatest($2, started_at) WHERE job_id = $1 AND released_at IS NULL`, id, now); err != nil {
+			// Not the hold of an orphan (a lease that ended but whose process
+			// its agent still reports): that goes when the agent confirms.
+			if _, err := tx.db.Exec(ctx, `UPDATE allocations a SET released_at = greatest($2, a.started_at) WHERE a.job_id = $1 AND a.released_at IS NULL
+				AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.job_id = a.job_id AND l.segment = a.segment AND l.node = a.node AND l.orphaned_at IS NOT NULL)`, id, now); err != nil {
 				return mapErr("releasing allocations", err)
 			}
 		}
