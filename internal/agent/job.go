@@ -473,6 +473,10 @@ type logStream struct {
 	first   bool
 	timer   *time.Timer
 	closed  bool
+	// offsetFile records how far into the output file the server has the
+	// lines; lastOff is where the last added line ends.
+	offsetFile string
+	lastOff    int64
 }
 
 func newLogStream(a *Agent, ref agentproto.LeaseRef, tail int, flush time.Duration) *logStream {
@@ -501,6 +505,9 @@ func (s *logStream) follow(path, offsetFile string, offset int64, stop, quit <-c
 		}
 	}
 	defer f.Close()
+	s.mu.Lock()
+	s.offsetFile = offsetFile
+	s.mu.Unlock()
 	if offset > 0 {
 		_, _ = f.Seek(offset, io.SeekStart)
 	}
@@ -514,21 +521,18 @@ func (s *logStream) follow(path, offsetFile string, offset int64, stop, quit <-c
 			if err == nil || errors.Is(err, bufio.ErrBufferFull) {
 				line := append(partial, b...)
 				partial = nil
-				s.add(trimLine(line))
-				if r.Buffered() == 0 && offsetFile != "" {
-					_ = os.WriteFile(offsetFile, []byte(strconv.FormatInt(offset, 10)), 0o600)
-				}
+				s.addAt(trimLine(line), offset)
 				continue
 			}
 			partial = append(partial, b...) // no newline yet
 			if len(partial) >= maxLineBytes {
-				s.add(trimLine(partial))
+				s.addAt(trimLine(partial), offset)
 				partial = nil
 			}
 		}
 		if stopping {
 			if len(partial) > 0 {
-				s.add(trimLine(partial))
+				s.addAt(trimLine(partial), offset)
 			}
 			return
 		}
@@ -542,6 +546,15 @@ func (s *logStream) follow(path, offsetFile string, offset int64, stop, quit <-c
 	}
 }
 
+// saveOffset returns what records off once its lines are delivered.
+func (s *logStream) saveOffset(off int64) func() {
+	file := s.offsetFile
+	if file == "" || off < 0 {
+		return nil
+	}
+	return func() { _ = os.WriteFile(file, []byte(strconv.FormatInt(off, 10)), 0o600) }
+}
+
 // readOffset is the output offset an earlier agent recorded for a job.
 func readOffset(offsetFile string) int64 {
 	b, err := os.ReadFile(offsetFile)
@@ -552,9 +565,18 @@ func readOffset(offsetFile string) int64 {
 	return n
 }
 
-func (s *logStream) add(line string) {
+func (s *logStream) add(line string) { s.addAt(line, -1) }
+
+// addAt adds a line that ends at byte off of the job's output file (-1:
+// not from a file). Once the server has the line, off is recorded in the
+// offset file: a restarted agent resends nothing it has, and loses
+// nothing it had not delivered.
+func (s *logStream) addAt(line string, off int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if off >= 0 {
+		s.lastOff = off
+	}
 	s.tail = append(s.tail, line)
 	if len(s.tail) > s.max {
 		s.tail = slices.Delete(s.tail, 0, len(s.tail)-s.max)
@@ -566,7 +588,7 @@ func (s *logStream) add(line string) {
 		// The very first line goes out at once: submit→first output is
 		// what users feel.
 		s.first = true
-		s.a.out.log(s.ref, []string{line})
+		s.a.out.log(s.ref, []string{line}, s.saveOffset(s.lastOff))
 		return
 	}
 	s.pending = append(s.pending, line)
@@ -587,7 +609,7 @@ func (s *logStream) flushLocked() {
 		s.timer = nil
 	}
 	if len(s.pending) > 0 {
-		s.a.out.log(s.ref, s.pending)
+		s.a.out.log(s.ref, s.pending, s.saveOffset(s.lastOff))
 		s.pending = nil
 	}
 }

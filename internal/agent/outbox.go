@@ -63,8 +63,10 @@ func (o *outbox) exitedThen(e agentproto.JobExited, done func()) {
 	o.push(&report{exited: &e, done: done})
 }
 
-// log queues lines, merged into the job's last unsent log report.
-func (o *outbox) log(ref agentproto.LeaseRef, lines []string) {
+// log queues lines, merged into the job's last unsent log report; done
+// (may be nil) runs once they are delivered, and replaces the done of the
+// report they merge into (it covers those lines too).
+func (o *outbox) log(ref agentproto.LeaseRef, lines []string, done func()) {
 	o.mu.Lock()
 	for i := len(o.items) - 1; i >= 0; i-- {
 		r := o.items[i]
@@ -73,6 +75,9 @@ func (o *outbox) log(ref agentproto.LeaseRef, lines []string) {
 		}
 		if r.log != nil && !r.sending && r.log.JobID == ref.JobID && r.log.Segment == ref.Segment {
 			r.log.Lines = append(r.log.Lines, lines...)
+			if done != nil {
+				r.done = done
+			}
 			if n := len(r.log.Lines); n > maxQueuedLogLines {
 				r.log.Lines = append([]string(nil), r.log.Lines[n-maxQueuedLogLines:]...)
 			}
@@ -81,7 +86,7 @@ func (o *outbox) log(ref agentproto.LeaseRef, lines []string) {
 			return
 		}
 	}
-	o.items = append(o.items, &report{log: &agentproto.JobLog{JobID: ref.JobID, Segment: ref.Segment, Lines: append([]string(nil), lines...)}})
+	o.items = append(o.items, &report{log: &agentproto.JobLog{JobID: ref.JobID, Segment: ref.Segment, Lines: append([]string(nil), lines...)}, done: done})
 	o.mu.Unlock()
 	o.wake()
 }
