@@ -13,6 +13,7 @@ type AdminTab struct {
 var AdminTabs = []AdminTab{
 	{"/admin", "Overview", "overview"},
 	{"/admin/tiers", "Tiers", "tiers"},
+	{"/admin/gpu-types", "GPU types", "gpu-types"},
 	{"/admin/rates", "Rate card", "rates"},
 	{"/admin/teams", "Teams", "teams"},
 	{"/admin/policy", "Policy weights", "policy"},

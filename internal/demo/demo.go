@@ -200,9 +200,17 @@ func seed(ctx context.Context, st *store.Store) error {
 			return fmt.Errorf("seeding nodes: %w", err)
 		}
 	}
-	p := allot.DefaultPolicy()
-	if err := st.InsertPolicy(ctx, &p); err != nil {
+	// `allot migrate` stores the default policy (migration 0020); the
+	// demo keeps it as its first version.
+	p, err := st.CurrentPolicy(ctx)
+	if err != nil {
 		return fmt.Errorf("seeding policy: %w", err)
+	}
+	if p.Version == 0 {
+		p = allot.DefaultPolicy()
+		if err := st.InsertPolicy(ctx, &p); err != nil {
+			return fmt.Errorf("seeding policy: %w", err)
+		}
 	}
 	for i := range Teams {
 		t := Teams[i].Team

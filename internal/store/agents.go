@@ -97,6 +97,9 @@ func (s *Store) RegisterNode(ctx context.Context, node string, inv NodeInventory
 		if err != nil {
 			return mapErr("registering node", err)
 		}
+		if err := tx.noteInventory(ctx, node, inv.GPUs); err != nil {
+			return err
+		}
 		if err := tx.keepLostGPUs(ctx, node, inv.GPUs); err != nil {
 			return err
 		}

@@ -245,7 +245,7 @@ func (s *Store) CreateNode(ctx context.Context, n *allot.Node) error {
 	if err := n.Validate(); err != nil {
 		return err
 	}
-	_, err := s.db.Exec(ctx, `INSERT INTO nodes (name, gpu_type, gpu_count, site, domain, rack, state) VALUES ($1, $2, $3, $4, $5, $6, $7)`,
+	_, err := s.db.Exec(ctx, `INSERT INTO nodes (name, gpu_type, gpu_count, declared_gpus, site, domain, rack, state) VALUES ($1, $2, $3, $3, $4, $5, $6, $7)`,
 		n.Name, n.GPUType, n.GPUCount, n.Site, n.Domain, n.Rack, n.State)
 	return mapErr("creating node", err)
 }
