@@ -500,7 +500,7 @@ func (s *logStream) follow(path, offsetFile string, offset int64, stop, quit <-c
 				return
 			case <-quit:
 				return
-			case <-time.After(50 * time.Millisecond):
+			case <-time.After(5 * time.Millisecond):
 			}
 		}
 	}
@@ -514,9 +514,11 @@ func (s *logStream) follow(path, offsetFile string, offset int64, stop, quit <-c
 	r := bufio.NewReaderSize(f, maxLineBytes)
 	var partial []byte
 	stopping := false
+	idle := 2 * time.Millisecond
 	for {
 		b, err := r.ReadSlice('\n')
 		if len(b) > 0 {
+			idle = 2 * time.Millisecond
 			offset += int64(len(b))
 			if err == nil || errors.Is(err, bufio.ErrBufferFull) {
 				line := append(partial, b...)
@@ -541,8 +543,11 @@ func (s *logStream) follow(path, offsetFile string, offset int64, stop, quit <-c
 			stopping = true // one more read to the end
 		case <-quit:
 			return
-		case <-time.After(50 * time.Millisecond):
+		case <-time.After(idle):
 		}
+		// Poll fast while output flows or just after the start (first
+		// output is what users feel), then back off to 50 ms.
+		idle = min(idle*2, 50*time.Millisecond)
 	}
 }
 
