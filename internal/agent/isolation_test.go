@@ -214,6 +214,13 @@ func TestServerKillOrderEndsAnOrphanAtOnce(t *testing.T) {
 	}
 }
 
+// keepJobs configures agents that share one state directory and cgroup
+// parent and leave their jobs running when they stop: a restart.
+func keepJobs(t *testing.T) func(*Config) {
+	state, parent := sharedTempDir(t), testCgroupParent(t)
+	return func(c *Config) { c.StateDir, c.CgroupParent, c.KeepJobsOnExit = state, parent, true }
+}
+
 // TestRestartedAgentAdoptsItsJobs stops an agent that keeps its jobs (as
 // a restart or an upgrade does), starts a new one on the same state: the
 // job runs on, is reported running at registration, and its exit is
@@ -222,8 +229,7 @@ func TestRestartedAgentAdoptsItsJobs(t *testing.T) {
 	needRoot(t)
 	t.Parallel()
 	p := newPeer(t)
-	state, parent := sharedTempDir(t), testCgroupParent(t)
-	keep := func(c *Config) { c.StateDir, c.CgroupParent, c.KeepJobsOnExit = state, parent, true }
+	keep := keepJobs(t)
 	ta := startAgent(t, p, keep)
 	dir := jobDir(t)
 	ta.run(t, shLease(171, []int{0, 1}, `echo before; while [ ! -e `+dir+`/go ]; do sleep 0.05; done; echo after; exit 7`))
@@ -258,8 +264,7 @@ func TestRestartedAgentReportsRunningJobs(t *testing.T) {
 	needRoot(t)
 	t.Parallel()
 	p := newPeer(t)
-	state, parent := sharedTempDir(t), testCgroupParent(t)
-	keep := func(c *Config) { c.StateDir, c.CgroupParent, c.KeepJobsOnExit = state, parent, true }
+	keep := keepJobs(t)
 	ta := startAgent(t, p, keep)
 	s := ta.run(t, shLease(181, []int{2}, `echo up; exec sleep 300`))
 	ta.stop()

@@ -441,9 +441,15 @@ func jobEnv(base []string, env map[string]string) []string {
 }
 
 func lookPath(name string, env []string) (string, bool) {
+	return lookPathFunc(name, env, func(p string, fi os.FileInfo) bool { return fi.Mode()&0o111 != 0 })
+}
+
+// lookPathFunc finds name on env's PATH: the first regular file that ok
+// accepts.
+func lookPathFunc(name string, env []string, ok func(string, os.FileInfo) bool) (string, bool) {
 	path := ""
 	for _, kv := range env {
-		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+		if v, found := strings.CutPrefix(kv, "PATH="); found {
 			path = v
 		}
 	}
@@ -452,7 +458,7 @@ func lookPath(name string, env []string) (string, bool) {
 			dir = "."
 		}
 		p := dir + "/" + name
-		if fi, err := os.Stat(p); err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0 {
+		if fi, err := os.Stat(p); err == nil && !fi.IsDir() && ok(p, fi) {
 			return p, true
 		}
 	}
@@ -683,22 +689,7 @@ func lookPathAs(name string, env []string, id identity) (string, bool) {
 	if id.Same {
 		return lookPath(name, env)
 	}
-	path := ""
-	for _, kv := range env {
-		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
-			path = v
-		}
-	}
-	for dir := range strings.SplitSeq(path, ":") {
-		if dir == "" {
-			dir = "."
-		}
-		p := dir + "/" + name
-		if fi, err := os.Stat(p); err == nil && !fi.IsDir() && canExec(p, id) {
-			return p, true
-		}
-	}
-	return "", false
+	return lookPathFunc(name, env, func(p string, _ os.FileInfo) bool { return canExec(p, id) })
 }
 
 // canExec reports whether account id may execute the file at p: every

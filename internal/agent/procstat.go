@@ -40,52 +40,51 @@ func eachProc(fn func(pid int, f []string)) {
 // memory over the processes of process group pgid, from /proc. It returns
 // zeros where /proc is unavailable.
 func groupStats(pgid int) (cpuSeconds float64, rssBytes int64) {
-	page := int64(os.Getpagesize())
-	var ticks int64
+	var st procTotals
 	eachProc(func(pid int, f []string) {
-		// utime..cstime are fields 14..17, rss field 24.
-		if len(f) < 22 {
-			return
+		if len(f) > 2 {
+			if g, _ := strconv.Atoi(f[2]); g == pgid || pid == pgid {
+				st.add(f)
+			}
 		}
-		if g, _ := strconv.Atoi(f[2]); g != pgid && pid != pgid {
-			return
-		}
-		for _, k := range []int{11, 12, 13, 14} {
-			v, _ := strconv.ParseInt(f[k], 10, 64)
-			ticks += v
-		}
-		rss, _ := strconv.ParseInt(f[21], 10, 64)
-		rssBytes += rss * page
 	})
-	return float64(ticks) / clockTicks, rssBytes
+	return st.result()
 }
 
 // pidStats is groupStats over a set of processes (a job's cgroup).
 func pidStats(pids []int) (cpuSeconds float64, rssBytes int64) {
-	page := int64(os.Getpagesize())
-	var ticks int64
+	var st procTotals
 	for _, pid := range pids {
 		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 		if err != nil {
 			continue
 		}
 		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			continue
+		if i := strings.LastIndexByte(s, ')'); i >= 0 {
+			st.add(strings.Fields(s[i+1:]))
 		}
-		f := strings.Fields(s[i+1:])
-		if len(f) < 22 {
-			continue
-		}
-		for _, k := range []int{11, 12, 13, 14} {
-			v, _ := strconv.ParseInt(f[k], 10, 64)
-			ticks += v
-		}
-		rss, _ := strconv.ParseInt(f[21], 10, 64)
-		rssBytes += rss * page
 	}
-	return float64(ticks) / clockTicks, rssBytes
+	return st.result()
+}
+
+// procTotals sums /proc/<pid>/stat fields (after the command name).
+type procTotals struct{ ticks, rssPages int64 }
+
+func (t *procTotals) add(f []string) {
+	// utime..cstime are fields 14..17, rss field 24.
+	if len(f) < 22 {
+		return
+	}
+	for _, k := range []int{11, 12, 13, 14} {
+		v, _ := strconv.ParseInt(f[k], 10, 64)
+		t.ticks += v
+	}
+	rss, _ := strconv.ParseInt(f[21], 10, 64)
+	t.rssPages += rss
+}
+
+func (t *procTotals) result() (float64, int64) {
+	return float64(t.ticks) / clockTicks, t.rssPages * int64(os.Getpagesize())
 }
 
 // liveGroupMembers counts the processes of group pgid that are not zombies.
