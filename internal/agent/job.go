@@ -207,7 +207,10 @@ func (a *Agent) start(ref agentproto.LeaseRef) {
 	}
 	now := time.Now()
 	shimStart, _ := procStartTime(cmd.Process.Pid)
-	rec := leaseRecord{Lease: l, PID: pid, Started: now, ShimPID: cmd.Process.Pid, ShimStart: shimStart, TmpDir: tmp}
+	// The record on disk needs no environment (it may hold secrets).
+	stored := l
+	stored.Env = nil
+	rec := leaseRecord{Lease: stored, PID: pid, Started: now, ShimPID: cmd.Process.Pid, ShimStart: shimStart, TmpDir: tmp}
 	if cg != nil {
 		rec.Cgroup = leaseName(ref)
 	}
