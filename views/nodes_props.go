@@ -7,6 +7,7 @@ type NodeRow struct {
 	Health                                                    string // "ok", or open events / failed check
 	HealthClass                                               string // ok, warning, critical
 	Jobs                                                      int
+	InventoryNote                                             string // the agent's GPUs differ from the declaration
 }
 
 // HealthEventRow is one health event.

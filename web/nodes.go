@@ -37,6 +37,10 @@ type NodeJSON struct {
 	OpenEvents    int               `json:"open_health_events"`
 	HealthOutput  string            `json:"health_check_output,omitempty"`
 	HealthOKSince *time.Time        `json:"health_ok_since,omitempty"`
+	// InventoryNote: how what the agent registered differs from the
+	// declared GPU type and count, e.g. "registered 4 GPUs of NVIDIA
+	// A100-PCIE-40GB (40 GB); declared 8 × H100 (80 GB)"; absent when not.
+	InventoryNote string `json:"inventory_note,omitempty"`
 }
 
 // HealthEventJSON is a health event in the API.
@@ -160,7 +164,7 @@ func parseRules(in []HealthRuleJSON) ([]allot.HealthRule, allot.FieldErrors) {
 func nodeJSON(n store.NodeInfo) NodeJSON {
 	j := NodeJSON{Name: n.Name, State: n.State, Reason: n.StateReason, DrainSource: n.DrainSource, GPUType: n.GPUType, GPUs: n.GPUCount,
 		Site: n.Site, Domain: n.Domain, Labels: n.Labels, RunningJobs: n.RunningJobs, OpenEvents: n.OpenEvents, HealthOutput: n.HealthOutput,
-		HealthOKSince: n.HealthOKSince}
+		HealthOKSince: n.HealthOKSince, InventoryNote: n.InventoryNote}
 	if !n.LastHeartbeat.IsZero() {
 		hb := n.LastHeartbeat
 		j.LastHeartbeat = &hb
@@ -347,7 +351,8 @@ func labelsText(l allot.NodeLabels, sep string) string {
 
 func nodeRow(n store.NodeInfo) views.NodeRow {
 	r := views.NodeRow{Name: n.Name, State: n.State, Reason: n.StateReason, GPUType: n.GPUType, Site: n.Site, GPUs: n.GPUCount,
-		Labels: labelsText(n.Labels, ", "), LastHeartbeat: fmtTime(n.LastHeartbeat), Jobs: n.RunningJobs, Health: "ok", HealthClass: "ok"}
+		Labels: labelsText(n.Labels, ", "), LastHeartbeat: fmtTime(n.LastHeartbeat), Jobs: n.RunningJobs, Health: "ok", HealthClass: "ok",
+		InventoryNote: n.InventoryNote}
 	switch {
 	case n.OpenEvents > 0:
 		r.Health, r.HealthClass = fmt.Sprintf("%d open event(s), worst %s", n.OpenEvents, n.WorstOpen), n.WorstOpen

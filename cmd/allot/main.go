@@ -33,8 +33,9 @@ Run the system:
   server    portal and JSON API (DATABASE_URL)
   worker    River worker pool: scheduling cycles and periodic jobs (DATABASE_URL)
   agent     node agent: runs the jobs the scheduler gives this node (--gpu nvml|fake, --health-cmd PROG)
-  migrate   apply database migrations (DATABASE_URL)
-  node-token  node agents' tokens (DATABASE_URL): allot node-token create NAME | list [NODE] | revoke ID|PREFIX|--node NODE | rotate NODE
+  migrate   apply database migrations (DATABASE_URL); the default tiers and policy come with them
+  bootstrap-admin  the first admin and an API token (DATABASE_URL): allot bootstrap-admin --email ops@corp.example
+  node-token  node agents' tokens (DATABASE_URL): allot node-token create NAME --gpu-type T --gpus N [--label k=v] | list [NODE] | revoke ID|PREFIX|--node NODE | rotate NODE
 
 Use it:
   submit    submit a job:  allot submit --team nlp --tier 3 --gpus 8 --time 4h -- python train.py
@@ -43,6 +44,8 @@ Use it:
   token     personal API tokens: allot token create --name laptop | list | revoke ID
   user      who jobs run as (admin): allot user accounts | set-account noah@example.com noah | disable EMAIL | enable EMAIL
   team      a team's service account (admin): allot team set-account nlp svc-nlp
+  gpu-type  GPU types (admin): allot gpu-type list | create H100 --memory-gb 80 --rate 4.10 | set NAME --rate R | retire NAME
+  billing   allot billing rollup: the hourly billing rollup, now (DATABASE_URL)
   node      nodes (admin): allot node list | drain gpu03 --reason "fan" [--requeue] | undrain gpu03 --note "fixed"
 
 Measure it:
@@ -65,6 +68,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return cmdServe(args[0], args[1:], stderr)
 	case "migrate":
 		return cmdMigrate(args[1:], stdout, stderr)
+	case "bootstrap-admin":
+		return cmdBootstrapAdmin(args[1:], stdout, stderr)
+	case "gpu-type":
+		return cmdGPUType(args[1:], stdout, stderr)
+	case "billing":
+		return cmdBilling(args[1:], stdout, stderr)
 	case "submit":
 		return cmdSubmit(args[1:], stdout, stderr)
 	case "jobs":

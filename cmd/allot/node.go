@@ -37,7 +37,9 @@ func cmdNodeToken(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	dbURL := fs.String("database-url", "", "PostgreSQL URL (default: env DATABASE_URL)")
 	gpuType := fs.String("gpu-type", "", "GPU type of a new node (e.g. A100-80GB); needed when the node does not exist yet")
-	gpus := fs.Int("gpus", 8, "GPUs of a new node (the agent's inventory corrects it)")
+	gpus := fs.Int("gpus", 8, "GPUs of a new node (the agent's inventory corrects it; a difference is shown on the node's page)")
+	labels := envFlag{}
+	fs.Var(labels, "label", "`key=value` label of a new node (repeatable)")
 	site := fs.String("site", allot.SiteOnPrem, "site of a new node: onprem or cloud")
 	domain := fs.String("domain", "", "interconnect (NVLink/IB) domain of a new node")
 	rack := fs.String("rack", "", "rack of a new node")
@@ -80,14 +82,16 @@ func cmdNodeToken(args []string, stdout, stderr io.Writer) int {
 	}
 	if !exists {
 		if *gpuType == "" {
-			fmt.Fprintf(stderr, "allot node-token: node %q does not exist: give --gpu-type (and --domain, --site) to add it\n", name)
+			fmt.Fprintf(stderr, "allot node-token: node %q does not exist: give --gpu-type (and --gpus, --domain, --site) to add it\n", name)
 			return 1
 		}
 		n := allot.Node{Name: name, GPUType: *gpuType, GPUCount: *gpus, Site: *site, Domain: *domain, Rack: *rack, State: allot.NodeDown}
-		if err := st.CreateNode(ctx, &n); err != nil {
-			fmt.Fprintf(stderr, "allot node-token: %v\n", err)
+		if err := st.CreateNodeDeclared(ctx, *by, n, allot.NodeLabels(labels)); err != nil { // audited
+			fmt.Fprintf(stderr, "allot node-token: %s\n", cliError(err))
 			return 1
 		}
+	} else if *gpuType != "" || len(labels) > 0 {
+		fmt.Fprintf(stderr, "allot node-token: node %s exists already: --gpu-type, --gpus, --label and the other node flags are for a new node, and were ignored\n", name)
 	}
 	res, err := st.IssueNodeToken(ctx, name, *by, false) // audited
 	if err != nil {
@@ -95,7 +99,10 @@ func cmdNodeToken(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	secret := res.Secret
-	fmt.Fprintf(stdout, "%s\n\nOn %s run:\n  ALLOT_NODE_TOKEN=%s allot agent --server https://allot.example.com --gpu nvml\n", secret, name, secret)
+	fmt.Fprintf(stdout, "%s\n\nOn %s, as root, put it in a root-only file and start the agent:\n"+
+		"  install -m 0600 /dev/stdin /etc/allot/node-token <<< '%s'\n"+
+		"  ALLOT_URL=https://allot.example.com allot agent --gpu nvml --token-file /etc/allot/node-token\n"+
+		"(or deploy/allot-agent.service). It is shown only this once.\n", secret, name, secret)
 	return 0
 }
 

@@ -15,7 +15,7 @@ import (
 )
 
 const nodeTokenUsage = `usage:
-  allot node-token create NODE [--gpu-type T --gpus 8 --site onprem --domain D --rack R]
+  allot node-token create NODE [--gpu-type T --gpus 8 --label k=v --site onprem --domain D --rack R]
                                       make a token for NODE's agent (printed once); adds NODE if it is new
   allot node-token list [NODE]        list node tokens: prefix, node, who made them, when, last use, revoked (never a secret)
   allot node-token revoke ID|PREFIX   revoke one token: its agent is refused (401) from its next request

@@ -25,6 +25,9 @@ type NodeInfo struct {
 	AgentVersion  string
 	GPUBackend    string
 	Driver        string
+	// InventoryNote says how the agent's last registration differs from
+	// the node's declared GPU type and count ("" when it does not).
+	InventoryNote string
 }
 
 const nodeInfoSelect = `
@@ -34,7 +37,7 @@ const nodeInfoSelect = `
 		coalesce((SELECT e.severity FROM health_events e WHERE e.node = n.name AND e.resolved_at IS NULL
 			ORDER BY array_position(ARRAY['info','warning','critical'], e.severity) DESC LIMIT 1), ''),
 		(SELECT count(DISTINCT l.job_id) FROM leases l WHERE l.node = n.name AND l.state <> 'exited')::int,
-		n.agent_version, n.gpu_backend, n.driver_version
+		n.agent_version, n.gpu_backend, n.driver_version, n.inventory_note
 	FROM nodes n`
 
 func scanNodeInfo(r pgx.CollectableRow) (NodeInfo, error) {
@@ -43,7 +46,7 @@ func scanNodeInfo(r pgx.CollectableRow) (NodeInfo, error) {
 	var labels []byte
 	err := r.Scan(&n.Name, &n.GPUType, &n.GPUCount, &n.Site, &n.Domain, &n.Rack, &n.State, &n.StateReason, &hb, &n.Hostname,
 		&labels, &n.DrainSource, &n.DrainReason, &n.DrainedAt, &n.HealthOKSince, &n.HealthOutput, &n.OpenEvents, &n.WorstOpen,
-		&n.RunningJobs, &n.AgentVersion, &n.GPUBackend, &n.Driver)
+		&n.RunningJobs, &n.AgentVersion, &n.GPUBackend, &n.Driver, &n.InventoryNote)
 	if hb != nil {
 		n.LastHeartbeat = *hb
 	}
