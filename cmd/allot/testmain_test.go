@@ -16,6 +16,9 @@ const testJobUser = "allot-tc1"
 
 func TestMain(m *testing.M) {
 	agent.MaybeShim() // in-process agents start this binary as their job shim
+	// Jobs get their own /tmp: the test's directories, which its jobs
+	// write to, must live elsewhere.
+	restore := agenttest.TempDirOutsideTmp()
 	// The demo's accounts too: its people's and teams' jobs run as them.
 	cleanup, err := agenttest.EnsureAccounts(append(demo.Accounts(), testJobUser)...)
 	if err != nil {
@@ -25,5 +28,6 @@ func TestMain(m *testing.M) {
 	agent.SetLocalJobUser(testJobUser)
 	code := m.Run()
 	cleanup()
+	restore()
 	os.Exit(code)
 }

@@ -481,3 +481,31 @@ func unmountUnder(dir string) {
 		_ = syscall.Unmount(m, syscall.MNT_DETACH)
 	}
 }
+
+// TestJobsHaveTheirOwnTmp: what a job leaves in /tmp or /dev/shm (with a
+// umask that lets everyone read) another team's job on the node does not
+// see, and the node's /tmp keeps none of it.
+func TestJobsHaveTheirOwnTmp(t *testing.T) {
+	needRoot(t)
+	t.Parallel()
+	p := newPeer(t)
+	ta := startAgent(t, p)
+	mark := "allot-private-tmp-" + strconv.Itoa(os.Getpid())
+	ta.run(t, shLease(195, []int{0}, `umask 022; echo weights > /tmp/`+mark+` && echo shm > /dev/shm/`+mark+` && ls /tmp/`+mark+` /dev/shm/`+mark))
+	if e := p.waitExit(ref(195), 5*time.Second); e.ExitCode != 0 {
+		t.Fatalf("writer: %+v %s", e, logOf(p, ref(195)))
+	}
+	l := shLease(196, []int{1}, `cat /tmp/`+mark+` /dev/shm/`+mark+`; echo end`)
+	l.User = otherUser
+	ta.run(t, l)
+	p.waitExit(ref(196), 5*time.Second)
+	if out := logOf(p, ref(196)); strings.Contains(out, "weights") || strings.Contains(out, "shm\n") {
+		t.Errorf("another team's job read the first one's /tmp:\n%s", out)
+	}
+	for _, f := range []string{"/tmp/" + mark, "/dev/shm/" + mark} {
+		if _, err := os.Stat(f); err == nil {
+			t.Errorf("%s leaked onto the node", f)
+			_ = os.Remove(f)
+		}
+	}
+}

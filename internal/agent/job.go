@@ -154,7 +154,14 @@ func (a *Agent) start(ref agentproto.LeaseRef) {
 	}
 	// The account's HOME and a private TMPDIR, unless the job sets its
 	// own; USER and LOGNAME are the account's.
-	base := setEnv(slices.Clone(a.cfg.BaseEnv), "HOME", id.Home, "TMPDIR", tmp)
+	// A host job gets its own /tmp (a mount namespace), unless its working
+	// or checkpoint directory lies under /tmp: it could not reach them.
+	ownTmp := !id.Same && l.Image == "" && !underTmp(l.WorkDir) && !underTmp(a.cfg.WorkDir) && !underTmp(l.CheckpointDir)
+	jobTmp := tmp
+	if ownTmp {
+		jobTmp = "/tmp"
+	}
+	base := setEnv(slices.Clone(a.cfg.BaseEnv), "HOME", id.Home, "TMPDIR", jobTmp)
 	env := jobEnv(base, l.Env)
 	env = setEnv(env, "USER", id.Name, "LOGNAME", id.Name, "ALLOT_GPU_DEVICES", strings.Join(a.gpuDevicePaths(l.GPUs), ","))
 	if a.cgd != nil {
@@ -166,6 +173,9 @@ func (a *Agent) start(ref agentproto.LeaseRef) {
 	}
 	spec := shimSpec{Env: env, Dir: workdir, UID: id.UID, GID: id.GID, Groups: id.Groups, SameUser: id.Same,
 		Output: filepath.Join(dir, "output.log")}
+	if ownTmp {
+		spec.PrivateTmp = tmp // the job's own directory is its /tmp
+	}
 	if cg != nil {
 		spec.Cgroup, spec.CgroupV2 = cg.Path(), a.cgd.v2
 	}
@@ -728,4 +738,9 @@ func canExec(p string, id identity) bool {
 	}
 	fi, err := os.Stat(abs)
 	return err == nil && allowed(fi, 0o1)
+}
+
+// underTmp reports whether dir is /tmp or below it.
+func underTmp(dir string) bool {
+	return dir == "/tmp" || strings.HasPrefix(filepath.Clean(dir)+"/", "/tmp/")
 }

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -51,6 +52,11 @@ type shimSpec struct {
 	Output   string `json:"output"`
 	// Cleanup runs (as root) after the job ended, e.g. removing a container.
 	Cleanup []string `json:"cleanup,omitempty"`
+	// PrivateTmp, when set, is the job's own /tmp: the job gets a mount
+	// namespace where PrivateTmp is bind-mounted on /tmp and a fresh tmpfs
+	// is on /dev/shm, so what it leaves there (with a umask that lets
+	// others read) no other team's job sees.
+	PrivateTmp string `json:"private_tmp,omitempty"`
 }
 
 // exitRecord is DIR/exit.json.
@@ -150,7 +156,24 @@ func ShimMain(args []string, stderr io.Writer) int {
 	if spec.AsRoot {
 		fmt.Fprintln(stderr, "allot job-shim: running", strings.Join(spec.Argv, " "))
 	}
-	err = cmd.Start()
+	if spec.PrivateTmp != "" {
+		// The child inherits the mount namespace of the thread that forks
+		// it: unshare on a goroutine's own locked thread, start the child
+		// from it, and let that thread end with the goroutine (it is never
+		// unlocked), so the shim itself stays in the node's namespace.
+		ch := make(chan error, 1)
+		go func() {
+			runtime.LockOSThread()
+			if err := privateTmp(spec.PrivateTmp); err != nil {
+				ch <- fmt.Errorf("giving the job its own /tmp: %w", err)
+				return
+			}
+			ch <- cmd.Start()
+		}()
+		err = <-ch
+	} else {
+		err = cmd.Start()
+	}
 	if leave != nil {
 		if lerr := leave(); lerr != nil && err == nil {
 			_ = cmd.Process.Kill()
@@ -196,6 +219,26 @@ func ShimMain(args []string, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// privateTmp moves the calling thread into a new mount namespace with dir
+// on /tmp and a new tmpfs on /dev/shm.
+func privateTmp(dir string) error {
+	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+		return err
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return err
+	}
+	if err := unix.Mount(dir, "/tmp", "", unix.MS_BIND, ""); err != nil {
+		return err
+	}
+	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() {
+		if err := unix.Mount("tmpfs", "/dev/shm", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // writeJSONFile writes v to path atomically (root-only).

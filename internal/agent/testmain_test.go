@@ -18,6 +18,9 @@ const (
 
 func TestMain(m *testing.M) {
 	MaybeShim() // the agents under test start this binary as their job shim
+	// Jobs get their own /tmp: the test's directories, which its jobs
+	// write to, must live elsewhere.
+	restore := tempDirOutsideTmp()
 	var made []string
 	if isRoot() {
 		for _, n := range []string{testUser, otherUser} {
@@ -35,6 +38,7 @@ func TestMain(m *testing.M) {
 	for _, n := range made {
 		_ = RemoveAccount(n)
 	}
+	restore()
 	// Leave no cgroups behind (each agent removes its own parent; the
 	// common one goes when the last test is done).
 	dirs, _ := filepath.Glob("/sys/fs/cgroup/*/allot-test")
@@ -42,6 +46,26 @@ func TestMain(m *testing.M) {
 		_ = os.Remove(d)
 	}
 	os.Exit(code)
+}
+
+// tempDirOutsideTmp points TMPDIR (t.TempDir) at a directory of this run
+// under /var/tmp and returns what removes it.
+func tempDirOutsideTmp() func() {
+	d, err := os.MkdirTemp("/var/tmp", "allot-test-")
+	if err != nil {
+		return func() {}
+	}
+	_ = os.Chmod(d, 0o755)
+	old, had := os.LookupEnv("TMPDIR")
+	os.Setenv("TMPDIR", d)
+	return func() {
+		if had {
+			os.Setenv("TMPDIR", old)
+		} else {
+			os.Unsetenv("TMPDIR")
+		}
+		_ = os.RemoveAll(d)
+	}
 }
 
 // jobDir is a temporary directory the test's jobs (running as testUser)
