@@ -100,8 +100,8 @@ func (s *Server) createGPUType(c echo.Context, u *allot.User, req GPUTypeRequest
 	return s.st.CreateGPUTypeAudited(c.Request().Context(), policyChange(u, "gpu_type.create", "gpu_type:"+g.Name, req.Note), g)
 }
 
-// updateGPUType applies an edit: memory and retirement in one change, a
-// rate in a second one (rate.set). It returns whether anything changed.
+// updateGPUType applies an edit (memory, rate from now on, retirement) as
+// one change.
 func (s *Server) updateGPUType(c echo.Context, u *allot.User, name string, req GPUTypeRequest) (store.AdminResult, error) {
 	ctx := c.Request().Context()
 	if _, err := s.st.GPUTypeInfo(ctx, name); err != nil {
@@ -125,18 +125,8 @@ func (s *Server) updateGPUType(c echo.Context, u *allot.User, name string, req G
 		}
 		rate = &m
 	}
-	r, err := s.st.UpdateGPUType(ctx, policyChange(u, "", "gpu_type:"+name, req.Note), name, store.GPUTypeUpdate{MemoryGB: req.MemoryGB, Retired: req.Retired})
-	if err != nil || rate == nil {
-		return r, err
-	}
-	rr, err := s.st.SetRatePolicy(ctx, policyChange(u, "rate.set", "rate:"+name, req.Note), name, *rate, s.st.Now())
-	if err != nil {
-		return r, err
-	}
-	if rr.Changed {
-		return rr, nil
-	}
-	return r, nil
+	return s.st.UpdateGPUType(ctx, policyChange(u, "", "gpu_type:"+name, req.Note), name,
+		store.GPUTypeUpdate{MemoryGB: req.MemoryGB, Retired: req.Retired, Rate: rate})
 }
 
 func (s *Server) apiCreateGPUType(c echo.Context) error {

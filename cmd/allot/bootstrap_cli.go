@@ -65,7 +65,12 @@ func cmdBootstrapAdmin(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	var applied int
-	if err := pool.QueryRow(ctx, `SELECT CASE WHEN to_regclass('allot_migrations') IS NULL THEN 0 ELSE (SELECT count(*) FROM allot_migrations) END`).Scan(&applied); err != nil {
+	var migrated bool
+	err = pool.QueryRow(ctx, `SELECT to_regclass('allot_migrations') IS NOT NULL`).Scan(&migrated)
+	if err == nil && migrated {
+		err = pool.QueryRow(ctx, `SELECT count(*) FROM allot_migrations`).Scan(&applied)
+	}
+	if err != nil {
 		fmt.Fprintf(stderr, "allot bootstrap-admin: %v\n", err)
 		return 1
 	}

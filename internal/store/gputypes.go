@@ -133,6 +133,9 @@ func (s *Store) CreateGPUTypeAudited(ctx context.Context, c PolicyChange, g allo
 type GPUTypeUpdate struct {
 	MemoryGB *int
 	Retired  *bool
+	// Rate is a new hourly rate, in force from now on (from the second
+	// after the newest rate's start, when that is now).
+	Rate *allot.Money
 }
 
 // UpdateGPUType edits a GPU type's memory or retires (or reinstates) it,
@@ -142,6 +145,9 @@ type GPUTypeUpdate struct {
 func (s *Store) UpdateGPUType(ctx context.Context, c PolicyChange, name string, u GPUTypeUpdate) (AdminResult, error) {
 	if u.MemoryGB != nil && (*u.MemoryGB <= 0 || *u.MemoryGB > 4096) {
 		return AdminResult{}, (allot.FieldErrors{"memory_gb": "must be between 1 and 4096"}).Err()
+	}
+	if u.Rate != nil && (u.Rate.Micros < 0 || u.Rate.Micros > billing.MaxRateMicros) {
+		return AdminResult{}, (allot.FieldErrors{"hourly_rate": "must be between 0 and 1000000 per GPU-hour"}).Err()
 	}
 	if c.Action == "" {
 		c.Action = "gpu_type.update"
@@ -164,6 +170,14 @@ func (s *Store) UpdateGPUType(ctx context.Context, c PolicyChange, name string, 
 			return nil, nil, mapErr("loading GPU type", err)
 		}
 		before.Retired = retired != nil
+		var micros int64
+		var latest time.Time
+		err = tx.db.QueryRow(ctx, `SELECT rate_micros, currency, (SELECT max(effective_from) FROM gpu_rates WHERE gpu_type = $1)
+			FROM gpu_rates WHERE gpu_type = $1 AND effective_from <= $2 ORDER BY effective_from DESC LIMIT 1`, name, tx.Now()).Scan(&micros, &before.Currency, &latest)
+		if err != nil && err != pgx.ErrNoRows {
+			return nil, nil, mapErr("loading rate", err)
+		}
+		before.Rate = allot.Money{Micros: micros, Currency: before.Currency}.Decimal()
 		after := before
 		if u.MemoryGB != nil {
 			after.MemoryGB = *u.MemoryGB
@@ -171,8 +185,23 @@ func (s *Store) UpdateGPUType(ctx context.Context, c PolicyChange, name string, 
 		if u.Retired != nil {
 			after.Retired = *u.Retired
 		}
+		if u.Rate != nil {
+			if before.Currency != "" && u.Rate.Currency != before.Currency {
+				return nil, nil, (allot.FieldErrors{"currency": fmt.Sprintf("all rates are in %s, not %s", before.Currency, u.Rate.Currency)}).Err()
+			}
+			after.Rate, after.Currency = u.Rate.Decimal(), u.Rate.Currency
+		}
 		if after == before {
 			return before, after, nil
+		}
+		if after.Rate != before.Rate || after.Currency != before.Currency {
+			from := tx.Now().UTC().Truncate(time.Second)
+			if !latest.Before(from) {
+				from = latest.UTC().Add(time.Second)
+			}
+			if err := tx.SetRateChecked(ctx, name, *u.Rate, from); err != nil {
+				return nil, nil, err
+			}
 		}
 		var at *time.Time
 		if after.Retired {

@@ -1,0 +1,479 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/allotlabs/allot/internal/agent"
+	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/clock"
+	"github.com/allotlabs/allot/internal/demo"
+	"github.com/allotlabs/allot/internal/store"
+	"github.com/allotlabs/allot/internal/store/storetest"
+	"github.com/allotlabs/allot/web"
+)
+
+// cliArgsEnv makes the test binary run `allot` with these arguments (a
+// JSON array) and exit: the test's stand-in for the allot binary, so the
+// tests below run real `allot migrate`, `allot server`, `allot worker`,
+// `allot agent` … processes.
+const cliArgsEnv = "ALLOT_TEST_CLI_ARGS"
+
+func init() {
+	if v, ok := os.LookupEnv(cliArgsEnv); ok && (len(os.Args) < 2 || !strings.HasPrefix(os.Args[1], "job-shim")) {
+		var args []string
+		if err := json.Unmarshal([]byte(v), &args); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		os.Exit(run(args, os.Stdout, os.Stderr))
+	}
+}
+
+// zero is an operator's shell: the environment every command gets
+// (DATABASE_URL, ALLOT_URL, ALLOT_TOKEN once known) and the long-running
+// processes it started.
+type zero struct {
+	t   *testing.T
+	env map[string]string
+	dir string
+}
+
+func (z *zero) environ(extra ...string) []string {
+	env := append([]string{}, os.Environ()...)
+	// One timeline for every process (as allot dev's children share one).
+	env = append(env, clock.EnvOffset+"="+clock.Offset().String())
+	for k, v := range z.env {
+		env = append(env, k+"="+v)
+	}
+	return append(env, extra...)
+}
+
+func (z *zero) command(extra []string, args ...string) *exec.Cmd {
+	b, _ := json.Marshal(args)
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(z.environ(extra...), cliArgsEnv+"="+string(b))
+	return cmd
+}
+
+// allot runs `allot ARGS…` to its end: exit code, stdout, stderr.
+func (z *zero) allot(args ...string) (int, string, string) {
+	return z.allotEnv(nil, args...)
+}
+
+func (z *zero) allotEnv(extra []string, args ...string) (int, string, string) {
+	z.t.Helper()
+	cmd := z.command(extra, args...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	done := make(chan error, 1)
+	if err := cmd.Start(); err != nil {
+		z.t.Fatal(err)
+	}
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(2 * time.Minute):
+		_ = cmd.Process.Kill()
+		<-done
+		z.t.Fatalf("allot %s did not end; stderr:\n%s", strings.Join(args, " "), errb.String())
+	}
+	return cmd.ProcessState.ExitCode(), out.String(), errb.String()
+}
+
+// must is allot that has to succeed.
+func (z *zero) must(args ...string) string {
+	z.t.Helper()
+	code, out, errs := z.allot(args...)
+	if code != 0 {
+		z.t.Fatalf("allot %s: exit %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, out, errs)
+	}
+	return out
+}
+
+// start runs `allot ARGS…` in the background until the test ends
+// (SIGTERM, then waited for); its output goes to a log file, returned.
+func (z *zero) start(name string, args ...string) (*exec.Cmd, string) {
+	z.t.Helper()
+	cmd := z.command(nil, args...)
+	logPath := filepath.Join(z.dir, name+".log")
+	f, err := os.Create(logPath)
+	if err != nil {
+		z.t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		z.t.Fatal(err)
+	}
+	f.Close()
+	z.t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	})
+	return cmd, logPath
+}
+
+func (z *zero) logOf(path string) string {
+	b, _ := os.ReadFile(path)
+	return string(b)
+}
+
+// api calls the server's JSON API with the admin's token.
+func (z *zero) api(method, path, body string, out any) int {
+	z.t.Helper()
+	req, _ := http.NewRequest(method, z.env["ALLOT_URL"]+path, strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+z.env["ALLOT_TOKEN"])
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		z.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	var buf bytes.Buffer
+	_, _ = buf.ReadFrom(resp.Body)
+	if out != nil && resp.StatusCode < 300 {
+		if err := json.Unmarshal(buf.Bytes(), out); err != nil {
+			z.t.Fatalf("%s %s: %v\n%s", method, path, err, buf.String())
+		}
+	}
+	if resp.StatusCode >= 300 && out != nil {
+		z.t.Logf("%s %s: %d %s", method, path, resp.StatusCode, buf.String())
+	}
+	return resp.StatusCode
+}
+
+func (z *zero) eventually(limit time.Duration, what string, ok func() bool) {
+	z.t.Helper()
+	deadline := time.Now().Add(limit)
+	for !ok() {
+		if time.Now().After(deadline) {
+			z.t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// TestFromZeroToFirstJob follows the README's "From zero to the first job
+// on a real node", step by step, with real processes on an empty database:
+// migrate → bootstrap-admin → GPU type → team → node token → agent with
+// --token-file (the fake GPU backend) → first job → first bill. Bad input
+// on the way is refused with a clear message and changes nothing.
+func TestFromZeroToFirstJob(t *testing.T) {
+	t.Parallel()
+	z := &zero{t: t, env: map[string]string{"DATABASE_URL": storetest.EmptyURL(t)}, dir: t.TempDir()}
+	ctx := context.Background()
+
+	// 0. Before migrating, bootstrap-admin says what to do.
+	if code, _, errs := z.allot("bootstrap-admin", "--email", "ops@corp.example"); code != 1 || !strings.Contains(errs, "run `allot migrate` first") {
+		t.Errorf("bootstrap-admin before migrate: exit %d, %q", code, errs)
+	}
+
+	// 1. allot migrate: tiers and policy, no people.
+	z.must("migrate")
+
+	// 2. allot bootstrap-admin.
+	if code, _, errs := z.allot("bootstrap-admin"); code != 2 || !strings.Contains(errs, "--email is required") {
+		t.Errorf("no email: exit %d, %q", code, errs)
+	}
+	if code, _, errs := z.allot("bootstrap-admin", "--email", "not-an-email"); code != 1 || !strings.Contains(errs, "email: must be an email address") {
+		t.Errorf("bad email: exit %d, %q", code, errs)
+	}
+	out := z.must("bootstrap-admin", "--email", "ops@corp.example")
+	token := strings.TrimSpace(out)
+	if !strings.HasPrefix(token, "allot_") || strings.Contains(token, "\n") {
+		t.Fatalf("bootstrap-admin printed %q", out)
+	}
+	if code, _, errs := z.allot("bootstrap-admin", "--email", "other@corp.example"); code != 1 || !strings.Contains(errs, "has an admin already (ops@corp.example)") {
+		t.Errorf("second bootstrap: exit %d, %q", code, errs)
+	}
+
+	// 3. Server and worker.
+	addr := freeAddr(t)
+	_, serverLog := z.start("server", "server", "--addr", addr)
+	_, workerLog := z.start("worker", "worker")
+	z.env["ALLOT_URL"], z.env["ALLOT_TOKEN"] = "http://"+addr, token
+	z.eventually(30*time.Second, "the server to be ready", func() bool {
+		resp, err := http.Get("http://" + addr + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	var me web.MeJSON
+	if code := z.api("GET", "/api/v1/me", "", &me); code != http.StatusOK || !me.Admin || me.Email != "ops@corp.example" {
+		t.Fatalf("GET /api/v1/me with the bootstrap token: %d %+v\nserver log:\n%s", code, me, z.logOf(serverLog))
+	}
+
+	// 4. A GPU type.
+	if code, _, errs := z.allot("gpu-type", "create", "H100", "--memory-gb", "80", "--rate", "four"); code != 1 || !strings.Contains(errs, "hourly_rate: amount must be a decimal number") {
+		t.Errorf("bad rate: exit %d, %q", code, errs)
+	}
+	if code, _, errs := z.allot("gpu-type", "create", "H100", "--rate", "4.10"); code != 1 || !strings.Contains(errs, "memory_gb: is required") {
+		t.Errorf("no memory: exit %d, %q", code, errs)
+	}
+	if list := z.must("gpu-type", "list"); strings.Contains(list, "H100") {
+		t.Fatalf("refused creations left a GPU type:\n%s", list)
+	}
+	if out := z.must("gpu-type", "create", "H100", "--memory-gb", "80", "--rate", "4.10"); !strings.Contains(out, "GPU type H100: 80 GB, 4.10 USD per GPU-hour") {
+		t.Errorf("create: %q", out)
+	}
+	if list := z.must("gpu-type", "list"); !regexp.MustCompile(`H100\s+80 GB\s+4\.10 USD\s+0\s+in use`).MatchString(list) {
+		t.Errorf("list:\n%s", list)
+	}
+
+	// 5. A team (the JSON API, as the README's curl does).
+	if code := z.api("POST", "/api/v1/teams", `{"slug":"ml","name":"Machine Learning","cost_center":"CC-1000","monthly_budget_gpu_hours":1000}`, &struct{}{}); code != http.StatusCreated {
+		t.Fatalf("POST /api/v1/teams: %d", code)
+	}
+
+	// 6. A node token; unknown GPU types are refused.
+	if code, _, errs := z.allot("node-token", "create", "gpu01", "--gpu-type", "A100", "--gpus", "4"); code != 1 ||
+		!strings.Contains(errs, `unknown GPU type "A100": use one of H100`) {
+		t.Errorf("unknown type: exit %d, %q", code, errs)
+	}
+	out = z.must("node-token", "create", "gpu01", "--gpu-type", "H100", "--gpus", "4", "--label", "rack=r1")
+	nodeToken := strings.SplitN(out, "\n", 2)[0]
+	if !strings.HasPrefix(nodeToken, "allot_node_") || !strings.Contains(out, "--token-file /etc/allot/node-token") {
+		t.Fatalf("node-token create printed %q", out)
+	}
+	tokenFile := filepath.Join(z.dir, "node-token")
+	if err := os.WriteFile(tokenFile, []byte(nodeToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	// 7. The agent, with --token-file (fake GPUs: this machine has none).
+	agentArgs := append([]string{"agent", "--token-file", tokenFile, "--gpu", "fake", "--fake-gpus", "4", "--fake-model", "NVIDIA H100 80GB HBM3",
+		"--fake-memory-mib", "81559", "--hostname", "gpu01", "--heartbeat", "1s", "--metrics-addr", ""}, localAgentFlags(t, "gpu01")...)
+	_, agentLog := z.start("agent", agentArgs...)
+	var node web.NodeJSON
+	z.eventually(30*time.Second, "gpu01 up", func() bool {
+		return z.api("GET", "/api/v1/nodes/gpu01", "", &node) == http.StatusOK && node.State == allot.NodeUp
+	})
+	if node.GPUs != 4 || node.GPUType != "H100" || node.Labels["rack"] != "r1" || node.InventoryNote != "" {
+		t.Errorf("gpu01 = %+v", node)
+	}
+
+	// 8. The first job.
+	out = z.must("submit", "--team", "ml", "--tier", "3", "--gpus", "2", "--gpu-type", "H100", "--time", "10m", "--name", "hello",
+		"--", "sh", "-c", "echo hello from $(hostname) on GPUs $CUDA_VISIBLE_DEVICES; sleep 6")
+	m := regexp.MustCompile(`submitted job (\d+)`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("submit printed %q", out)
+	}
+	var job web.JobJSON
+	z.eventually(90*time.Second, "the job to finish", func() bool {
+		return z.api("GET", "/api/v1/jobs/"+m[1], "", &job) == http.StatusOK && (job.State == "completed" || job.State == "failed")
+	})
+	if job.State != "completed" {
+		t.Fatalf("job = %+v\nagent log:\n%s\nworker log:\n%s", job, z.logOf(agentLog), z.logOf(workerLog))
+	}
+	var lg web.JobLogJSON
+	z.api("GET", "/api/v1/jobs/"+m[1]+"/log", "", &lg)
+	if !strings.Contains(strings.Join(lg.Lines, "\n"), "hello from") {
+		t.Errorf("log = %q", lg.Lines)
+	}
+
+	// 9. The first bill. The worker bills each hour once it has ended;
+	// `allot billing rollup` does it now. Run it as of an hour later, so
+	// that the job's hour has ended.
+	code, out, errs := z.allotEnv([]string{clock.EnvOffset + "=" + (clock.Offset() + time.Hour).String()}, "billing", "rollup")
+	if code != 0 {
+		t.Fatalf("billing rollup: %d %s %s", code, out, errs)
+	}
+	var bill web.ChargebackJSON
+	month := job.StartedAt.UTC().Format("2006-01")
+	if code := z.api("GET", "/api/v1/chargeback?month="+month, "", &bill); code != http.StatusOK {
+		t.Fatalf("chargeback: %d", code)
+	}
+	if len(bill.Teams) != 1 || bill.Teams[0].Team != "ml" || bill.Teams[0].CostCenter != "CC-1000" || bill.Total.Amount == "0.00" || bill.Total.Amount == "" ||
+		len(bill.Lines) != 1 || bill.Lines[0].JobID != job.ID || bill.Lines[0].Rate != "4.10" {
+		t.Errorf("bill = %+v", bill)
+	}
+	// Exact money: the line is GPU-hours × 4.10 (tier 3: × 1) of what
+	// the job's allocations held.
+	pool, err := store.Open(ctx, z.env["DATABASE_URL"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var gpuSeconds int64
+	if err := pool.QueryRow(ctx, `SELECT sum(extract(epoch FROM released_at - started_at))::bigint FROM allocations WHERE job_id = $1`, job.ID).Scan(&gpuSeconds); err != nil {
+		t.Fatal(err)
+	}
+	if gpuSeconds < 2*2 || len(bill.Lines) != 1 {
+		t.Fatalf("%d GPU-seconds allocated; lines %+v", gpuSeconds, bill.Lines)
+	}
+	amount, err := allot.ParseMoney(bill.Lines[0].Amount, "USD")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Lines are in whole cents: within a cent of it, and not nothing.
+	if want := gpuSeconds * 4_100_000 / 3600; amount.Micros <= 0 || amount.Micros < want-10_000 || amount.Micros > want+10_000 ||
+		bill.Total.Amount != bill.Lines[0].Amount || bill.Teams[0].Amount != bill.Lines[0].Amount {
+		t.Errorf("billed %s for %d GPU-seconds at 4.10/GPU-hour (want about %s); total %s, team %s", bill.Lines[0].Amount, gpuSeconds,
+			allot.Money{Micros: want, Currency: "USD"}.Decimal(), bill.Total.Amount, bill.Teams[0].Amount)
+	}
+}
+
+// TestGPUTypesPortalAndAPI: admins create, edit and retire GPU types on
+// /admin/gpu-types and through /api/v1/gpu-types, audited; bad input is a
+// field error and changes nothing; others cannot.
+func TestGPUTypesPortalAndAPI(t *testing.T) {
+	e := bootQuiet(t)
+	start := e.policyCounts()
+	// API: field errors, nothing changed.
+	for _, body := range []string{
+		`{"name":"H100","memory_gb":80}`,
+		`{"name":"H100","memory_gb":0,"hourly_rate":"4.10"}`,
+		`{"name":"H100","memory_gb":80,"hourly_rate":"4.1234567"}`,
+		`{"name":"bad name","memory_gb":80,"hourly_rate":"4.10"}`,
+		`{"name":"T4","memory_gb":16,"hourly_rate":"0.35"}`, // exists (the demo's)
+		`{"name":"H100","memory_gb":80,"hourly_rate":"4.10","currency":"EUR"}`,
+	} {
+		code, _, b := e.api("POST", "/api/v1/gpu-types", demo.Admin, body)
+		var p web.Problem
+		_ = json.Unmarshal(b, &p)
+		if code != http.StatusUnprocessableEntity || len(p.Errors) == 0 {
+			t.Errorf("POST %s: %d %s", body, code, b)
+		}
+	}
+	if code, _, _ := e.api("POST", "/api/v1/gpu-types", demo.Lead, `{"name":"H100","memory_gb":80,"hourly_rate":"4.10"}`); code != http.StatusForbidden {
+		t.Errorf("a lead creates a GPU type: %d", code)
+	}
+	e.wantChanges(start, 0, "refused GPU types")
+	code, _, b := e.api("POST", "/api/v1/gpu-types", demo.Admin, `{"name":"H100","memory_gb":80,"hourly_rate":"4.10","note":"new racks"}`)
+	var ch struct {
+		Changed bool            `json:"changed"`
+		AuditID int64           `json:"audit_id"`
+		Value   web.GPUTypeJSON `json:"value"`
+	}
+	if err := json.Unmarshal(b, &ch); code != http.StatusCreated || err != nil || !ch.Changed || ch.Value.HourlyRate != "4.10" || ch.Value.MemoryGB != 80 {
+		t.Fatalf("create: %d %s", code, b)
+	}
+	e.wantChanges(start, 1, "a GPU type")
+	if n := e.auditActions("gpu_type.create", "gpu_type:H100"); n != 1 {
+		t.Errorf("%d gpu_type.create entries", n)
+	}
+	// PUT: a new rate (from now on) and memory; retire.
+	code, _, b = e.api("PUT", "/api/v1/gpu-types/H100", demo.Admin, `{"memory_gb":94,"hourly_rate":"4.50"}`)
+	if err := json.Unmarshal(b, &ch); code != http.StatusOK || err != nil || ch.Value.MemoryGB != 94 || !ch.Changed {
+		t.Errorf("PUT: %d %s", code, b)
+	}
+	// The new rate is in force from now on (the second after the first
+	// one's start, which was now too).
+	var rates web.RatesJSON
+	e.getJSON("/api/v1/rates", demo.Admin, &rates)
+	var h100 []string
+	for _, r := range rates.Rates {
+		if r.GPUType == "H100" {
+			h100 = append(h100, r.Rate)
+		}
+	}
+	if strings.Join(h100, " ") != "4.50 4.10" {
+		t.Errorf("H100 rates, newest first: %v", h100)
+	}
+	if code, _, b := e.api("PUT", "/api/v1/gpu-types/H100", demo.Admin, `{"hourly_rate":"lots"}`); code != http.StatusUnprocessableEntity || !strings.Contains(string(b), "hourly_rate") {
+		t.Errorf("bad PUT: %d %s", code, b)
+	}
+	if code, _, _ := e.api("PUT", "/api/v1/gpu-types/nope", demo.Admin, `{"memory_gb":1}`); code != http.StatusNotFound {
+		t.Errorf("PUT unknown: %d", code)
+	}
+	code, _, b = e.api("PUT", "/api/v1/gpu-types/H100", demo.Admin, `{"retired":true}`)
+	if err := json.Unmarshal(b, &ch); code != http.StatusOK || err != nil || !ch.Value.Retired {
+		t.Errorf("retire: %d %s", code, b)
+	}
+	var list web.GPUTypeList
+	e.getJSON("/api/v1/gpu-types", demo.Engineer, &list)
+	if len(list.GPUTypes) != 3 {
+		t.Errorf("types = %+v", list.GPUTypes)
+	}
+	// The portal: the page, a create form with a field error, a good one.
+	br := e.login(demo.Admin)
+	status, page := br.get("/admin/gpu-types")
+	if status != http.StatusOK || !strings.Contains(page, `data-testid="gpu-type-H100"`) || !strings.Contains(page, "retired") {
+		t.Fatalf("page: %d", status)
+	}
+	before := e.policyCounts()
+	status, page = br.post("/admin/gpu-types", page, url.Values{"name": {"L40S"}, "memory_gb": {"forty-eight"}, "hourly_rate": {"1.90"}})
+	if status != http.StatusUnprocessableEntity || !strings.Contains(page, "must be a whole number of GB") || !strings.Contains(page, `value="L40S"`) {
+		t.Errorf("bad form: %d", status)
+	}
+	e.wantChanges(before, 0, "a refused form")
+	status, page = br.post("/admin/gpu-types", page, url.Values{"name": {"L40S"}, "memory_gb": {"48"}, "hourly_rate": {"1.90"}})
+	if status != http.StatusOK || !strings.Contains(page, `data-testid="gpu-type-L40S"`) || !strings.Contains(page, "Saved GPU type L40S") {
+		t.Errorf("form: %d", status)
+	}
+	status, page = br.post("/admin/gpu-types/L40S", page, url.Values{"action": {"retire"}})
+	if status != http.StatusOK || !strings.Contains(page, "Reinstate L40S") {
+		t.Errorf("retire form: %d", status)
+	}
+	e.wantChanges(before, 2, "create and retire L40S")
+}
+
+// TestInventoryDiffersFromDeclaration: an agent that registers other GPUs
+// than its node was declared with is shown to the admin (API, nodes list,
+// node page), and the node still runs jobs by its registered count.
+func TestInventoryDiffersFromDeclaration(t *testing.T) {
+	l := startLive(t, nil)
+	ctx := context.Background()
+	var out, errb bytes.Buffer
+	if code := run([]string{"node-token", "create", "gpu77", "--gpu-type", "A100-80GB", "--gpus", "8", "--database-url", l.m.DatabaseURL}, &out, &errb); code != 0 {
+		t.Fatalf("node-token create: %d %s", code, errb.String())
+	}
+	tok := strings.SplitN(out.String(), "\n", 2)[0]
+	a := agent.New(agent.Local(agent.Config{Server: l.url, Token: tok, Hostname: "gpu77", HeartbeatInterval: testHeartbeat,
+		Backend: agent.NewFake(agent.FakeOptions{GPUs: 4, Model: "NVIDIA A100-PCIE-40GB", MemoryMiB: 40960, Hostname: "gpu77"}),
+		Logger: slog.New(slog.DiscardHandler)}))
+	actx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { _ = a.Run(actx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	l.waitNode("gpu77", allot.NodeUp)
+	const want = "registered 4 GPUs of NVIDIA A100-PCIE-40GB (40 GB); declared 8 × A100-80GB (80 GB)"
+	var n web.NodeJSON
+	l.getJSON("/api/v1/nodes/gpu77", demo.Admin, &n)
+	if n.InventoryNote != want || n.GPUs != 4 || n.State != allot.NodeUp {
+		t.Errorf("node = %+v", n)
+	}
+	br := l.login(demo.Admin)
+	if _, page := br.get("/nodes"); !strings.Contains(page, want) {
+		t.Errorf("/nodes does not show the note")
+	}
+	if _, page := br.get("/nodes/gpu77"); !strings.Contains(page, "Its agent registered other GPUs than declared") || !strings.Contains(page, want) {
+		t.Errorf("/nodes/gpu77 does not show the note")
+	}
+}
