@@ -5,8 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -457,7 +457,7 @@ func TestInventoryDiffersFromDeclaration(t *testing.T) {
 	tok := strings.SplitN(out.String(), "\n", 2)[0]
 	a := agent.New(agent.Local(agent.Config{Server: l.url, Token: tok, Hostname: "gpu77", HeartbeatInterval: testHeartbeat,
 		Backend: agent.NewFake(agent.FakeOptions{GPUs: 4, Model: "NVIDIA A100-PCIE-40GB", MemoryMiB: 40960, Hostname: "gpu77"}),
-		Logger: slog.New(slog.DiscardHandler)}))
+		Logger:  slog.New(slog.DiscardHandler)}))
 	actx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { _ = a.Run(actx); close(done) }()
