@@ -509,3 +509,28 @@ func TestJobsHaveTheirOwnTmp(t *testing.T) {
 		}
 	}
 }
+
+// TestJobsSeeOnlyTheirOwnProcesses: another team's job cannot list or read
+// a job's processes (command line, environment) in /proc, nor the agent's
+// or the shims'.
+func TestJobsSeeOnlyTheirOwnProcesses(t *testing.T) {
+	needRoot(t)
+	t.Parallel()
+	p := newPeer(t)
+	ta := startAgent(t, p)
+	s := ta.run(t, shLease(197, []int{0}, `exec sleep 300 --secret-flag-197`))
+	l := shLease(198, []int{1}, `ls /proc | grep -c '^[0-9]'; cat /proc/`+strconv.Itoa(s.PID)+`/cmdline; cat /proc/`+strconv.Itoa(os.Getpid())+`/cmdline; grep -l secret-flag-197 /proc/[0-9]*/cmdline; echo end`)
+	l.User = otherUser
+	ta.run(t, l)
+	p.waitExit(ref(198), 5*time.Second)
+	out := logOf(p, ref(198))
+	if strings.Contains(out, "secret-flag-197") || strings.Contains(out, ".test") {
+		t.Errorf("another team's job read processes that are not its own:\n%s", out)
+	}
+	// It sees its own few processes only (sh, ls, grep, maybe cat).
+	if n, _ := strconv.Atoi(strings.SplitN(out, "\n", 2)[0]); n == 0 || n > 6 {
+		t.Errorf("the job sees %d processes in /proc:\n%s", n, out)
+	}
+	p.push(agentproto.Orders{Stop: []agentproto.Stop{{JobID: 197, Segment: 1, Grace: time.Second, Reason: "cancelled"}}})
+	p.waitExit(ref(197), 5*time.Second)
+}

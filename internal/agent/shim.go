@@ -222,7 +222,8 @@ func ShimMain(args []string, stderr io.Writer) int {
 }
 
 // privateTmp moves the calling thread into a new mount namespace with dir
-// on /tmp and a new tmpfs on /dev/shm.
+// on /tmp, a new tmpfs on /dev/shm and a /proc that hides other accounts'
+// processes.
 func privateTmp(dir string) error {
 	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
 		return err
@@ -237,6 +238,12 @@ func privateTmp(dir string) error {
 		if err := unix.Mount("tmpfs", "/dev/shm", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
 			return err
 		}
+	}
+	// Its own /proc, showing only its account's processes: other teams'
+	// command lines and environments, the agent and the shims are out of
+	// its sight (a procfs mount has its own hidepid since Linux 5.8).
+	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "hidepid=invisible"); err != nil {
+		return fmt.Errorf("mounting /proc: %w", err)
 	}
 	return nil
 }
