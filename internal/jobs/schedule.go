@@ -162,6 +162,11 @@ func tierID(t scheduler.Tier) allot.TierID {
 // guarantee, a right of the team's guarantee, not of the tier.)
 func corePolicy(p allot.Policy, tiers []allot.Tier) scheduler.Policy {
 	cp := scheduler.DefaultPolicy()
+	// The live loop keeps Slurm's multifactor order and the starvation
+	// guard: the portal shows the stored priority as weights × factors,
+	// and the admin policy sets those weights. (The simulator's default,
+	// OrderResponse, needs the portal to show the response ratio first.)
+	cp.Order, cp.StarvationWait = scheduler.OrderMultifactor, 20*time.Minute
 	cp.WeightFairShare, cp.WeightSize, cp.WeightAge = float64(p.WeightFairShare), float64(p.WeightSize), float64(p.WeightAge)
 	cp.MaxAge, cp.HalfLife, cp.GracePeriod, cp.MinRuntime = p.MaxAge, p.HalfLife, p.GracePeriod, p.MinRuntime
 	if len(tiers) > 0 {

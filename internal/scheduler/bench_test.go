@@ -104,15 +104,21 @@ func benchSnapshot(pending, nodes int) Snapshot {
 }
 
 func BenchmarkSchedule(b *testing.B) {
-	for _, c := range []struct{ pending, nodes int }{{1000, 100}, {10000, 1000}, {50000, 10000}} {
+	allotMF := DefaultPolicy()
+	allotMF.Order, allotMF.StarvationWait = OrderMultifactor, 20*time.Minute
+	easy := DefaultPolicy()
+	easy.Mode = ModeEASY
+	variants := []struct {
+		name string
+		p    Policy
+	}{{"allot", DefaultPolicy()}, {"allot-multifactor", allotMF}, {"easy", easy}}
+	for _, c := range []struct{ pending, nodes int }{{1000, 100}, {10000, 1000}, {50000, 10000}, {100000, 20000}} {
 		s := benchSnapshot(c.pending, c.nodes)
-		for _, m := range []Mode{ModeAllot, ModeEASY} {
-			b.Run(fmt.Sprintf("%s/pending=%d/nodes=%d", m, c.pending, c.nodes), func(b *testing.B) {
-				p := DefaultPolicy()
-				p.Mode = m
+		for _, v := range variants {
+			b.Run(fmt.Sprintf("%s/pending=%d/nodes=%d", v.name, c.pending, c.nodes), func(b *testing.B) {
 				var plan Plan
 				for b.Loop() {
-					plan = Schedule(s, t0, p)
+					plan = Schedule(s, t0, v.p)
 				}
 				b.ReportMetric(float64(len(plan.Starts)), "starts")
 				b.ReportMetric(float64(len(plan.Preemptions)), "preemptions")

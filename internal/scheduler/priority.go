@@ -1,6 +1,9 @@
 package scheduler
 
-import "math"
+import (
+	"math"
+	"time"
+)
 
 // computeShares fills each team's sshare row: S = Weight / ΣWeight (equal
 // shares when no team has a positive weight), U = Usage / ΣUsage,
@@ -74,6 +77,24 @@ func (st *state) priority(pj *pjob) Priority {
 		Size:      st.sizeFactor(pj.j.GPUs),
 		Age:       age,
 	}
+	if p.Order == OrderResponse {
+		pr.Total = st.responseRatio(pj) * max(2*pr.FairShare, 1.0/32)
+		return pr
+	}
 	pr.Total = p.WeightFairShare*pr.FairShare + p.WeightSize*pr.Size + p.WeightAge*pr.Age
 	return pr
+}
+
+// responseRatio is (wait + T) / T for a pending job (Policy.Order).
+func (st *state) responseRatio(pj *pjob) float64 {
+	t := float64(pj.j.Estimate)
+	if t <= 0 {
+		t = float64(pj.j.TimeLimit)
+	}
+	if t <= 0 {
+		t = float64(st.p.MaxAge)
+	}
+	t = max(t, float64(time.Minute))
+	wait := float64(max(-pj.submit, 0))
+	return (wait + t) / t
 }

@@ -110,6 +110,10 @@ func genSnapshot(t *rapid.T) Snapshot {
 		if rapid.IntRange(0, 6).Draw(t, "pernode") == 0 {
 			j.GPUsPerNode = rapid.IntRange(1, 4).Draw(t, "q")
 		}
+		j.Reserved = rapid.IntRange(0, 3).Draw(t, "reserved") == 0
+		if rapid.IntRange(0, 3).Draw(t, "estimated") == 0 {
+			j.Estimate = time.Duration(rapid.IntRange(0, 600).Draw(t, "estimate")) * time.Minute
+		}
 		s.Pending = append(s.Pending, j)
 		id++
 	}
@@ -121,6 +125,9 @@ func genPolicy(t *rapid.T) Policy {
 	p.Mode = rapid.SampledFrom(allModes).Draw(t, "mode")
 	p.ReservationDepth = rapid.IntRange(0, 3).Draw(t, "depth")
 	p.GuaranteePatience = time.Duration(rapid.IntRange(0, 60).Draw(t, "patience")) * time.Minute
+	p.Order = rapid.SampledFrom([]Order{OrderMultifactor, OrderResponse}).Draw(t, "order")
+	p.StarvationWait = rapid.SampledFrom([]time.Duration{0, 20 * time.Minute}).Draw(t, "starvation")
+	p.HoldReservations = rapid.Bool().Draw(t, "hold")
 	if rapid.Bool().Draw(t, "admin-tiers") {
 		// Tiers as an admin may set them: reservations, narrowed rights,
 		// another class order.

@@ -94,9 +94,12 @@ func (st *state) preparePendingAll() {
 		for i := range st.pend {
 			pj := &st.pend[i]
 			keys[i] = orderKey{class: st.classRank(pj.class), prio: pj.prio.Total, submit: pj.submit, id: pj.j.ID, idx: i}
+			if pj.j.Reserved && st.p.HoldReservations {
+				keys[i].held = 1
+			}
 		}
 		slices.SortFunc(keys, func(a, b orderKey) int {
-			return cmp.Or(cmp.Compare(a.class, b.class), cmp.Compare(b.prio, a.prio),
+			return cmp.Or(cmp.Compare(a.class, b.class), cmp.Compare(b.held, a.held), cmp.Compare(b.prio, a.prio),
 				cmp.Compare(a.submit, b.submit), cmp.Compare(a.id, b.id))
 		})
 		for i, k := range keys {
@@ -124,6 +127,7 @@ func cmpFIFO(a, b *pjob) int {
 
 type orderKey struct {
 	class  Tier
+	held   int // Job.Reserved under Policy.HoldReservations
 	prio   float64
 	submit int64
 	id     int64

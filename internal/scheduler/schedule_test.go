@@ -12,6 +12,14 @@ import (
 
 func allot() Policy { return DefaultPolicy() }
 
+// classic is ModeAllot as before OrderResponse: Slurm's multifactor order
+// and the 20-minute starvation guard (the live loop's policy).
+func classic() Policy {
+	p := DefaultPolicy()
+	p.Order, p.StarvationWait = OrderMultifactor, 20*time.Minute
+	return p
+}
+
 func mode(m Mode) Policy {
 	p := DefaultPolicy()
 	p.Mode = m
@@ -21,7 +29,9 @@ func mode(m Mode) Policy {
 func TestClassOrder(t *testing.T) {
 	t.Parallel()
 	// One free GPU; the tier-1 job wins over older tier-3/4 jobs, and the
-	// tier-3 job over the tier-4 one (none has waited StarvationWait).
+	// tier-3 job over the tier-4 one (none has waited StarvationWait; the
+	// guard is on in the classic policy only: under OrderResponse class
+	// order is strict, see TestResponseOrder).
 	tests := []struct {
 		name    string
 		pending []Job
@@ -41,7 +51,7 @@ func TestClassOrder(t *testing.T) {
 				Pending: tt.pending,
 				Teams:   teamsAB(1, 1),
 			}
-			if diff := cmp.Diff(tt.want, startIDs(Schedule(s, t0, allot()))); diff != "" {
+			if diff := cmp.Diff(tt.want, startIDs(Schedule(s, t0, classic()))); diff != "" {
 				t.Errorf("starts (-want +got):\n%s", diff)
 			}
 		})
@@ -62,13 +72,17 @@ func TestPriorityMath(t *testing.T) {
 			{Name: "b", Weight: 3, Usage: 100},
 		},
 	}
-	p := Schedule(s, t0, allot())
+	p := Schedule(s, t0, classic())
 	// S_a = 1/4, U_a = 300/400 = 3/4, F = 2^(-3) = 0.125; size = 4/16;
 	// age = 42 h / 168 h = 0.25.
 	want := Priority{Class: Tier3, FairShare: 0.125, Size: 0.25, Age: 0.25, Total: 10000*0.125 + 1000*0.25 + 500*0.25}
 	got := pendingInfo(p, 1).Priority
 	if diff := cmp.Diff(want, got, cmp.Comparer(func(x, y float64) bool { return math.Abs(x-y) < 1e-9 })); diff != "" {
 		t.Errorf("priority (-want +got):\n%s", diff)
+	}
+	// OrderResponse: (wait + limit) / limit × 2F = (42 h + 1 h) / 1 h × 0.25.
+	if got := pendingInfo(Schedule(s, t0, allot()), 1).Priority.Total; math.Abs(got-43*0.25) > 1e-9 {
+		t.Errorf("response priority %v, want %v", got, 43*0.25)
 	}
 	wantShares := []TeamShare{
 		{Team: "a", NormShares: 0.25, RawUsage: 300, EffectiveUsage: 0.75, FairShare: 0.125},
@@ -581,7 +595,7 @@ func TestUnavailableAndDrained(t *testing.T) {
 	}
 }
 
-// TestStarvationGuard: a wide tier-4 job that has waited StarvationWait
+// TestStarvationGuard (classic policy): a wide tier-4 job that has waited StarvationWait
 // reserves the node it waits for before a fresh tier-3 job is placed, so
 // the tier-3 job, which would end after the reservation, does not start.
 func TestStarvationGuard(t *testing.T) {
@@ -592,7 +606,7 @@ func TestStarvationGuard(t *testing.T) {
 		Pending: []Job{job(1, 8, tier(Tier4), submitted(time.Hour)), job(2, 4, tier(Tier3))},
 		Teams:   teamsAB(0, 0),
 	}
-	p := Schedule(s, t0, allot())
+	p := Schedule(s, t0, classic())
 	if len(p.Starts) != 0 {
 		t.Errorf("starts %v, want none", startIDs(p))
 	}
@@ -606,7 +620,7 @@ func TestStarvationGuard(t *testing.T) {
 	}
 	// Not yet starving: class order lets the tier-3 job start.
 	s.Pending[0].Submit = t0.Add(-10 * time.Minute)
-	if diff := cmp.Diff([]int64{2}, startIDs(Schedule(s, t0, allot()))); diff != "" {
+	if diff := cmp.Diff([]int64{2}, startIDs(Schedule(s, t0, classic()))); diff != "" {
 		t.Errorf("starts (-want +got):\n%s", diff)
 	}
 }
@@ -638,5 +652,38 @@ func TestPackingByBusyPeriod(t *testing.T) {
 	s.Pending = []Job{job(1, 1, limit(5*time.Hour))}
 	if p := Schedule(s, t0, mode(ModeEASY)); len(p.Starts) != 1 || p.Starts[0].Placement[0].Node != 0 {
 		t.Errorf("easy: starts %+v, want node 0", p.Starts)
+	}
+}
+
+// TestResponseOrder: under OrderResponse a short job goes before a long
+// one of the same wait, a long job that has waited long enough goes before
+// a fresh short one (a fresh job's ratio is 1), and a team far above its
+// share needs a proportionally longer wait.
+func TestResponseOrder(t *testing.T) {
+	t.Parallel()
+	p := allot()
+	p.Order, p.StarvationWait = OrderResponse, 0
+	s := Snapshot{
+		Nodes:   cluster(1, 2),
+		Running: []Job{job(100, 1, on(time.Hour, slot(0, 0)))},
+		Teams:   teamsAB(1, 1),
+	}
+	for _, tt := range []struct {
+		name    string
+		pending []Job
+		want    int64
+	}{
+		{"short first", []Job{job(1, 1, limit(10*time.Hour), submitted(time.Hour)), job(2, 1, limit(time.Hour), submitted(time.Hour))}, 2},
+		{"aged long job before fresh short one", []Job{job(1, 1, limit(10*time.Hour), submitted(time.Hour)), job(2, 1, limit(time.Minute), submitted(0))}, 1},
+		{"estimate before limit", []Job{job(1, 1, limit(10*time.Hour), submitted(time.Hour), func(j *Job) { j.Estimate = 30 * time.Minute }), job(2, 1, limit(time.Hour), submitted(time.Hour))}, 1},
+		{"team above its share waits longer", []Job{job(1, 1, team("a"), limit(time.Hour), submitted(2*time.Hour)), job(2, 1, team("b"), limit(time.Hour), submitted(time.Hour))}, 2},
+	} {
+		s.Pending = tt.pending
+		if tt.name == "team above its share waits longer" {
+			s.Teams = []Team{{Name: "a", Weight: 1, Usage: 900}, {Name: "b", Weight: 1, Usage: 100}}
+		}
+		if diff := cmp.Diff([]int64{tt.want}, startIDs(Schedule(s, t0, p))); diff != "" {
+			t.Errorf("%s: starts (-want +got):\n%s", tt.name, diff)
+		}
 	}
 }

@@ -289,6 +289,9 @@ func newState(s *Snapshot, now time.Time, p Policy) *state {
 		owners = st.partition()
 	}
 	st.buildNodes(owners)
+	if p.Mode == ModeAllot && !p.RawGuarantees {
+		st.scaleGuarantees()
+	}
 	st.buildRunning()
 	st.buildIndex()
 	return st
@@ -318,6 +321,26 @@ func (st *state) buildTeams() {
 		st.teams = append(st.teams, teamState{t: t, guarantee: g})
 	}
 	st.computeShares()
+}
+
+// scaleGuarantees shrinks oversubscribed guarantees: when they add up to
+// more than the cluster's GPUs, each team's guarantee becomes its
+// proportional part of the cluster (rounded down). Otherwise every team
+// is "under its guarantee", nobody is above it, and neither tier-2 jobs nor
+// teams reclaiming their guarantee find a victim.
+func (st *state) scaleGuarantees() {
+	sum := 0
+	for i := range st.teams {
+		sum += st.teams[i].guarantee
+	}
+	total := st.clusterGPUs()
+	if sum <= total || sum == 0 {
+		return
+	}
+	for i := range st.teams {
+		t := &st.teams[i]
+		t.guarantee = int(int64(t.guarantee) * int64(total) / int64(sum))
+	}
 }
 
 func (st *state) team(name string) (int, *Team) {

@@ -166,18 +166,28 @@ type Slot struct {
 
 // Job is a pending or running job as the scheduler sees it.
 type Job struct {
-	ID             int64 // unique and stable; the last tie-breaker everywhere
-	Name           string
-	Team           string
-	User           string
-	Tier           Tier // as submitted (1..4 or TierPreemptible)
-	GPUs           int
-	GPUType        string // "" = any type
-	GPUsPerNode    int    // 0 = scheduler decides
-	TimeLimit      time.Duration
-	Submit         time.Time // original submit time (kept across preemption/requeue)
-	Preemptible    bool      // runs as preemptible (explicit, or demoted at submission)
+	ID          int64 // unique and stable; the last tie-breaker everywhere
+	Name        string
+	Team        string
+	User        string
+	Tier        Tier // as submitted (1..4 or TierPreemptible)
+	GPUs        int
+	GPUType     string // "" = any type
+	GPUsPerNode int    // 0 = scheduler decides
+	TimeLimit   time.Duration
+	Submit      time.Time // original submit time (kept across preemption/requeue)
+	// Estimate is the expected run time (e.g. learned from the team's
+	// history of run time against time limit); 0 = unknown. It orders the
+	// queue under OrderResponse; reservations still use TimeLimit.
+	Estimate       time.Duration
+	Preemptible    bool // runs as preemptible (explicit, or demoted at submission)
 	Checkpointable bool
+
+	// Reserved: the previous cycle gave this pending job a reservation
+	// (Plan.Reservations). Under Policy.HoldReservations it keeps its
+	// place at the head of its class until it starts, so that the nodes
+	// drained for it are not given to a job that overtook it meanwhile.
+	Reserved bool
 
 	// Running jobs only.
 	Start          time.Time
@@ -263,7 +273,33 @@ type Policy struct {
 	// NoPendingInfo skips Plan.Pending and Plan.Shares (the simulator does
 	// not read them; the live loop must leave it false).
 	NoPendingInfo bool
+	// Order is how jobs are ordered inside a class: OrderMultifactor
+	// (Slurm's form, "" too) or OrderResponse.
+	Order Order
+	// HoldReservations: a job that held a reservation in the previous
+	// cycle (Job.Reserved) comes first in its class.
+	HoldReservations bool
+	// RawGuarantees keeps oversubscribed guarantees as they are; by
+	// default (ModeAllot), guarantees that add up to more than the
+	// cluster's GPUs are scaled down to their proportional parts of it.
+	RawGuarantees bool
 }
+
+// Order selects the priority inside a class (ModeAllot).
+type Order string
+
+const (
+	// OrderMultifactor: WeightFairShare·F + WeightSize·S + WeightAge·A.
+	OrderMultifactor Order = "multifactor"
+	// OrderResponse: the response ratio (wait + T) / T, with T the job's
+	// expected run time (Job.Estimate, else its time limit, else MaxAge),
+	// scaled by the team's fair share 2F (1 at its share, up to 2 below
+	// it, towards 0 above it; at least 1/32). Short jobs go first, every
+	// job's priority grows with its wait relative to its length (no job
+	// starves: a new job always starts at ratio 1), and a team above its
+	// share needs proportionally longer waits.
+	OrderResponse Order = "response"
+)
 
 // DefaultPolicy returns DESIGN.md's defaults for ModeAllot.
 func DefaultPolicy() Policy {
@@ -279,7 +315,7 @@ func DefaultPolicy() Policy {
 
 		GuaranteePatience: 10 * time.Minute,
 		ReservationDepth:  1,
-		StarvationWait:    20 * time.Minute,
+		Order:             OrderResponse,
 	}
 }
 

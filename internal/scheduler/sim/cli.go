@@ -29,6 +29,15 @@ const usageText = `usage: allot sim --trace FILE [flags]
 Replays a job trace in virtual time through the scheduler core and the
 Slurm-style baselines, side by side, and prints one row of metrics per policy.
 
+       allot sim --suite FILE [--trace-dir DIR] [--baseline-cache DIR] [flags]
+
+Runs every setting of FILE (one per line: the flags of a single run; "name:"
+labels a line; # starts a comment) one after the other and prints one table of
+ratios against easy and fifo, with the goals each loaded setting misses. Flags
+after FILE apply to every line (a line's own flags win); --trace and --teams
+are relative to --trace-dir. --baseline-cache stores the baselines' results
+(easy, fifo, fifo-partitioned) and reuses them (for developers tuning allot).
+
 flags:
 `
 
@@ -42,6 +51,11 @@ type options struct {
 	cycle, ckptInterval                                             time.Duration
 	progress                                                        bool
 	cpuProfile                                                      string
+	// Policy variants of allot (for measuring mechanisms).
+	allotOrder     string
+	starvationWait time.Duration
+	allotHold      bool
+	allotRawGuar   bool
 	// --burst: replay allot once more with cloud burst ("allot+burst").
 	burst                    bool
 	burstDelay, burstHorizon time.Duration
@@ -84,6 +98,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 }
 
 func main(args []string, stdout, stderr io.Writer, sched ScheduleFunc) int {
+	if hasSuiteFlag(args) {
+		return mainSuite(args, stdout, stderr, sched)
+	}
 	o, err := parseFlags(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
@@ -199,6 +216,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Var(secondsOrDuration{&o.cycle}, "cycle", "periodic cycle in virtual time (e.g. 10s); 0 = schedule only on submit/finish events")
 	fs.Var(secondsOrDuration{&o.ckptInterval}, "checkpoint-interval", "checkpointable jobs save their progress every this much run time")
 	fs.Float64Var(&o.ckptFraction, "checkpointable", 0.5, "fraction of jobs (seeded hash of the id) that checkpoint, 0..1")
+	fs.StringVar(&o.allotOrder, "allot-order", "", "allot's order inside a class: multifactor or response (default: the policy's)")
+	o.starvationWait = -1
+	fs.BoolVar(&o.allotRawGuar, "allot-raw-guarantees", false, "allot: keep oversubscribed guarantees unscaled")
+	fs.BoolVar(&o.allotHold, "allot-hold", false, "allot: a job reserved in the last cycle keeps the head of its class")
+	fs.Var(secondsOrDuration{&o.starvationWait}, "starvation-wait", "allot's starvation guard (0 = off; default: the policy's)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the replays to this file (for developers)")
 	fs.BoolVar(&o.progress, "progress", false, "draw a progress bar on stderr even when it is not a terminal")
 	fs.BoolVar(&o.burst, "burst", false, "also replay allot with cloud burst (row allot+burst; the policy's thresholds: request above 50 pending GPU-h with a mean wait over 2 h, release idle nodes below 20 GPU-h) and report burst GPU-hours, cost and the wait saved against allot")
@@ -235,6 +257,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, fmt.Errorf("--walltime-factor %v: want > 0", o.walltime)
 	case !(o.ckptFraction >= 0 && o.ckptFraction <= 1):
 		return nil, fmt.Errorf("--checkpointable %v: want 0..1", o.ckptFraction)
+	case o.allotOrder != "" && o.allotOrder != string(scheduler.OrderMultifactor) && o.allotOrder != string(scheduler.OrderResponse):
+		return nil, fmt.Errorf("--allot-order %q: want multifactor or response", o.allotOrder)
 	case o.ckptInterval <= 0:
 		return nil, errors.New("--checkpoint-interval: want > 0")
 	case o.burst && (o.burstGPUs < 1 || o.burstGPUs > 64):
@@ -350,6 +374,16 @@ func load(o *options) (*setup, error) {
 func (st *setup) config(o *options, m scheduler.Mode) Config {
 	p := scheduler.DefaultPolicy()
 	p.Mode = m
+	if o.allotOrder != "" {
+		p.Order = scheduler.Order(o.allotOrder)
+	}
+	if o.allotHold {
+		p.HoldReservations = true
+	}
+	p.RawGuarantees = o.allotRawGuar
+	if o.starvationWait >= 0 {
+		p.StarvationWait = o.starvationWait
+	}
 	var bc *BurstConfig
 	if m == ModeAllotBurst {
 		p.Mode = scheduler.ModeAllot

@@ -149,6 +149,7 @@ type simJob struct {
 	killed     bool
 	preempted  int
 	stuck      bool // dropped at the end: never started on an empty cluster
+	reserved   int  // the cycle (1-based) whose plan last reserved for it
 }
 
 type evKind uint8
@@ -193,12 +194,15 @@ type state struct {
 	nodeUsed []int
 	free     int
 
-	jobs    []simJob
-	running []scheduler.Job // passed to Schedule as is; index runIdx
-	runIdx  []int32         // job index → position in running, -1 if absent
-	pending []scheduler.Job // sorted by (Submit, ID)
-	teams   []scheduler.Team
-	teamIdx map[string]int
+	jobs []simJob
+	// anyReserved: the last plan had reservations (pending jobs carry
+	// Job.Reserved).
+	anyReserved bool
+	running     []scheduler.Job // passed to Schedule as is; index runIdx
+	runIdx      []int32         // job index → position in running, -1 if absent
+	pending     []scheduler.Job // sorted by (Submit, ID)
+	teams       []scheduler.Team
+	teamIdx     map[string]int
 
 	events eventHeap
 	now    time.Duration
@@ -719,6 +723,17 @@ func (s *state) cycle() error {
 		if err := s.preempt(pr); err != nil {
 			return fmt.Errorf("cycle at t=%s: %w", s.now, err)
 		}
+	}
+	// Tell the next cycle which jobs hold a reservation (Job.Reserved).
+	if s.cfg.Policy.Mode == scheduler.ModeAllot && (len(plan.Reservations) > 0 || s.anyReserved) {
+		for _, r := range plan.Reservations {
+			s.jobs[r.JobID-1].reserved = len(s.cycleNS)
+		}
+		for k := range s.pending {
+			p := &s.pending[k]
+			p.Reserved = s.jobs[p.ID-1].reserved == len(s.cycleNS)
+		}
+		s.anyReserved = len(plan.Reservations) > 0
 	}
 	return nil
 }
