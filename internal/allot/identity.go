@@ -251,8 +251,15 @@ func (s *JobSpec) validateResources(f FieldErrors) {
 	}
 }
 
+// MaxEnvVarBytes is the longest KEY=value a job's variable may be: a
+// node could not start the job with much more (execve refuses any one
+// string over 128 KiB).
+const MaxEnvVarBytes = 32 << 10
+
 // validateEnv checks one environment map (env or secret_env) under field.
-func validateEnv(f FieldErrors, field string, env map[string]string) {
+// An image job's variables go through the runtime's env file, one line
+// each, so they may not hold a newline.
+func validateEnv(f FieldErrors, field string, env map[string]string, image bool) {
 	if len(env) > MaxEnvVars {
 		f.Add(field, "at most %d variables", MaxEnvVars)
 	}
@@ -266,6 +273,16 @@ func validateEnv(f FieldErrors, field string, env map[string]string) {
 		}
 		if strings.ContainsRune(v, 0) {
 			f.Add(field, "value of %s must not contain NUL bytes", k)
+		}
+		if n := len(k) + 1 + len(v); n > MaxEnvVarBytes {
+			name := k
+			if len(name) > 64 {
+				name = name[:64] + "…"
+			}
+			f.Add(field, "%s is too long: %d bytes, at most %d KiB as KEY=value", name, n, MaxEnvVarBytes>>10)
+		}
+		if image && strings.ContainsAny(v, "\n") {
+			f.Add(field, "value of %s must not contain a newline in a job with an image (container env files hold one variable a line)", k)
 		}
 	}
 }

@@ -230,8 +230,8 @@ func (s *JobSpec) validate(f FieldErrors) {
 			f.Add("command", "is too long (at most %d arguments, %d bytes)", MaxCommandArgs, MaxCommandBytes)
 		}
 	}
-	validateEnv(f, "env", s.Env)
-	validateEnv(f, "secret_env", s.SecretEnv)
+	validateEnv(f, "env", s.Env, s.Image != "")
+	validateEnv(f, "secret_env", s.SecretEnv, s.Image != "")
 	for _, k := range slices.Sorted(maps.Keys(s.SecretEnv)) {
 		if _, both := s.Env[k]; both {
 			f.Add("secret_env", "%s is also in env: give each variable once, in env or in secret_env", k)

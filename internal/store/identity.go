@@ -14,12 +14,17 @@ import (
 // resolveAccount returns the POSIX account a job of team submitted by
 // userID runs as, and where it came from (allot.ResolveAccount): the
 // admin's mapping of the user, the identity provider's claim, the team's
-// service account.
+// service account. A claim naming an account Allot gives to someone else
+// (any team's service account, another person's mapping or claim) is
+// ignored: the provider's claim (preferred_username, say) need not be
+// unique, and people can often edit it.
 func (s *Store) resolveAccount(ctx context.Context, userID int64, team string) (string, string, error) {
 	var mapped, claimed, teamAccount string
 	err := s.db.QueryRow(ctx, `
 		SELECT coalesce((SELECT posix_user FROM users WHERE id = $1), ''),
-			coalesce((SELECT oidc_posix_user FROM users WHERE id = $1), ''),
+			coalesce((SELECT u.oidc_posix_user FROM users u WHERE u.id = $1
+				AND NOT EXISTS (SELECT 1 FROM teams t WHERE t.posix_account = u.oidc_posix_user)
+				AND NOT EXISTS (SELECT 1 FROM users o WHERE o.id <> u.id AND u.oidc_posix_user IN (o.posix_user, o.oidc_posix_user))), ''),
 			coalesce((SELECT posix_account FROM teams WHERE slug = $2), '')`, userID, team).Scan(&mapped, &claimed, &teamAccount)
 	if err != nil {
 		return "", "", mapErr("resolving the job's POSIX account", err)

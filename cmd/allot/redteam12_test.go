@@ -1,0 +1,142 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/allotlabs/allot/internal/demo"
+)
+
+// Issue 12 red team: a hostile engineer of another team against job
+// identity, env secrets and input checks, through the API, the portal and
+// the CLI.
+
+// TestRedteam12NoChosenAccount: a submitter cannot pick who the job runs
+// as: run_as_user or user in the API body are unknown fields (422, nothing
+// created), a run_as_user field added to the form is ignored, and only
+// admins change a team's service account or a person's mapping (a lead of
+// the team gets 403).
+func TestRedteam12NoChosenAccount(t *testing.T) {
+	e := boot(t)
+	before := e.jobCount()
+	for _, extra := range []string{`"run_as_user":"root"`, `"run_as_user":"svc-recs"`, `"user":"nadia@example.com"`, `"RUN_AS_USER":"svc-recs"`} {
+		code, _, body := e.api("POST", "/api/v1/jobs", demo.Engineer, `{"team":"nlp","tier":4,"gpus":1,"command":["x"],"time_limit":"1h",`+extra+`}`)
+		if code != http.StatusUnprocessableEntity || strings.Contains(string(body), `"run_as_user": "svc-recs"`) {
+			t.Errorf("API with %s: %d %s", extra, code, body)
+		}
+	}
+	if n := e.jobCount(); n != before {
+		t.Fatalf("spoofed submissions created jobs: %d → %d", before, n)
+	}
+	br := e.login(demo.Engineer)
+	_, form := br.get("/jobs/new")
+	status, _ := br.post("/jobs", form, url.Values{"team": {"nlp"}, "tier": {"4"}, "gpus": {"1"}, "time_limit": {"1h"}, "command": {"x"},
+		"run_as_user": {"svc-recs"}, "user": {"root"}})
+	var runAs string
+	if err := e.m.Pool.QueryRow(context.Background(), `SELECT run_as_user FROM jobs ORDER BY id DESC LIMIT 1`).Scan(&runAs); err != nil {
+		t.Fatal(err)
+	}
+	if status != http.StatusOK || runAs != "noah" {
+		t.Errorf("form with run_as_user=svc-recs: %d, runs as %q, want noah", status, runAs)
+	}
+	for _, who := range []string{demo.Engineer, demo.Lead} {
+		if code, _, _ := e.api("PUT", "/api/v1/teams/nlp", who, `{"posix_account":"svc-recs"}`); code != http.StatusForbidden {
+			t.Errorf("%s sets nlp's service account: %d, want 403", who, code)
+		}
+		if code, _, _ := e.api("PUT", "/api/v1/users/noah@example.com/account", who, `{"posix_user":"svc-recs"}`); code != http.StatusForbidden {
+			t.Errorf("%s maps noah: %d, want 403", who, code)
+		}
+	}
+	var acct string
+	if err := e.m.Pool.QueryRow(context.Background(), `SELECT posix_account FROM teams WHERE slug = 'nlp'`).Scan(&acct); err != nil || acct != "svc-nlp" {
+		t.Errorf("nlp's service account is now %q (%v)", acct, err)
+	}
+}
+
+// TestRedteam12ClaimCannotTakeAnotherAccount: the identity provider's
+// account claim (e.g. preferred_username, which OIDC says is not unique and
+// many providers let people edit) never makes a job run as an account
+// Allot already gives to someone else: a team's service account or
+// another person's mapped account. Such a claim is ignored (the job falls
+// back to the team's service account); a claim nobody else has still
+// works.
+func TestRedteam12ClaimCannotTakeAnotherAccount(t *testing.T) {
+	e := boot(t)
+	ctx := context.Background()
+	noah, err := e.m.Store.UserByEmail(ctx, "noah@example.com")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.m.Store.SetPosixUser(ctx, "ada@example.com", "noah@example.com", "", ""); err != nil {
+		t.Fatal(err)
+	}
+	const job = `{"team":"nlp","tier":4,"gpus":1,"command":["x"],"time_limit":"1h"}`
+	for _, tt := range []struct{ claim, want string }{
+		{"svc-recs", "svc-nlp"}, // another team's service account
+		{"svc-nlp", "svc-nlp"},  // a team's service account, even his own team's
+		{"nadia", "svc-nlp"},    // the account an admin mapped nadia to
+		{"noah-k", "noah-k"},    // his own: nobody else has it
+	} {
+		// What a sign-in stores from the provider's claim.
+		if err := e.m.Store.SetOIDCPosixUser(ctx, noah.ID, tt.claim); err != nil {
+			t.Fatal(err)
+		}
+		code, _, body := e.api("POST", "/api/v1/jobs", demo.Engineer, job)
+		if j := jobJSON(t, body); code != http.StatusCreated || j.RunAsUser != tt.want {
+			t.Errorf("claim %q: %d, the job runs as %q, want %q", tt.claim, code, j.RunAsUser, tt.want)
+		}
+	}
+}
+
+// TestRedteam12EnvInputRefusedAtSubmit: environment values a node could
+// never start are field errors at submit (API, form, CLI), not failures on
+// the node: a value over the limit (execve refuses a string over 128 KiB
+// with E2BIG), a newline in an image job's variable (env files cannot
+// carry it). Nothing is created.
+func TestRedteam12EnvInputRefusedAtSubmit(t *testing.T) {
+	e := boot(t)
+	before := e.jobCount()
+	huge := strings.Repeat("x", 200<<10)
+	for _, tt := range []struct {
+		field string
+		body  map[string]any
+	}{
+		{"env", map[string]any{"env": map[string]string{"BIG": huge}}},
+		{"secret_env", map[string]any{"secret_env": map[string]string{"BIG": huge}}},
+		{"env", map[string]any{"image": "busybox", "env": map[string]string{"A": "x\nLD_PRELOAD=/tmp/x.so"}}},
+		{"secret_env", map[string]any{"image": "busybox", "secret_env": map[string]string{"A": "x\ny"}}},
+	} {
+		b := map[string]any{"team": "nlp", "tier": 4, "gpus": 1, "command": []string{"x"}, "time_limit": "1h"}
+		for k, v := range tt.body {
+			b[k] = v
+		}
+		raw, _ := json.Marshal(b)
+		code, _, body := e.api("POST", "/api/v1/jobs", demo.Engineer, string(raw))
+		if p := problem(t, body); code != http.StatusUnprocessableEntity || p.Errors[tt.field] == "" || strings.Contains(p.Errors[tt.field], "xxxx") {
+			t.Errorf("%s: %d %v, want a %s error (without the value)", tt.field, code, p.Errors, tt.field)
+		}
+	}
+	br := e.login(demo.Engineer)
+	_, form := br.get("/jobs/new")
+	status, page := br.post("/jobs", form, url.Values{"team": {"nlp"}, "tier": {"4"}, "gpus": {"1"}, "time_limit": {"1h"}, "command": {"x"},
+		"env": {"BIG=" + huge}})
+	if status != http.StatusUnprocessableEntity || !strings.Contains(page, `data-testid="error-env"`) {
+		t.Errorf("form with a huge value: %d", status)
+	}
+	if rc, _, errOut := e.cli(demo.Engineer, "submit", "--team", "nlp", "--time", "1h", "--env", "BIG="+huge, "--", "x"); rc != 1 || !strings.Contains(errOut, "env") {
+		t.Errorf("CLI with a huge value: rc=%d", rc)
+	}
+	if n := e.jobCount(); n != before {
+		t.Fatalf("refused submissions created jobs: %d → %d", before, n)
+	}
+	// A value under the limit, and a newline in a host job, are fine.
+	code, _, body := e.api("POST", "/api/v1/jobs", demo.Engineer, `{"team":"nlp","tier":4,"gpus":1,"command":["x"],"time_limit":"1h",
+		"env":{"OK":"`+strings.Repeat("y", 16<<10)+`","ML":"a\nb"}}`)
+	if code != http.StatusCreated {
+		t.Errorf("fine env: %d %.300s", code, body)
+	}
+}
