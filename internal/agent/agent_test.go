@@ -455,8 +455,8 @@ func TestMetricsUseDCGMNamesAndLabels(t *testing.T) {
 	}
 	inv, _ := ta.fake.Inventory()
 	lbl := func(gpu int, job, team string) string {
-		return `{Hostname="node-a",UUID="` + inv.GPUs[gpu].UUID + `",device="nvidia` + strconv.Itoa(gpu) + `",gpu="` + strconv.Itoa(gpu) +
-			`",job="` + job + `",modelName="A100-80GB",team="` + team + `"}`
+		return `{Hostname="node-a",UUID="` + inv.GPUs[gpu].UUID + `",allot_job="` + job + `",allot_team="` + team + `",device="nvidia` +
+			strconv.Itoa(gpu) + `",gpu="` + strconv.Itoa(gpu) + `",modelName="A100-80GB"}`
 	}
 	busyUtil := regexp.MustCompile(regexp.QuoteMeta("DCGM_FI_DEV_GPU_UTIL"+lbl(0, "42", "vision")) + ` (\d+(\.\d+)?)\n`)
 	if m := busyUtil.FindStringSubmatch(body); m == nil || parseFloat(m[1]) < 85 {
@@ -471,6 +471,10 @@ func TestMetricsUseDCGMNamesAndLabels(t *testing.T) {
 		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %q", want)
 		}
+	}
+	// No label a Prometheus target owns: job would become exported_job.
+	if regexp.MustCompile(`[{,](job|team|instance)="`).MatchString(body) {
+		t.Errorf("a series has a job, team or instance label:\n%s", body)
 	}
 }
 

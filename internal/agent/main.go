@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"strconv"
@@ -64,7 +62,8 @@ func MainContext(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	domain := fs.String("domain", "", "interconnect (NVLink/InfiniBand) domain label of this node")
 	hostname := fs.String("hostname", "", "node name reported to the server (default: the host name)")
 	heartbeat := fs.Duration("heartbeat", 10*time.Second, "heartbeat interval (the server may override it)")
-	metricsAddr := fs.String("metrics-addr", ":9400", `listen address of /metrics (dcgm-exporter format); "" disables`)
+	metricsAddr := fs.String("metrics-addr", DefaultMetricsAddr, `listen address of /metrics (dcgm-exporter's names; not its port 9400); "" disables; a taken port is logged and retried, not fatal`)
+	dcgmJobMapping := fs.String("dcgm-job-mapping", "", "`dir`ectory to keep dcgm-exporter's HPC job-mapping files in (its --hpc-job-mapping-dir): one file per GPU index naming the Allot job on it")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	healthCmd := fs.String("health-cmd", "", "health check program run every --health-interval; a non-zero exit reports the node unhealthy with its output")
 	healthEvery := fs.Duration("health-interval", 60*time.Second, "how often --health-cmd runs (also its timeout, at most 5m)")
@@ -194,18 +193,13 @@ func MainContext(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		ContainerRuntime: *runtimeName, ContainerRuntimePath: *runtimePath, ContainerRuntimeArgs: runtimeArgs, KeepJobsOnExit: *keepJobs,
 	})
 
+	mctx, stopMetrics := context.WithCancel(ctx)
+	defer stopMetrics()
 	if *metricsAddr != "" {
-		ln, err := net.Listen("tcp", *metricsAddr)
-		if err != nil {
-			fmt.Fprintf(stderr, "allot agent: --metrics-addr %s: %v\n", *metricsAddr, err)
-			return 1
-		}
-		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", a.MetricsHandler())
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		go func() { _ = srv.Serve(ln) }()
-		defer srv.Close()
-		logger.Info("serving metrics", "addr", ln.Addr().String())
+		go a.ServeMetrics(mctx, *metricsAddr, 30*time.Second, logger)
+	}
+	if *dcgmJobMapping != "" {
+		go a.SyncDCGMJobMapping(mctx, *dcgmJobMapping, time.Second, logger)
 	}
 	fmt.Fprintf(stdout, "allot agent %s: node %s, %s GPUs, server %s\n", Version, *hostname, *gpu, *server)
 	if err := a.Run(ctx); err != nil {
