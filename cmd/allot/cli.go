@@ -43,6 +43,24 @@ func (e envFlag) Set(s string) error {
 	return nil
 }
 
+// secretEnvFlag is --secret-env: KEY=value, or KEY alone to take the value
+// from the environment of the same name, so that the secret is not on the
+// command line (which every user of the machine can read in ps).
+type secretEnvFlag map[string]string
+
+func (e secretEnvFlag) String() string { return "" }
+func (e secretEnvFlag) Set(s string) error {
+	if !strings.Contains(s, "=") {
+		v, ok := os.LookupEnv(s)
+		if s == "" || !ok {
+			return fmt.Errorf("want KEY=value, or KEY with $%s set in the environment", s)
+		}
+		e[s] = v
+		return nil
+	}
+	return envFlag(e).Set(s)
+}
+
 // reportErr prints a CLI error and returns the exit code: 1 for errors the
 // server reported (bad input, not found, not allowed) or transport errors.
 func reportErr(stderr io.Writer, cmd string, err error) int {
@@ -76,8 +94,8 @@ func cmdSubmit(args []string, stdout, stderr io.Writer) int {
 	asJSON := fs.Bool("json", false, "print the job as JSON")
 	env := envFlag{}
 	fs.Var(env, "env", "KEY=value environment variable (repeatable; the submitter, the team's leads and admins see the values)")
-	secretEnv := envFlag{}
-	fs.Var(secretEnv, "secret-env", "KEY=value secret environment variable (repeatable; passed to the job, never shown again)")
+	secretEnv := secretEnvFlag{}
+	fs.Var(secretEnv, "secret-env", "KEY=value, or KEY to take the value from $KEY (keeps it out of ps): secret environment variable (repeatable; passed to the job, never shown again)")
 	image := fs.String("image", "", "OCI image to run the command in, e.g. nvcr.io/nvidia/pytorch:24.05-py3 (default: on the node's host)")
 	memory := fs.String("memory", "", "memory per node, e.g. 64GiB or 512MiB (default: the node's)")
 	cpus := fs.String("cpus", "", "CPUs per node, e.g. 8 or 0.5 (default: the node's)")

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"testing"
 
@@ -138,5 +139,36 @@ func TestRedteam12EnvInputRefusedAtSubmit(t *testing.T) {
 		"env":{"OK":"`+strings.Repeat("y", 16<<10)+`","ML":"a\nb"}}`)
 	if code != http.StatusCreated {
 		t.Errorf("fine env: %d %.300s", code, body)
+	}
+}
+
+// TestRedteam12CLISecretFromEnvironment: allot submit --secret-env KEY
+// takes the value from $KEY, so the secret is not on the command line,
+// which every user of a shared login node reads with ps; an unset KEY is
+// a usage error (exit 2) and submits nothing.
+func TestRedteam12CLISecretFromEnvironment(t *testing.T) {
+	e := boot(t)
+	const name, secret = "RT12_TEST_SECRET_SRC", "from-env-s3cr3t"
+	// Not t.Setenv: the test runs in parallel; the name is this test's own.
+	os.Setenv(name, secret) //nolint:errcheck
+	defer os.Unsetenv(name)
+	before := e.jobCount()
+	if rc, out, errOut := e.cli(demo.Engineer, "submit", "--team", "nlp", "--time", "1h", "--secret-env", "RT12_UNSET_VAR_X", "--", "x"); rc != 2 || !strings.Contains(errOut, "RT12_UNSET_VAR_X") {
+		t.Errorf("unset variable: rc=%d out=%q err=%q, want a usage error", rc, out, errOut)
+	}
+	if n := e.jobCount(); n != before {
+		t.Fatalf("a refused submission created a job")
+	}
+	rc, out, errOut := e.cli(demo.Engineer, "submit", "--json", "--team", "nlp", "--time", "1h", "--secret-env", name, "--secret-env", "B=typed", "--", "x")
+	if rc != 0 || strings.Contains(out, secret) {
+		t.Fatalf("submit: rc=%d out=%q err=%q", rc, out, errOut)
+	}
+	j := jobJSON(t, []byte(out))
+	var fromEnv, typed string
+	if err := e.m.Pool.QueryRow(context.Background(), `SELECT secret_env->>$2, secret_env->>'B' FROM jobs WHERE id = $1`, j.ID, name).Scan(&fromEnv, &typed); err != nil {
+		t.Fatal(err)
+	}
+	if fromEnv != secret || typed != "typed" {
+		t.Errorf("stored secrets: %q %q", fromEnv, typed)
 	}
 }

@@ -156,17 +156,30 @@ func ShimMain(args []string, stderr io.Writer) int {
 	if spec.AsRoot {
 		fmt.Fprintln(stderr, "allot job-shim: running", strings.Join(spec.Argv, " "))
 	}
-	if spec.PrivateTmp != "" {
-		// The child inherits the mount namespace of the thread that forks
-		// it: unshare on a goroutine's own locked thread, start the child
-		// from it, and let that thread end with the goroutine (it is never
-		// unlocked), so the shim itself stays in the node's namespace.
+	// A host job runs with no_new_privs (as container jobs do, through the
+	// runtime's no-new-privileges): no setuid program (sudo, pkexec) makes
+	// it root. The runtime a container job starts through runs as root.
+	noNewPrivs := !spec.AsRoot
+	if spec.PrivateTmp != "" || noNewPrivs {
+		// The child inherits the mount namespace and no_new_privs of the
+		// thread that forks it: set them on a goroutine's own locked
+		// thread, start the child from it, and let that thread end with the
+		// goroutine (it is never unlocked), so the shim itself keeps the
+		// node's namespace and its privileges.
 		ch := make(chan error, 1)
 		go func() {
 			runtime.LockOSThread()
-			if err := privateTmp(spec.PrivateTmp); err != nil {
-				ch <- fmt.Errorf("giving the job its own /tmp: %w", err)
-				return
+			if noNewPrivs {
+				if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+					ch <- fmt.Errorf("setting no_new_privs: %w", err)
+					return
+				}
+			}
+			if spec.PrivateTmp != "" {
+				if err := privateTmp(spec.PrivateTmp); err != nil {
+					ch <- fmt.Errorf("giving the job its own /tmp: %w", err)
+					return
+				}
 			}
 			ch <- cmd.Start()
 		}()
