@@ -269,12 +269,16 @@ type containerJob struct {
 	ID      identity
 	Env     []string
 	Workdir string
-	Tmp     string
-	Cgroup  string   // cgroup parent ("" = none)
-	Devices []string // the job's GPU device files
-	Ctl     []string // nvidiactl, nvidia-uvm…
-	Dir     string   // the lease's state directory (root-only)
-	PidsMax int64
+	// WorkdirSource is the host directory mounted at Workdir: Workdir
+	// with its symlinks resolved, checked reachable by the job's account
+	// ("" = Workdir).
+	WorkdirSource string
+	Tmp           string
+	Cgroup        string   // cgroup parent ("" = none)
+	Devices       []string // the job's GPU device files
+	Ctl           []string // nvidiactl, nvidia-uvm…
+	Dir           string   // the lease's state directory (root-only)
+	PidsMax       int64
 }
 
 // command returns the runtime's argv for j, the cleanup argv, and the
@@ -336,7 +340,11 @@ func (rt *containerRT) command(j containerJob) (argv, cleanup []string, envFile 
 		argv = append(argv, "--ulimit", "nproc="+n+":"+n)
 	}
 	if j.Workdir != "" {
-		argv = append(argv, "--volume", j.Workdir+":"+j.Workdir, "--workdir", j.Workdir)
+		src := j.WorkdirSource
+		if src == "" {
+			src = j.Workdir
+		}
+		argv = append(argv, "--volume", src+":"+j.Workdir, "--workdir", j.Workdir)
 	}
 	if cp := j.Lease.CheckpointDir; cp != "" {
 		argv = append(argv, "--volume", cp+":"+cp)

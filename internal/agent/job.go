@@ -184,8 +184,15 @@ func (a *Agent) start(ref agentproto.LeaseRef) {
 			fail(fmt.Errorf("the job asks for image %s but node %s has no container runtime (allot agent --container-runtime)", l.Image, a.cfg.Hostname))
 			return
 		}
+		// The runtime (root) mounts what it is given: only what the
+		// account could reach on the node.
+		src, err := reachableDir(workdir, id)
+		if err != nil {
+			fail(err)
+			return
+		}
 		argv, cleanup, envFile, err := a.runtime.command(containerJob{Name: filepath.Base(tmp), Lease: l, ID: id,
-			Env: env, Workdir: workdir, Tmp: tmp, Cgroup: spec.Cgroup, Devices: a.gpuDevicePaths(l.GPUs), Ctl: a.ctlDevicePaths(), Dir: dir, PidsMax: a.cfg.PidsMax})
+			Env: env, Workdir: workdir, WorkdirSource: src, Tmp: tmp, Cgroup: spec.Cgroup, Devices: a.gpuDevicePaths(l.GPUs), Ctl: a.ctlDevicePaths(), Dir: dir, PidsMax: a.cfg.PidsMax})
 		if err != nil {
 			fail(err)
 			return
@@ -738,6 +745,29 @@ func canExec(p string, id identity) bool {
 	}
 	fi, err := os.Stat(abs)
 	return err == nil && allowed(fi, 0o1)
+}
+
+// reachableDir resolves dir's symlinks and checks that account id can
+// reach the directory on the node: every directory on the way, and dir
+// itself, searchable by it. It returns the resolved path ("" for "").
+func reachableDir(dir string, id identity) (string, error) {
+	if dir == "" {
+		return "", nil
+	}
+	real, err := filepath.EvalSymlinks(dir)
+	if err == nil {
+		var fi os.FileInfo
+		if fi, err = os.Stat(real); err == nil && !fi.IsDir() {
+			err = errors.New("not a directory")
+		}
+	}
+	if err == nil && !canExec(real, id) {
+		err = fmt.Errorf("account %s cannot reach it", id.Name)
+	}
+	if err != nil {
+		return "", fmt.Errorf("the job's working directory %s cannot be mounted: %w", dir, err)
+	}
+	return real, nil
 }
 
 // underTmp reports whether dir is /tmp or below it.

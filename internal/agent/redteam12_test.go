@@ -3,10 +3,14 @@ package agent
 import (
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/allotlabs/allot/internal/agentproto"
 )
 
 // TestJobCannotGainPrivilegesThroughSetuid: a host job runs with
@@ -57,5 +61,58 @@ func TestJobCannotGainPrivilegesThroughSetuid(t *testing.T) {
 	}
 	if !strings.Contains(out, "NoNewPrivs:\t1") {
 		t.Errorf("the job runs without no_new_privs: %q", out)
+	}
+}
+
+// TestContainerJobCannotMountWhatItsAccountCannotReach: a container job's
+// working directory is bind-mounted by the runtime, which runs as root; a
+// directory the job's account could not reach on the node (another
+// person's 0700 home, root's) must not become reachable in the
+// container. The job fails to start with a message that names the
+// directory, and reads nothing.
+func TestContainerJobCannotMountWhatItsAccountCannotReach(t *testing.T) {
+	needRoot(t)
+	bin, err := exec.LookPath("podman")
+	if err != nil {
+		t.Skip("podman is not installed (.ci/run installs it from Debian)")
+	}
+	t.Parallel()
+	img := testImageTB(t, bin)
+	// /…/home-of-bob (0700, root's) / project (0755) / notes (0644): the
+	// job's account cannot reach notes on the node.
+	base := sharedTempDir(t)
+	home := filepath.Join(base, "home-of-bob")
+	project := filepath.Join(home, "project")
+	if err := os.MkdirAll(project, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(home, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	const secret = "bob-private-notes-42"
+	if err := os.WriteFile(filepath.Join(project, "notes"), []byte(secret+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// And through a symlink the job's account owns.
+	link := filepath.Join(jobDir(t), "link")
+	if err := os.Symlink(project, link); err != nil {
+		t.Fatal(err)
+	}
+	p := newPeer(t)
+	startAgent(t, p, func(c *Config) { c.ContainerRuntime = "podman" })
+	for i, wd := range []string{project, link} {
+		id := int64(181 + i)
+		l := shLease(id, []int{i}, `cat notes; echo end`)
+		l.Image, l.WorkDir = img, wd
+		p.push(agentproto.Orders{Offer: []agentproto.Lease{l}})
+		p.waitFor("take", 5*time.Second, func() bool { return slices.Contains(p.takes, ref(id)) })
+		p.push(agentproto.Orders{Start: []agentproto.LeaseRef{ref(id)}})
+		e := p.waitExit(ref(id), 60*time.Second)
+		if out := logOf(p, ref(id)); strings.Contains(out, secret) {
+			t.Errorf("workdir %s: the container job read another account's file:\n%s", wd, out)
+		}
+		if e.Reason != ReasonStartFailed || !strings.Contains(e.Message, "working directory") {
+			t.Errorf("workdir %s: exit = %+v, want start_failed naming the working directory", wd, e)
+		}
 	}
 }
