@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/url"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/allotlabs/allot/internal/demo"
+	"github.com/allotlabs/allot/web"
 )
 
 // Issue 12 red team: a hostile engineer of another team against job
@@ -110,6 +112,13 @@ func TestRedteam12EnvInputRefusedAtSubmit(t *testing.T) {
 		{"secret_env", map[string]any{"secret_env": map[string]string{"BIG": huge}}},
 		{"env", map[string]any{"image": "busybox", "env": map[string]string{"A": "x\nLD_PRELOAD=/tmp/x.so"}}},
 		{"secret_env", map[string]any{"image": "busybox", "secret_env": map[string]string{"A": "x\ny"}}},
+		// A name in both, names Allot sets, names that are no names.
+		{"secret_env", map[string]any{"env": map[string]string{"K": "1"}, "secret_env": map[string]string{"K": "sv-marker"}}},
+		{"secret_env", map[string]any{"secret_env": map[string]string{"ALLOT_NODE_TOKEN": "sv-marker"}}},
+		{"secret_env", map[string]any{"secret_env": map[string]string{"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}}},
+		{"env", map[string]any{"env": map[string]string{"KÉY": "sv-marker"}}},
+		{"env", map[string]any{"env": map[string]string{"K Y": "sv-marker"}}},
+		{"secret_env", map[string]any{"secret_env": map[string]string{"K": "a\x00b"}}},
 	} {
 		b := map[string]any{"team": "nlp", "tier": 4, "gpus": 1, "command": []string{"x"}, "time_limit": "1h"}
 		for k, v := range tt.body {
@@ -119,6 +128,9 @@ func TestRedteam12EnvInputRefusedAtSubmit(t *testing.T) {
 		code, _, body := e.api("POST", "/api/v1/jobs", demo.Engineer, string(raw))
 		if p := problem(t, body); code != http.StatusUnprocessableEntity || p.Errors[tt.field] == "" || strings.Contains(p.Errors[tt.field], "xxxx") {
 			t.Errorf("%s: %d %v, want a %s error (without the value)", tt.field, code, p.Errors, tt.field)
+		}
+		if strings.Contains(string(body), "sv-marker") {
+			t.Errorf("the refusal shows a value: %s", body)
 		}
 	}
 	br := e.login(demo.Engineer)
@@ -170,5 +182,35 @@ func TestRedteam12CLISecretFromEnvironment(t *testing.T) {
 	}
 	if fromEnv != secret || typed != "typed" {
 		t.Errorf("stored secrets: %q %q", fromEnv, typed)
+	}
+}
+
+// TestRedteam12RevokedNodeTokenEverywhere: a revoked node token is refused
+// (401) on every agent endpoint, before the body is even read, and a node
+// token is no API token.
+func TestRedteam12RevokedNodeTokenEverywhere(t *testing.T) {
+	e := boot(t)
+	var tok web.NodeTokenJSON
+	e.adminJSON("POST", "/api/v1/node-tokens", `{"node":"gpu01"}`, http.StatusCreated, &tok)
+	if code, b := e.agentCall("POST", "/api/agent/v1/register", tok.Token, testInventory); code != http.StatusOK {
+		t.Fatalf("register with the new token: %d %s", code, b)
+	}
+	if code := e.bearer("GET", "/api/v1/jobs", tok.Token); code != http.StatusUnauthorized {
+		t.Errorf("a node token on the user API: %d, want 401", code)
+	}
+	e.adminJSON("DELETE", fmt.Sprintf("/api/v1/node-tokens/%d", tok.ID), "", http.StatusOK, nil)
+	ref := `{"job_id":1,"segment":1}`
+	for _, c := range []struct{ method, path, body string }{
+		{"POST", "/api/agent/v1/register", testInventory},
+		{"POST", "/api/agent/v1/heartbeat", `{"gpus":[],"jobs":[]}`},
+		{"GET", "/api/agent/v1/orders?wait=0s", ""},
+		{"POST", "/api/agent/v1/leases/take", ref},
+		{"POST", "/api/agent/v1/jobs/started", `{"job_id":1,"segment":1,"pid":1}`},
+		{"POST", "/api/agent/v1/jobs/exited", `{"job_id":1,"segment":1,"exit_code":0,"time":"2000-01-01T00:00:00Z"}`},
+		{"POST", "/api/agent/v1/jobs/log", `{"job_id":1,"segment":1,"lines":["forged"]}`},
+	} {
+		if code, b := e.agentCall(c.method, c.path, tok.Token, c.body); code != http.StatusUnauthorized {
+			t.Errorf("%s %s with a revoked token: %d %s, want 401", c.method, c.path, code, b)
+		}
 	}
 }
