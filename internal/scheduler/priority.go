@@ -94,6 +94,9 @@ func (st *state) responseRatio(pj *pjob) float64 {
 	if t <= 0 {
 		t = float64(st.p.MaxAge)
 	}
+	if st.p.WideAging && pj.maxCap > 0 && pj.j.GPUs > pj.maxCap {
+		t /= float64((pj.j.GPUs + pj.maxCap - 1) / pj.maxCap) // per node it needs
+	}
 	t = max(t, float64(time.Minute))
 	wait := float64(max(-pj.submit, 0))
 	return (wait + t) / t

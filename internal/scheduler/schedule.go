@@ -74,9 +74,6 @@ func (st *state) preparePendingAll() {
 		if j.Submit.IsZero() {
 			pj.submit = 0
 		}
-		if st.p.Mode == ModeAllot {
-			pj.prio = st.priority(pj) // baselines compute it only for output
-		}
 		owner := -1
 		if st.p.Mode == ModeFIFOPartitioned {
 			owner = ti
@@ -85,6 +82,9 @@ func (st *state) preparePendingAll() {
 			}
 		}
 		st.preparePending(pj, owner)
+		if st.p.Mode == ModeAllot {
+			pj.prio = st.priority(pj) // baselines compute it only for output
+		}
 		st.order[i] = pj
 	}
 	if st.p.Mode == ModeAllot {

@@ -19,6 +19,22 @@
 //     number per team that sshare-like output (Plan.Shares) can show and
 //     that people can reason about ("used 3× its share → F = 1/8").
 //     Pending order: class, priority (desc), submit time, job id.
+//     That is OrderMultifactor, the live loop's order. The default,
+//     OrderResponse, replaces the priority inside a class with the
+//     response ratio (wait + T) / T (T: Job.Estimate, else the time limit)
+//     times the team's fair share 2F (floor 1/32): short jobs first,
+//     continuous aging instead of the starvation guard (a fresh job is at
+//     ratio 1, so every waiting job passes it once it has waited long
+//     enough for its length), and teams above their share wait longer.
+//     A gang of several whole nodes ages per node (T / nodes, WideAging):
+//     it needs that many nodes drained at once.
+//     With it StarvationWait defaults to 0 (the guard serves jobs older
+//     than 20 minutes FIFO, which on a loaded cluster is almost the whole
+//     queue: allot became FIFO + EASY with worse backfill).
+//     Guarantees that add up to more than the cluster's GPUs are scaled
+//     to their proportional parts of it (Policy.RawGuarantees keeps
+//     them): otherwise no team is ever above its guarantee and tier-2
+//     jobs find no victim.
 //  3. Placement, gang (all or nothing): a job that fits on one node goes on
 //     one node: partly used nodes before wholly free ones, then the node
 //     whose busy period it extends least (how much later than the node's
@@ -243,8 +259,8 @@ type Policy struct {
 	// preempts only after waiting this long (0 = at once). Short waits are
 	// usually ended by the natural churn of jobs, without losing work.
 	GuaranteePatience time.Duration
-	// StarvationWait: a tier 3-4 job that has waited this long is served
-	// by the starvation guard (package doc, step 4): right after the
+	// StarvationWait: (0 by default; the live loop sets 20 min) a tier 3-4
+	// job that has waited this long is served by the starvation guard (package doc, step 4): right after the
 	// production classes, oldest first, with a reservation when blocked
 	// (at most maxStarvationResv per cycle), so that wide jobs of
 	// low-priority teams are not starved by newer jobs (0 = off).
@@ -283,6 +299,12 @@ type Policy struct {
 	// default (ModeAllot), guarantees that add up to more than the
 	// cluster's GPUs are scaled down to their proportional parts of it.
 	RawGuarantees bool
+	// WideAging (OrderResponse, on by default): a job needing several
+	// whole nodes ages as if it were that many times shorter (T / nodes).
+	// Such a gang needs that many nodes drained at once, which rarely
+	// happens by itself; without it the teams running wide jobs wait many
+	// times the mean.
+	WideAging bool
 }
 
 // Order selects the priority inside a class (ModeAllot).
@@ -316,6 +338,7 @@ func DefaultPolicy() Policy {
 		GuaranteePatience: 10 * time.Minute,
 		ReservationDepth:  1,
 		Order:             OrderResponse,
+		WideAging:         true,
 	}
 }
 

@@ -56,6 +56,8 @@ type options struct {
 	starvationWait time.Duration
 	allotHold      bool
 	allotRawGuar   bool
+	minRuntime     time.Duration
+	wideAging      bool
 	// --burst: replay allot once more with cloud burst ("allot+burst").
 	burst                    bool
 	burstDelay, burstHorizon time.Duration
@@ -218,6 +220,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Float64Var(&o.ckptFraction, "checkpointable", 0.5, "fraction of jobs (seeded hash of the id) that checkpoint, 0..1")
 	fs.StringVar(&o.allotOrder, "allot-order", "", "allot's order inside a class: multifactor or response (default: the policy's)")
 	o.starvationWait = -1
+	o.minRuntime = -1
+	fs.BoolVar(&o.wideAging, "allot-wide-aging", scheduler.DefaultPolicy().WideAging, "allot: multi-node jobs age per node they need")
+	fs.Var(secondsOrDuration{&o.minRuntime}, "allot-min-runtime", "allot: no preemption before this much run time (default: the policy's)")
 	fs.BoolVar(&o.allotRawGuar, "allot-raw-guarantees", false, "allot: keep oversubscribed guarantees unscaled")
 	fs.BoolVar(&o.allotHold, "allot-hold", false, "allot: a job reserved in the last cycle keeps the head of its class")
 	fs.Var(secondsOrDuration{&o.starvationWait}, "starvation-wait", "allot's starvation guard (0 = off; default: the policy's)")
@@ -381,6 +386,10 @@ func (st *setup) config(o *options, m scheduler.Mode) Config {
 		p.HoldReservations = true
 	}
 	p.RawGuarantees = o.allotRawGuar
+	p.WideAging = o.wideAging
+	if o.minRuntime >= 0 {
+		p.MinRuntime = o.minRuntime
+	}
 	if o.starvationWait >= 0 {
 		p.StarvationWait = o.starvationWait
 	}

@@ -375,7 +375,7 @@ func writeSuite(w io.Writer, settings []suiteSetting) {
 	markdown(w, rows)
 
 	fmt.Fprintln(w, "\nabsolute figures")
-	rows = [][]string{{"setting", "policy", "jobs", "load_span", "util_span", "wait_mean_s", "wait_p95_s", "bsld",
+	rows = [][]string{{"setting", "policy", "jobs", "dropped", "load_span", "util_span", "wait_mean_s", "wait_p95_s", "bsld",
 		"preempt", "lost_gpu_h", "worst_team", "wall_s"}}
 	for _, s := range settings {
 		for _, m := range []scheduler.Mode{scheduler.ModeAllot, scheduler.ModeEASY, scheduler.ModeFIFO, scheduler.ModeFIFOPartitioned} {
@@ -386,9 +386,9 @@ func writeSuite(w io.Writer, settings []suiteSetting) {
 			wt, who := worstTeamRatio(r)
 			team := "-"
 			if who != "" {
-				team = fmt.Sprintf("%s %s×", who, f1(wt))
+				team = fmt.Sprintf("%s %s s (%s×)", who, f0(wt*r.WaitMeanS), f1(wt))
 			}
-			rows = append(rows, []string{s.name, string(m), fmt.Sprint(r.Jobs), f3(r.OfferedLoadSpan), f3(r.UtilizationSpan),
+			rows = append(rows, []string{s.name, string(m), fmt.Sprint(r.Jobs), fmt.Sprint(r.Dropped), f3(r.OfferedLoadSpan), f3(r.UtilizationSpan),
 				f0(r.WaitMeanS), f0(r.WaitP95S), f2(r.BoundedSlowdownMean), fmt.Sprint(r.Preemptions),
 				f0(r.GPUSLostToPreemption / 3600), team, f2(r.SimWallS)})
 		}
