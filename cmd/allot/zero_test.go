@@ -427,10 +427,16 @@ func TestGPUTypesPortalAndAPI(t *testing.T) {
 	if status != http.StatusOK || !strings.Contains(page, `data-testid="gpu-type-H100"`) || !strings.Contains(page, "retired") {
 		t.Fatalf("page: %d", status)
 	}
+	for _, p := range pageProblems(t, page) {
+		t.Errorf("/admin/gpu-types: %s", p)
+	}
 	before := e.policyCounts()
 	status, page = br.post("/admin/gpu-types", page, url.Values{"name": {"L40S"}, "memory_gb": {"forty-eight"}, "hourly_rate": {"1.90"}})
 	if status != http.StatusUnprocessableEntity || !strings.Contains(page, "must be a whole number of GB") || !strings.Contains(page, `value="L40S"`) {
 		t.Errorf("bad form: %d", status)
+	}
+	for _, p := range pageProblems(t, page) {
+		t.Errorf("/admin/gpu-types with an error: %s", p)
 	}
 	e.wantChanges(before, 0, "a refused form")
 	status, page = br.post("/admin/gpu-types", page, url.Values{"name": {"L40S"}, "memory_gb": {"48"}, "hourly_rate": {"1.90"}})
@@ -473,7 +479,11 @@ func TestInventoryDiffersFromDeclaration(t *testing.T) {
 	if _, page := br.get("/nodes"); !strings.Contains(page, want) {
 		t.Errorf("/nodes does not show the note")
 	}
-	if _, page := br.get("/nodes/gpu77"); !strings.Contains(page, "Its agent registered other GPUs than declared") || !strings.Contains(page, want) {
+	_, page := br.get("/nodes/gpu77")
+	if !strings.Contains(page, "Its agent registered other GPUs than declared") || !strings.Contains(page, want) {
 		t.Errorf("/nodes/gpu77 does not show the note")
+	}
+	for _, p := range pageProblems(t, page) {
+		t.Errorf("/nodes/gpu77: %s", p)
 	}
 }
