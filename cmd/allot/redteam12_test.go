@@ -119,6 +119,8 @@ func TestRedteam12EnvInputRefusedAtSubmit(t *testing.T) {
 		{"env", map[string]any{"env": map[string]string{"KÉY": "sv-marker"}}},
 		{"env", map[string]any{"env": map[string]string{"K Y": "sv-marker"}}},
 		{"secret_env", map[string]any{"secret_env": map[string]string{"K": "a\x00b"}}},
+		// A working directory an image job's runtime could not mount.
+		{"workdir", map[string]any{"image": "busybox", "workdir": "/home/alice/x:/usr/bin"}},
 	} {
 		b := map[string]any{"team": "nlp", "tier": 4, "gpus": 1, "command": []string{"x"}, "time_limit": "1h"}
 		for k, v := range tt.body {

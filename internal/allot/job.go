@@ -240,6 +240,8 @@ func (s *JobSpec) validate(f FieldErrors) {
 	s.validateResources(f)
 	if s.WorkDir != "" && !strings.HasPrefix(s.WorkDir, "/") {
 		f.Add("workdir", "must be an absolute path")
+	} else if s.Image != "" && strings.Contains(s.WorkDir, ":") {
+		f.Add("workdir", "must not contain ':' in a job with an image (the runtime's --volume SRC:DST cannot mount it)")
 	}
 }
 
