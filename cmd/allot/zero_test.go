@@ -487,3 +487,38 @@ func TestInventoryDiffersFromDeclaration(t *testing.T) {
 		t.Errorf("/nodes/gpu77: %s", p)
 	}
 }
+
+// TestZeroCommandsUsage: the new commands' usage and flag errors exit 2
+// with their usage, and never print the secrets of the environment.
+func TestZeroCommandsUsage(t *testing.T) {
+	t.Setenv("ALLOT_TOKEN", "allot_secret-api-token-value")
+	t.Setenv("DATABASE_URL", "postgres://allot:secret-db-password@127.0.0.1:1/allot")
+	t.Setenv("ALLOT_URL", "http://127.0.0.1:1")
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"bootstrap-admin", "-h"}, 2, "usage: allot bootstrap-admin --email"},
+		{[]string{"bootstrap-admin", "--email", "a@b.c", "extra"}, 2, `unexpected argument "extra"`},
+		{[]string{"bootstrap-admin", "--ttl", "soon", "--email", "a@b.c"}, 2, "invalid value"},
+		{[]string{"gpu-type"}, 2, "allot gpu-type create NAME --memory-gb"},
+		{[]string{"gpu-type", "create", "-h"}, 2, "allot gpu-type list"},
+		{[]string{"gpu-type", "frobnicate"}, 2, `unknown subcommand "frobnicate"`},
+		{[]string{"gpu-type", "set", "H100"}, 2, "give --memory-gb or --rate"},
+		{[]string{"gpu-type", "retire", "H100", "--rate", "1"}, 2, "allot gpu-type list"},
+		{[]string{"billing"}, 2, "usage: allot billing rollup"},
+		{[]string{"billing", "rollup", "extra"}, 2, "usage: allot billing rollup"},
+		{[]string{"gpu-type", "list"}, 1, "cannot reach the Allot server"},
+	} {
+		var out, errb bytes.Buffer
+		code := run(c.args, &out, &errb)
+		all := out.String() + errb.String()
+		if code != c.code || !strings.Contains(all, c.want) {
+			t.Errorf("allot %s: exit %d, want %d with %q:\n%s", strings.Join(c.args, " "), code, c.code, c.want, all)
+		}
+		if strings.Contains(all, "secret-api-token-value") || strings.Contains(all, "secret-db-password") {
+			t.Errorf("allot %s prints a secret:\n%s", strings.Join(c.args, " "), all)
+		}
+	}
+}
