@@ -4,11 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/cookiejar"
 	"net/url"
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/allotlabs/allot/internal/demo"
 	"github.com/allotlabs/allot/web"
@@ -214,5 +217,60 @@ func TestRedteam12RevokedNodeTokenEverywhere(t *testing.T) {
 		if code, b := e.agentCall(c.method, c.path, tok.Token, c.body); code != http.StatusUnauthorized {
 			t.Errorf("%s %s with a revoked token: %d %s, want 401", c.method, c.path, code, b)
 		}
+	}
+}
+
+// TestRedteam12EnvNotInCopyOrFragment: another engineer of the team gets
+// neither the env values nor the secret through a copy to resubmit, the
+// page's live fragment (HX-Request) or the job's log; a lead of another
+// team gets 404 for the copy.
+func TestRedteam12EnvNotInCopyOrFragment(t *testing.T) {
+	e := boot(t)
+	const value, secret = "env-value-rt12", "secret-value-rt12"
+	code, _, body := e.api("POST", "/api/v1/jobs", demo.Engineer, `{"team":"nlp","tier":4,"gpus":1,"command":["x"],"time_limit":"1h",
+		"env":{"DATA":"`+value+`"},"secret_env":{"TOKEN":"`+secret+`"}}`)
+	if code != http.StatusCreated {
+		t.Fatalf("submit: %d %s", code, body)
+	}
+	j := jobJSON(t, body)
+	session := func(email string) *http.Client {
+		u, err := e.m.Store.UserByEmail(context.Background(), email)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sec, err := e.m.Store.CreateSession(context.Background(), u.ID, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		jar, _ := cookiejar.New(nil)
+		base, _ := url.Parse(e.url)
+		jar.SetCookies(base, []*http.Cookie{{Name: "allot_session", Value: sec, Path: "/"}})
+		return &http.Client{Jar: jar}
+	}
+	get := func(c *http.Client, path string, hx bool) (int, string) {
+		req, _ := http.NewRequest("GET", e.url+path, nil)
+		if hx {
+			req.Header.Set("HX-Request", "true")
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	nina := session("nina@example.com")
+	for _, tt := range []struct {
+		path string
+		hx   bool
+	}{{fmt.Sprintf("/jobs/new?copy=%d", j.ID), false}, {fmt.Sprintf("/jobs/%d", j.ID), true}, {fmt.Sprintf("/jobs/%d", j.ID), false}} {
+		code, page := get(nina, tt.path, tt.hx)
+		if code != http.StatusOK || !strings.Contains(page, "DATA") || strings.Contains(page, value) || strings.Contains(page, secret) {
+			t.Errorf("nina GET %s (hx=%v): %d, value or secret shown=%v", tt.path, tt.hx, code, strings.Contains(page, value) || strings.Contains(page, secret))
+		}
+	}
+	if code, page := get(session("rosa@example.com"), fmt.Sprintf("/jobs/new?copy=%d", j.ID), false); code != http.StatusNotFound || strings.Contains(page, value) {
+		t.Errorf("another team's lead copies the job: %d", code)
 	}
 }
