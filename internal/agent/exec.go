@@ -290,8 +290,8 @@ func (rt *containerRT) command(j containerJob) (argv, cleanup []string, envFile 
 	for _, kv := range j.Env {
 		k, _, _ := strings.Cut(kv, "=")
 		switch k {
-		case "PATH", "HOME", "TMPDIR", "ALLOT_GPU_DEVICES":
-			continue // the image's own, or rewritten below
+		case "PATH", "HOME", "TMPDIR", "ALLOT_GPU_DEVICES", "NVIDIA_VISIBLE_DEVICES":
+			continue // the image's own, or set below (never the job's choice)
 		}
 		if strings.ContainsAny(kv, "\n") {
 			return nil, nil, "", fmt.Errorf("environment variable %s holds a newline, which %s env files cannot carry", k, rt.name)
@@ -299,6 +299,14 @@ func (rt *containerRT) command(j containerJob) (argv, cleanup []string, envFile 
 		b.WriteString(kv + "\n")
 	}
 	b.WriteString("ALLOT_GPU_DEVICES=" + strings.Join(j.Devices, ",") + "\n")
+	// Where the NVIDIA container toolkit's hook runs, it gives the
+	// container the GPUs named here: the job's, whatever the job asked for
+	// (the cgroup fence holds either way).
+	idx := make([]string, len(j.Lease.GPUs))
+	for i, g := range j.Lease.GPUs {
+		idx[i] = strconv.Itoa(g)
+	}
+	b.WriteString("NVIDIA_VISIBLE_DEVICES=" + strings.Join(idx, ",") + "\n")
 	b.WriteString("TMPDIR=/tmp\n")
 	if err := os.WriteFile(envFile, []byte(b.String()), 0o600); err != nil {
 		return nil, nil, "", err

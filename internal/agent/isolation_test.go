@@ -394,8 +394,9 @@ func TestContainerJobGetsItsGPUsAndUser(t *testing.T) {
 			}
 			work := jobDir(t)
 			ckpt := filepath.Join(sharedTempDir(t), "ckpt")
-			l := shLease(191, []int{1}, `echo "uid=$(id -u)"; ls $(dirname $ALLOT_GPU_DEVICES) | grep nvidia; grep -c job-191-1 /proc/self/cgroup; echo w > `+work+`/out; echo c > `+ckpt+`/c; echo "gpus=$ALLOT_GPU_DEVICES"`)
+			l := shLease(191, []int{1}, `echo "uid=$(id -u)"; ls $(dirname $ALLOT_GPU_DEVICES) | grep nvidia; grep -c job-191-1 /proc/self/cgroup; echo w > `+work+`/out; echo c > `+ckpt+`/c; echo "gpus=$ALLOT_GPU_DEVICES nv=$NVIDIA_VISIBLE_DEVICES"`)
 			l.Image, l.WorkDir, l.CheckpointDir = img, work, ckpt
+			l.Env["NVIDIA_VISIBLE_DEVICES"] = "all" // the job's wish is not the toolkit's order
 			ta.run(t, l)
 			e := p.waitExit(ref(191), 60*time.Second)
 			out := logOf(p, ref(191))
@@ -408,7 +409,7 @@ func TestContainerJobGetsItsGPUsAndUser(t *testing.T) {
 			if !strings.Contains(out, "\nnvidia1\nnvidiactl\n") || strings.Contains(out, "nvidia0") || strings.Contains(out, "nvidia2") {
 				t.Errorf("container job sees the wrong GPUs:\n%s", out)
 			}
-			if !strings.Contains(out, "gpus="+filepath.Join(ta.cfg.StateDir, "dev", "nvidia1")) {
+			if !strings.Contains(out, "gpus="+filepath.Join(ta.cfg.StateDir, "dev", "nvidia1")+" nv=1") || strings.Contains(out, "nv=all") {
 				t.Errorf("ALLOT_GPU_DEVICES inside the container:\n%s", out)
 			}
 			for _, f := range []string{filepath.Join(work, "out"), filepath.Join(ckpt, "c")} {
