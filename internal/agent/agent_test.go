@@ -178,7 +178,8 @@ func readEnv(t *testing.T, path string) map[string]string {
 func TestLogLinesArriveAndTheFirstFast(t *testing.T) {
 	t.Parallel()
 	p := newPeer(t)
-	ta := startAgent(t, p, func(c *Config) { c.LogFlush = 200 * time.Millisecond })
+	// Batches go every 3 s: the first line must not wait for one.
+	ta := startAgent(t, p, func(c *Config) { c.LogFlush = 3 * time.Second })
 	l := shLease(5, []int{0}, `echo first; sleep 1; echo second; echo third >&2; for i in $(seq 1 300); do echo "line $i"; done`)
 	ref := ref(5)
 	p.push(agentproto.Orders{Offer: []agentproto.Lease{l}})
@@ -189,10 +190,11 @@ func TestLogLinesArriveAndTheFirstFast(t *testing.T) {
 	p.mu.Lock()
 	lat := p.firstLog[ref].Sub(startAt)
 	p.mu.Unlock()
-	// The first line must not wait for the batch interval.
+	// The first line must not wait for the batch interval (how fast it
+	// is, is measured by BenchmarkJobStartHost and BenchmarkSubmitToFirstOutput).
 	t.Logf("start order → first log line at the server: %s", lat)
-	if lat > 150*time.Millisecond {
-		t.Errorf("start order → first log line at the server took %s, want ≤ 150ms", lat)
+	if lat >= 2*time.Second {
+		t.Errorf("start order → first log line at the server took %s: it waited for a batch (3 s)", lat)
 	}
 	if tail := ta.Tail(5, 1); len(tail) == 0 || tail[0] != "first" {
 		t.Errorf("local tail = %q", tail)
