@@ -325,13 +325,21 @@ func lockDevDatabase(ctx context.Context, url string) (*devLock, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connecting to %s: %w", redactURL(url), err)
 	}
+	// A dev that just stopped releases the lock when its backend ends, a
+	// moment after its connection closed: give it a few seconds.
 	var ok bool
-	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", devLockKey).Scan(&ok); err != nil {
-		conn.Close(ctx)
-		return nil, err
-	}
-	if ok {
-		return &devLock{conn}, nil
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", devLockKey).Scan(&ok); err != nil {
+			conn.Close(ctx)
+			return nil, err
+		}
+		if ok {
+			return &devLock{conn}, nil
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	var holder string
 	conn.QueryRow(ctx, `SELECT coalesce(a.application_name, '') FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
