@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
 	"os/user"
 	"strings"
@@ -45,4 +46,26 @@ func retryPasswd(f func() error) error {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return err
+}
+
+// TempDirOutsideTmp points TMPDIR (and so os.TempDir and t.TempDir) at a
+// new directory under /var/tmp and returns what restores TMPDIR and
+// removes it. Host jobs get their own /tmp, so the directories a test's
+// jobs write to must lie elsewhere.
+func TempDirOutsideTmp() func() {
+	d, err := os.MkdirTemp("/var/tmp", "allot-test-")
+	if err != nil {
+		return func() {}
+	}
+	_ = os.Chmod(d, 0o755)
+	old, had := os.LookupEnv("TMPDIR")
+	os.Setenv("TMPDIR", d)
+	return func() {
+		if had {
+			os.Setenv("TMPDIR", old)
+		} else {
+			os.Unsetenv("TMPDIR")
+		}
+		_ = os.RemoveAll(d)
+	}
 }

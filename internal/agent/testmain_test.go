@@ -20,7 +20,7 @@ func TestMain(m *testing.M) {
 	MaybeShim() // the agents under test start this binary as their job shim
 	// Jobs get their own /tmp: the test's directories, which its jobs
 	// write to, must live elsewhere.
-	restore := tempDirOutsideTmp()
+	restore := TempDirOutsideTmp()
 	var made []string
 	if isRoot() {
 		for _, n := range []string{testUser, otherUser} {
@@ -46,26 +46,6 @@ func TestMain(m *testing.M) {
 		_ = os.Remove(d)
 	}
 	os.Exit(code)
-}
-
-// tempDirOutsideTmp points TMPDIR (t.TempDir) at a directory of this run
-// under /var/tmp and returns what removes it.
-func tempDirOutsideTmp() func() {
-	d, err := os.MkdirTemp("/var/tmp", "allot-test-")
-	if err != nil {
-		return func() {}
-	}
-	_ = os.Chmod(d, 0o755)
-	old, had := os.LookupEnv("TMPDIR")
-	os.Setenv("TMPDIR", d)
-	return func() {
-		if had {
-			os.Setenv("TMPDIR", old)
-		} else {
-			os.Unsetenv("TMPDIR")
-		}
-		_ = os.RemoveAll(d)
-	}
 }
 
 // jobDir is a temporary directory the test's jobs (running as testUser)

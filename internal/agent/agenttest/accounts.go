@@ -41,20 +41,4 @@ func EnsureAccounts(names ...string) (cleanup func(), err error) {
 // TempDirOutsideTmp points TMPDIR (and so t.TempDir) at a directory of this
 // run under /var/tmp, and returns what removes it: jobs get their own
 // /tmp, so a test's directories that its jobs write to must be elsewhere.
-func TempDirOutsideTmp() func() {
-	d, err := os.MkdirTemp("/var/tmp", "allot-test-")
-	if err != nil {
-		return func() {}
-	}
-	_ = os.Chmod(d, 0o755)
-	old, had := os.LookupEnv("TMPDIR")
-	os.Setenv("TMPDIR", d)
-	return func() {
-		if had {
-			os.Setenv("TMPDIR", old)
-		} else {
-			os.Unsetenv("TMPDIR")
-		}
-		_ = os.RemoveAll(d)
-	}
-}
+func TempDirOutsideTmp() func() { return agent.TempDirOutsideTmp() }
