@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"text/tabwriter"
@@ -139,7 +140,7 @@ func startDevAgentsWithFaults(ctx context.Context, m *Main, log *slog.Logger, fa
 		a := agent.New(agent.Local(agent.Config{Server: m.URL(), Token: tok, Hostname: n.Name, Domain: n.Domain, HeartbeatInterval: m.HeartbeatInterval,
 			Backend: agent.NewFake(agent.FakeOptions{GPUs: n.GPUCount, Model: n.GPUType, MemoryMiB: mem, Hostname: n.Name,
 				FaultFile: devFaultFile(faultsDir, n.Name)}),
-			Logger: log.With("node", n.Name), ShutdownGrace: 5e9, WorkDir: workDir}))
+			Logger: log.With("node", n.Name), ShutdownGrace: 5e9, WorkDir: workDir, ContainerRuntime: devRuntime()}))
 		go func() {
 			if err := a.Run(actx); err != nil && actx.Err() == nil {
 				log.Error("agent stopped", "node", n.Name, "err", err)
@@ -269,4 +270,17 @@ func cmdNode(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "requeueing jobs %v\n", out.Requeued)
 	}
 	return 0
+}
+
+// devRuntime is the container runtime of allot dev's agents: podman where
+// it is installed and dev runs as root (jobs with an image then run in
+// it), else none.
+func devRuntime() string {
+	if os.Geteuid() != 0 {
+		return ""
+	}
+	if _, err := exec.LookPath("podman"); err != nil {
+		return ""
+	}
+	return "podman"
 }
