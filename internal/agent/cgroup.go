@@ -8,7 +8,6 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -335,24 +334,6 @@ func (c *jobCgroup) enter() (leave func() error, err error) {
 // dirFD opens the v2 cgroup directory for SysProcAttr.CgroupFD.
 func (c *jobCgroup) dirFD() (int, error) {
 	return unix.Open(path.Join("/sys/fs/cgroup", c.path), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-}
-
-// memoryPeak is the cgroup's memory high-water mark in bytes (0 unknown).
-func (c *jobCgroup) memoryUsage() int64 {
-	if c.v2 != nil {
-		b, err := os.ReadFile(path.Join("/sys/fs/cgroup", c.path, "memory.current"))
-		if err != nil {
-			return 0
-		}
-		n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-		return n
-	}
-	b, err := os.ReadFile(path.Join("/sys/fs/cgroup/memory", c.path, "memory.usage_in_bytes"))
-	if err != nil {
-		return 0
-	}
-	n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-	return n
 }
 
 // removeParent removes the agent's cgroup parent when no job is left in it

@@ -183,7 +183,7 @@ func (a *Agent) adopt() {
 		pid, start := rec.ShimPID, rec.ShimStart
 		a.run(j, rec, cg, readOffset(filepath.Join(dir, "log.offset")), func() {
 			if alive {
-				waitPID(pid, start, nil)
+				waitPID(pid, start)
 			}
 		})
 	}
@@ -281,11 +281,11 @@ type containerJob struct {
 	PidsMax       int64
 }
 
-// command returns the runtime's argv for j, the cleanup argv, and the
-// env file it wrote (the environment travels in a root-only file, not on
-// the command line where every user of the node could read it).
-func (rt *containerRT) command(j containerJob) (argv, cleanup []string, envFile string, err error) {
-	envFile = filepath.Join(j.Dir, "container.env")
+// command returns the runtime's argv for j and the cleanup argv. The
+// environment travels in a root-only file in j.Dir, not on the command
+// line where every user of the node could read it.
+func (rt *containerRT) command(j containerJob) (argv, cleanup []string, err error) {
+	envFile := filepath.Join(j.Dir, "container.env")
 	var b strings.Builder
 	for _, kv := range j.Env {
 		k, _, _ := strings.Cut(kv, "=")
@@ -294,7 +294,7 @@ func (rt *containerRT) command(j containerJob) (argv, cleanup []string, envFile 
 			continue // the image's own, or set below (never the job's choice)
 		}
 		if strings.ContainsAny(kv, "\n") {
-			return nil, nil, "", fmt.Errorf("environment variable %s holds a newline, which %s env files cannot carry", k, rt.name)
+			return nil, nil, fmt.Errorf("environment variable %s holds a newline, which %s env files cannot carry", k, rt.name)
 		}
 		b.WriteString(kv + "\n")
 	}
@@ -309,7 +309,7 @@ func (rt *containerRT) command(j containerJob) (argv, cleanup []string, envFile 
 	b.WriteString("NVIDIA_VISIBLE_DEVICES=" + strings.Join(idx, ",") + "\n")
 	b.WriteString("TMPDIR=/tmp\n")
 	if err := os.WriteFile(envFile, []byte(b.String()), 0o600); err != nil {
-		return nil, nil, "", err
+		return nil, nil, err
 	}
 	argv = append([]string{rt.path}, rt.global...)
 	argv = append(argv, "run", "--rm", "--name", j.Name, "--init",
@@ -361,7 +361,7 @@ func (rt *containerRT) command(j containerJob) (argv, cleanup []string, envFile 
 	argv = append(argv, j.Lease.Command...)
 	cleanup = append([]string{rt.path}, rt.global...)
 	cleanup = append(cleanup, "rm", "--force", j.Name)
-	return argv, cleanup, envFile, nil
+	return argv, cleanup, nil
 }
 
 var (

@@ -191,7 +191,7 @@ func (a *Agent) start(ref agentproto.LeaseRef) {
 			fail(err)
 			return
 		}
-		argv, cleanup, envFile, err := a.runtime.command(containerJob{Name: filepath.Base(tmp), Lease: l, ID: id,
+		argv, cleanup, err := a.runtime.command(containerJob{Name: filepath.Base(tmp), Lease: l, ID: id,
 			Env: env, Workdir: workdir, WorkdirSource: src, Tmp: tmp, Cgroup: spec.Cgroup, Devices: a.gpuDevicePaths(l.GPUs), Ctl: a.ctlDevicePaths(), Dir: dir, PidsMax: a.cfg.PidsMax})
 		if err != nil {
 			fail(err)
@@ -199,7 +199,6 @@ func (a *Agent) start(ref agentproto.LeaseRef) {
 		}
 		spec.Argv, spec.Cleanup, spec.AsRoot = argv, cleanup, true
 		spec.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"}
-		_ = envFile
 		spec.Dir = dir
 	} else {
 		p := l.Command[0]

@@ -21,19 +21,26 @@ func eachProc(fn func(pid int, f []string)) {
 		if err != nil {
 			continue
 		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
+		if f, ok := procStat(pid); ok {
+			fn(pid, f)
 		}
-		// The command name may hold spaces and parentheses: fields start
-		// after the last ')'.
-		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			continue
-		}
-		fn(pid, strings.Fields(s[i+1:]))
 	}
+}
+
+// procStat returns the /proc/<pid>/stat fields after the command name
+// (f[0] is field 3), false when the process is gone. The command name may
+// hold spaces and parentheses: fields start after the last ')'.
+func procStat(pid int) ([]string, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return nil, false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return nil, false
+	}
+	return strings.Fields(s[i+1:]), true
 }
 
 // groupStats sums CPU seconds (including reaped children) and resident
@@ -55,13 +62,8 @@ func groupStats(pgid int) (cpuSeconds float64, rssBytes int64) {
 func pidStats(pids []int) (cpuSeconds float64, rssBytes int64) {
 	var st procTotals
 	for _, pid := range pids {
-		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-		if err != nil {
-			continue
-		}
-		s := string(b)
-		if i := strings.LastIndexByte(s, ')'); i >= 0 {
-			st.add(strings.Fields(s[i+1:]))
+		if f, ok := procStat(pid); ok {
+			st.add(f)
 		}
 	}
 	return st.result()

@@ -353,17 +353,8 @@ func lastLines(s string, n int) string {
 // (/proc/PID/stat field 22): with the PID it names a process uniquely, so
 // a recycled PID is not mistaken for the shim.
 func procStartTime(pid int) (uint64, bool) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, false
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, false
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 20 || f[0] == "Z" {
+	f, ok := procStat(pid)
+	if !ok || len(f) < 20 || f[0] == "Z" {
 		return 0, false
 	}
 	v, err := strconv.ParseUint(f[19], 10, 64)
@@ -371,7 +362,7 @@ func procStartTime(pid int) (uint64, bool) {
 }
 
 // waitPID waits until the process pid (not necessarily a child) exits.
-func waitPID(pid int, start uint64, done <-chan struct{}) {
+func waitPID(pid int, start uint64) {
 	fd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
 		return // already gone
@@ -388,11 +379,6 @@ func waitPID(pid int, start uint64, done <-chan struct{}) {
 		}
 		if err != nil && err != unix.EINTR {
 			return
-		}
-		select {
-		case <-done:
-			return
-		default:
 		}
 	}
 }
