@@ -314,7 +314,7 @@ func (s *Server) agentLog(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := s.st.AppendLog(c.Request().Context(), node, ref, l.Lines); err != nil {
+	if err := s.st.AppendLog(c.Request().Context(), node, ref, l.Lines, l.Ends); err != nil {
 		return s.refused(c, node, ref, err)
 	}
 	return c.NoContent(http.StatusNoContent)

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -542,5 +543,43 @@ func TestOrphanOutlivesItsStop(t *testing.T) {
 	r.cycle()
 	if j := r.jobState(next); j.State != allot.JobRunning {
 		t.Errorf("the waiting job is %s", j.State)
+	}
+}
+
+// TestResentLogBatchKeptOnce: an agent killed after the server took a
+// batch of output but before it recorded so resends the batch: lines that
+// end at or before what the server has are dropped, new ones kept, and
+// lines without an offset (the agent's own) always kept. A batch whose
+// ends do not match its lines is taken as it is.
+func TestResentLogBatchKeptOnce(t *testing.T) {
+	r := newRig(t)
+	a := r.agent("gpu13")
+	r.exec(`UPDATE nodes SET state = 'drained', drain_source = 'admin' WHERE name = 'gpu14'`)
+	job := r.submit(8)
+	ref := r.start(a, job)
+	send := func(lines []string, ends []int64) {
+		t.Helper()
+		if err := a.Log(r.ctx, agentproto.JobLog{JobID: ref.JobID, Segment: ref.Segment, Lines: lines, Ends: ends}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send([]string{"start"}, []int64{6})
+	send([]string{"a", "b"}, []int64{8, 10})
+	// The restarted agent read the file from 0 again.
+	send([]string{"start", "a", "b", "c", "allot: note"}, []int64{6, 8, 10, 12, 0})
+	send([]string{"c"}, []int64{12})
+	send([]string{"x", "y"}, []int64{1}) // mismatched: kept as sent
+	lines, err := r.st.JobLog(r.ctx, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"start", "a", "b", "c", "allot: note", "x", "y"}
+	if !slices.Equal(lines, want) {
+		t.Errorf("log = %q, want %q", lines, want)
+	}
+	var end int64
+	r.must(nil, r.pool.QueryRow(r.ctx, `SELECT log_end FROM leases WHERE job_id = $1`, job).Scan(&end))
+	if end != 12 {
+		t.Errorf("log_end = %d, want 12", end)
 	}
 }

@@ -144,7 +144,8 @@ func TestSetsidAndDoubleForkDieWithTheJob(t *testing.T) {
 	dir := jobDir(t)
 	// The reproduction from issue 12, and a double fork that closes its
 	// output: both must die when the main process exits.
-	script := `setsid sh -c 'echo $$ > ` + dir + `/a; exec sleep 300' & (sh -c 'echo $$ > ` + dir + `/b; exec sleep 300' </dev/null >/dev/null 2>&1 &) ; sleep 0.3; exit 0`
+	script := `setsid sh -c 'echo $$ > ` + dir + `/a; exec sleep 300' & (sh -c 'echo $$ > ` + dir + `/b; exec sleep 300' </dev/null >/dev/null 2>&1 &) ; ` +
+		`while [ ! -s ` + dir + `/a ] || [ ! -s ` + dir + `/b ]; do sleep 0.05; done; exit 0`
 	ta.run(t, shLease(131, []int{2}, script))
 	if e := p.waitExit(ref(131), 5*time.Second); e.ExitCode != 0 {
 		t.Fatalf("exit = %+v", e)

@@ -495,6 +495,7 @@ type logStream struct {
 	tail    []string
 	max     int
 	pending []string
+	ends    []int64 // pending lines' end offsets in the output file (0: none)
 	first   bool
 	timer   *time.Timer
 	closed  bool
@@ -618,10 +619,11 @@ func (s *logStream) addAt(line string, off int64) {
 		// The very first line goes out at once: submit→first output is
 		// what users feel.
 		s.first = true
-		s.a.out.log(s.ref, []string{line}, s.saveOffset(s.lastOff))
+		s.a.out.log(s.ref, []string{line}, []int64{max(off, 0)}, s.saveOffset(s.lastOff))
 		return
 	}
 	s.pending = append(s.pending, line)
+	s.ends = append(s.ends, max(off, 0))
 	if s.timer == nil {
 		s.timer = time.AfterFunc(s.flush, s.flushNow)
 	}
@@ -639,8 +641,8 @@ func (s *logStream) flushLocked() {
 		s.timer = nil
 	}
 	if len(s.pending) > 0 {
-		s.a.out.log(s.ref, s.pending, s.saveOffset(s.lastOff))
-		s.pending = nil
+		s.a.out.log(s.ref, s.pending, s.ends, s.saveOffset(s.lastOff))
+		s.pending, s.ends = nil, nil
 	}
 }
 

@@ -66,7 +66,7 @@ func (o *outbox) exitedThen(e agentproto.JobExited, done func()) {
 // log queues lines, merged into the job's last unsent log report; done
 // (may be nil) runs once they are delivered, and replaces the done of the
 // report they merge into (it covers those lines too).
-func (o *outbox) log(ref agentproto.LeaseRef, lines []string, done func()) {
+func (o *outbox) log(ref agentproto.LeaseRef, lines []string, ends []int64, done func()) {
 	o.mu.Lock()
 	for i := len(o.items) - 1; i >= 0; i-- {
 		r := o.items[i]
@@ -75,18 +75,21 @@ func (o *outbox) log(ref agentproto.LeaseRef, lines []string, done func()) {
 		}
 		if r.log != nil && !r.sending && r.log.JobID == ref.JobID && r.log.Segment == ref.Segment {
 			r.log.Lines = append(r.log.Lines, lines...)
+			r.log.Ends = append(r.log.Ends, ends...)
 			if done != nil {
 				r.done = done
 			}
 			if n := len(r.log.Lines); n > maxQueuedLogLines {
 				r.log.Lines = append([]string(nil), r.log.Lines[n-maxQueuedLogLines:]...)
+				r.log.Ends = append([]int64(nil), r.log.Ends[n-maxQueuedLogLines:]...)
 			}
 			o.mu.Unlock()
 			o.wake()
 			return
 		}
 	}
-	o.items = append(o.items, &report{log: &agentproto.JobLog{JobID: ref.JobID, Segment: ref.Segment, Lines: append([]string(nil), lines...)}, done: done})
+	o.items = append(o.items, &report{log: &agentproto.JobLog{JobID: ref.JobID, Segment: ref.Segment,
+		Lines: append([]string(nil), lines...), Ends: append([]int64(nil), ends...)}, done: done})
 	o.mu.Unlock()
 	o.wake()
 }
@@ -189,7 +192,7 @@ func (o *outbox) send(ctx context.Context, r *report) error {
 		return c.Exited(ctx, *r.exited)
 	default:
 		o.mu.Lock()
-		l := agentproto.JobLog{JobID: r.log.JobID, Segment: r.log.Segment, Lines: r.log.Lines}
+		l := agentproto.JobLog{JobID: r.log.JobID, Segment: r.log.Segment, Lines: r.log.Lines, Ends: r.log.Ends}
 		o.mu.Unlock()
 		return c.Log(ctx, l)
 	}

@@ -218,6 +218,12 @@ type JobLog struct {
 	JobID   int64    `json:"job_id"`
 	Segment int      `json:"segment"`
 	Lines   []string `json:"lines"`
+	// Ends, when present, has one entry per line: the byte offset at which
+	// the line ends in the job's output file (0: a line not from the file,
+	// such as the agent's own messages). The server drops lines that end at
+	// or before what it already has for the lease, so a batch resent after
+	// an agent restart is not shown twice.
+	Ends []int64 `json:"ends,omitempty"`
 }
 
 // Problem is an error answer from the server.

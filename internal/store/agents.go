@@ -829,9 +829,49 @@ func (s *Store) requestStop(ctx context.Context, jobID int64, segment int, reaso
 
 // AppendLog adds lines to the tail of a job's log (the last 200 are kept).
 // Only a node holding a lease of the job may write it.
-func (s *Store) AppendLog(ctx context.Context, node string, r LeaseRef, lines []string) error {
-	if _, err := s.leaseState(ctx, node, r, false); err != nil {
-		return err
+//
+// ends, when it has one entry per line, are the lines' end offsets in the
+// job's output file (agentproto.JobLog.Ends): lines the server already has
+// for the lease are dropped, so a batch resent after an agent restart is
+// kept once.
+func (s *Store) AppendLog(ctx context.Context, node string, r LeaseRef, lines []string, ends []int64) error {
+	if len(ends) != len(lines) {
+		ends = nil
+	}
+	return s.InTx(ctx, func(tx *Store) error { return tx.appendLeaseLog(ctx, node, r, lines, ends) })
+}
+
+func (s *Store) appendLeaseLog(ctx context.Context, node string, r LeaseRef, lines []string, ends []int64) error {
+	var logEnd int64
+	err := s.db.QueryRow(ctx, `SELECT log_end FROM leases WHERE job_id = $1 AND segment = $2 AND node = $3 FOR UPDATE`,
+		r.JobID, r.Segment, node).Scan(&logEnd)
+	if err == pgx.ErrNoRows {
+		return allot.Errorf(allot.ENotFound, "node %s holds no lease for job %d segment %d", node, r.JobID, r.Segment)
+	}
+	if err != nil {
+		return mapErr("loading lease", err)
+	}
+	if ends != nil {
+		kept, newEnd := lines[:0:0], logEnd
+		for i, l := range lines {
+			if e := ends[i]; e > 0 {
+				if e <= logEnd {
+					continue // already received
+				}
+				newEnd = max(newEnd, e)
+			}
+			kept = append(kept, l)
+		}
+		lines = kept
+		if newEnd > logEnd {
+			if _, err := s.db.Exec(ctx, `UPDATE leases SET log_end = $4 WHERE job_id = $1 AND segment = $2 AND node = $3`,
+				r.JobID, r.Segment, node, newEnd); err != nil {
+				return mapErr("recording log offset", err)
+			}
+		}
+	}
+	if len(lines) == 0 {
+		return nil
 	}
 	var members int
 	if err := s.db.QueryRow(ctx, `SELECT count(*) FROM leases WHERE job_id = $1 AND segment = $2`, r.JobID, r.Segment).Scan(&members); err != nil {
