@@ -56,6 +56,10 @@ type Config struct {
 	// --require-posix-account`, on in `allot dev`. Off (the default), such
 	// a job runs as the agent's default job user.
 	RequirePOSIXAccount bool
+	// MetricsAddr, when set, is a listener of its own for /metrics (this
+	// process's registry: the worker's scheduler metrics, the server's
+	// HTTP metrics, the database pool): `allot worker --metrics-addr`.
+	MetricsAddr string
 }
 
 // Main is one running Allot process: HTTP server and/or River worker over
@@ -140,6 +144,9 @@ func (m *Main) Run(ctx context.Context) error {
 		}
 		m.working = true
 	} else if m.river, err = jobs.NewInserter(pool); err != nil {
+		return err
+	}
+	if err := m.serveMetrics(ctx); err != nil {
 		return err
 	}
 	if m.Addr != "" {
@@ -241,6 +248,7 @@ func (m *Main) Close() error {
 	if m.http != nil {
 		errs = append(errs, m.http.Shutdown(ctx))
 	}
+	errs = append(errs, m.closeMetrics(ctx))
 	if m.Pool != nil {
 		m.Pool.Close()
 	}

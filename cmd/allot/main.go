@@ -103,6 +103,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return cmdNodeToken(args[1:], stdout, stderr)
 	case "node":
 		return cmdNode(args[1:], stdout, stderr)
+	case "loadtest":
+		return cmdLoadtest(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
