@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/allotlabs/allot/internal/billing"
+	"github.com/allotlabs/allot/internal/metric"
 	"github.com/allotlabs/allot/internal/store"
 	"github.com/riverqueue/river"
 )
@@ -128,11 +129,21 @@ func (BillingRollupArgs) Kind() string { return "billing_rollup" }
 // BillingRollupWorker works BillingRollupArgs.
 type BillingRollupWorker struct {
 	river.WorkerDefaults[BillingRollupArgs]
-	Store *store.Store
+	Store   *store.Store
+	Metrics *metric.Billing // nil: not measured
 }
 
 // Work rolls up usage into charge lines.
 func (w *BillingRollupWorker) Work(ctx context.Context, _ *river.Job[BillingRollupArgs]) error {
+	start := time.Now()
 	_, err := Rollup(ctx, w.Store, w.Store.Now())
+	if m := w.Metrics; m != nil {
+		m.Seconds.Observe(time.Since(start).Seconds())
+		if err != nil {
+			m.Failures.Inc()
+		} else {
+			m.LastSuccess.Set(float64(w.Store.Now().UnixNano()) / 1e9)
+		}
+	}
 	return err
 }

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/allotlabs/allot/internal/metric"
 	"github.com/allotlabs/allot/internal/store"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -175,11 +176,17 @@ func NewClient(cfg Config) (*river.Client[pgx.Tx], error) {
 		cfg.CheckpointRoot = "/var/lib/allot/checkpoints"
 	}
 	sched := &Scheduler{Store: cfg.Store, Logger: cfg.Logger, CheckpointRoot: cfg.CheckpointRoot, Metrics: NewCycleMetrics(cfg.Registry)}
+	// The worker's /metrics: its cycles, rollups and River jobs, and the
+	// cluster's live state read from PostgreSQL at scrape time.
+	rollupMetrics, riverMetrics := metric.NewBilling(cfg.Registry), metric.NewRiver(cfg.Registry)
+	if cfg.Registry != nil {
+		cfg.Registry.MustRegister(metric.NewState(cfg.Store))
+	}
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &CleanupSessionsWorker{Store: cfg.Store, Logger: cfg.Logger})
 	river.AddWorker(workers, &ScheduleWorker{Scheduler: sched, Tick: cfg.CycleTick, Burst: cfg.Burst.Provider != nil})
 	river.AddWorker(workers, &LostNodesWorker{Store: cfg.Store, Logger: cfg.Logger, Interval: cfg.HeartbeatInterval})
-	river.AddWorker(workers, &BillingRollupWorker{Store: cfg.Store})
+	river.AddWorker(workers, &BillingRollupWorker{Store: cfg.Store, Metrics: rollupMetrics})
 	river.AddWorker(workers, &MeteringWorker{Store: cfg.Store, Retention: cfg.SampleRetention})
 	river.AddWorker(workers, &WeeklyReportWorker{Store: cfg.Store})
 	river.AddWorker(workers, &BudgetCheckWorker{Store: cfg.Store})
@@ -194,6 +201,7 @@ func NewClient(cfg Config) (*river.Client[pgx.Tx], error) {
 		FetchCooldown:     10 * time.Millisecond,
 		FetchPollInterval: 250 * time.Millisecond,
 		Logger:            RiverLogger(cfg.Logger),
+		Middleware:        []rivertype.Middleware{riverMetrics},
 		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: cfg.MaxWorkers}},
 		Workers:           workers,
 		PeriodicJobs: []*river.PeriodicJob{

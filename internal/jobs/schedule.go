@@ -13,6 +13,7 @@ import (
 
 	"github.com/allotlabs/allot/internal/allot"
 	"github.com/allotlabs/allot/internal/burst"
+	"github.com/allotlabs/allot/internal/metric"
 	"github.com/allotlabs/allot/internal/scheduler"
 	"github.com/allotlabs/allot/internal/store"
 	"github.com/jackc/pgx/v5"
@@ -41,32 +42,17 @@ func (ScheduleArgs) InsertOpts() river.InsertOpts {
 	}}}
 }
 
-// CycleMetrics are the scheduling loop's Prometheus metrics.
-type CycleMetrics struct {
-	Duration   prometheus.Histogram
-	Started    prometheus.Counter
-	Preempted  prometheus.Counter
-	Stale      prometheus.Counter
-	PendingGPU prometheus.Gauge
-	Pending    prometheus.Gauge
-}
+// CycleMetrics are the scheduling loop's Prometheus metrics (package
+// metric: allot_scheduling_cycle_seconds by phase, which replaces the
+// single allot_schedule_cycle_seconds, allot_scheduling_cycles_total,
+// allot_jobs_started_total, allot_preemptions_total, allot_job_wait_seconds).
+// The queue gauges (allot_pending_jobs, allot_pending_gpu_hours, …) come
+// from PostgreSQL at scrape time (metric.State), so that every worker
+// reports the live queue, not the one of its own last cycle.
+type CycleMetrics = metric.Scheduler
 
-// NewCycleMetrics registers the cycle metrics on reg.
-func NewCycleMetrics(reg prometheus.Registerer) *CycleMetrics {
-	m := &CycleMetrics{
-		Duration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "allot_schedule_cycle_seconds", Help: "Duration of scheduling cycles (load, decide, apply).",
-			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}}),
-		Started:    prometheus.NewCounter(prometheus.CounterOpts{Name: "allot_schedule_jobs_started_total", Help: "Jobs started by scheduling cycles."}),
-		Preempted:  prometheus.NewCounter(prometheus.CounterOpts{Name: "allot_schedule_jobs_preempted_total", Help: "Preemptions issued by scheduling cycles."}),
-		Stale:      prometheus.NewCounter(prometheus.CounterOpts{Name: "allot_schedule_stale_plans_total", Help: "Plans dropped because the state changed under them."}),
-		PendingGPU: prometheus.NewGauge(prometheus.GaugeOpts{Name: "allot_pending_gpu_hours", Help: "Pending work: sum of GPUs × time limit of pending jobs, in GPU-hours."}),
-		Pending:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "allot_pending_jobs", Help: "Pending jobs after the last cycle."}),
-	}
-	if reg != nil {
-		reg.MustRegister(m.Duration, m.Started, m.Preempted, m.Stale, m.PendingGPU, m.Pending)
-	}
-	return m
-}
+// NewCycleMetrics registers the cycle metrics on reg (nil: not registered).
+func NewCycleMetrics(reg prometheus.Registerer) *CycleMetrics { return metric.NewScheduler(reg) }
 
 // Scheduler runs scheduling cycles: load a snapshot, call the pure core,
 // apply the plan in one transaction.
@@ -94,6 +80,8 @@ type CycleResult struct {
 func (s *Scheduler) Cycle(ctx context.Context) (CycleResult, error) {
 	var res CycleResult
 	start := time.Now()
+	var phase struct{ load, schedule, apply time.Duration }
+	var waits []startWait
 	err := s.Store.InTx(ctx, func(tx *store.Store) error {
 		ok, err := tx.TryCycleLock(ctx)
 		if err != nil || !ok {
@@ -111,34 +99,78 @@ func (s *Scheduler) Cycle(ctx context.Context) (CycleResult, error) {
 		if err != nil {
 			return err
 		}
+		t := time.Now()
+		phase.load = t.Sub(start)
 		res.Policy = st.Policy
 		snap, nodeNames := Snapshot(st)
 		plan := scheduler.Schedule(snap, st.Now, corePolicy(st.Policy, st.Tiers))
 		starts, preempts, pending := s.orders(st, plan, nodeNames)
 		res.Pending = len(st.Pending) - len(starts)
+		phase.schedule = time.Since(t)
+		t = time.Now()
 		if res.ApplyResult, err = tx.ApplyPlan(ctx, starts, preempts, pending); err != nil {
 			return err
 		}
 		if s.Metrics != nil {
-			var gpuSec float64
-			for _, j := range st.Pending {
-				gpuSec += float64(j.GPUs) * j.TimeLimit.Seconds()
-			}
-			s.Metrics.PendingGPU.Set(gpuSec / 3600)
-			s.Metrics.Pending.Set(float64(res.Pending))
+			waits = startWaits(st, starts, preempts)
 		}
-		return tx.RecordCycle(ctx, st.Now, time.Since(start), len(st.Pending), res.ApplyResult, "applied")
+		err = tx.RecordCycle(ctx, st.Now, time.Since(start), len(st.Pending), res.ApplyResult, "applied")
+		phase.apply = time.Since(t)
+		return err
 	})
 	if s.Metrics != nil && res.Ran {
-		s.Metrics.Duration.Observe(time.Since(start).Seconds())
+		m := s.Metrics
+		m.Cycles.Inc()
+		m.CycleSeconds.WithLabelValues(metric.PhaseLoad).Observe(phase.load.Seconds())
+		if phase.schedule > 0 || err == nil {
+			m.CycleSeconds.WithLabelValues(metric.PhaseSchedule).Observe(phase.schedule.Seconds())
+		}
 		if err == nil {
-			s.Metrics.Started.Add(float64(res.Started))
-			s.Metrics.Preempted.Add(float64(res.Preempted))
+			// A failed apply's time is in no phase: its transaction rolled
+			// back, and the retry observes its own.
+			m.CycleSeconds.WithLabelValues(metric.PhaseApply).Observe(phase.apply.Seconds())
+			for _, w := range waits {
+				if w.preemptReason != "" {
+					m.Preemptions.WithLabelValues(w.preemptReason).Inc()
+					continue
+				}
+				m.JobsStarted.WithLabelValues(string(w.runAs)).Inc()
+				m.JobWait.WithLabelValues(string(w.tier)).Observe(w.wait.Seconds())
+			}
 		} else if allot.ErrorCode(err) == allot.EConflict {
-			s.Metrics.Stale.Inc()
+			m.Stale.Inc()
 		}
 	}
 	return res, err
+}
+
+// startWait is what the metrics record of one start (or, with
+// preemptReason set, one preemption) of an applied plan.
+type startWait struct {
+	tier, runAs   allot.TierID
+	wait          time.Duration
+	preemptReason string
+}
+
+// startWaits lists the starts' waits (the cycle's instant − submission) and
+// the preemptions' reasons.
+func startWaits(st store.SchedState, starts []store.StartOrder, preempts []store.PreemptOrder) []startWait {
+	byID := make(map[int64]*allot.Job, len(starts))
+	for i := range st.Pending {
+		byID[st.Pending[i].ID] = &st.Pending[i]
+	}
+	out := make([]startWait, 0, len(starts)+len(preempts))
+	for _, o := range starts {
+		j := byID[o.JobID]
+		if j == nil {
+			continue
+		}
+		out = append(out, startWait{tier: j.Tier, runAs: o.RunAs, wait: max(st.Now.Sub(j.SubmittedAt), 0)})
+	}
+	for _, p := range preempts {
+		out = append(out, startWait{preemptReason: metric.PreemptReason(p.Reason)})
+	}
+	return out
 }
 
 func tierOf(t allot.TierID) scheduler.Tier {
