@@ -1,6 +1,7 @@
 package web
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"github.com/a-h/templ"
 	"github.com/allotlabs/allot/internal/allot"
 	"github.com/allotlabs/allot/internal/store"
+	"github.com/allotlabs/allot/internal/webhook"
 	"github.com/allotlabs/allot/views"
 	"github.com/labstack/echo/v4"
 )
@@ -110,21 +112,12 @@ func parseMultiplier(s string) (int, error) {
 	return bp, nil
 }
 
-// webhookProblem says what is wrong with a team's alert webhook URL ("" if
-// nothing): an http(s) URL that does not point at this machine or a private
-// network.
-func webhookProblem(raw string) string {
-	if raw == "" {
-		return ""
-	}
-	p, err := url.Parse(raw)
-	if err != nil || (p.Scheme != "https" && p.Scheme != "http") || p.Host == "" {
-		return "must be an http(s) URL, e.g. https://hooks.slack.com/services/…"
-	}
-	if host := p.Hostname(); host == "localhost" || strings.HasSuffix(host, ".localhost") || isPrivateIP(host) {
-		return "must not point at this machine or a private network address"
-	}
-	return ""
+// webhookProblem says what is wrong with an alert webhook URL ("" if
+// nothing): an http(s) URL whose host is, and resolves only to, public
+// addresses (internal/webhook holds the policy; deliveries check it again
+// when they connect).
+func webhookProblem(ctx context.Context, raw string) string {
+	return webhook.Problem(ctx, raw, nil)
 }
 
 // ---- Overview
@@ -610,9 +603,9 @@ func (p *TeamJSON) applyTo(t *allot.Team, hook *string) {
 	}
 }
 
-func (p *TeamJSON) check() error {
+func (p *TeamJSON) check(ctx context.Context) error {
 	if p.WebhookURL != nil {
-		if msg := webhookProblem(strings.TrimSpace(*p.WebhookURL)); msg != "" {
+		if msg := webhookProblem(ctx, strings.TrimSpace(*p.WebhookURL)); msg != "" {
 			return (allot.FieldErrors{"webhook_url": msg}).Err()
 		}
 	}
@@ -620,7 +613,7 @@ func (p *TeamJSON) check() error {
 }
 
 func (s *Server) createTeam(c echo.Context, u *allot.User, p *TeamJSON) (store.AdminResult, error) {
-	if err := p.check(); err != nil {
+	if err := p.check(c.Request().Context()); err != nil {
 		return store.AdminResult{}, err
 	}
 	t := allot.Team{FairShareWeight: 1, Guarantees: map[string]int{}}
@@ -636,7 +629,7 @@ func (s *Server) updateTeam(c echo.Context, u *allot.User, slug string, p *TeamJ
 	if p.Slug != nil && *p.Slug != slug {
 		return store.AdminResult{}, (allot.FieldErrors{"slug": "a team's slug cannot change"}).Err()
 	}
-	if err := p.check(); err != nil {
+	if err := p.check(c.Request().Context()); err != nil {
 		return store.AdminResult{}, err
 	}
 	return s.st.UpdateTeamPolicy(c.Request().Context(), policyChange(u, "team.update", "team:"+slug, p.Note), slug, p.applyTo)

@@ -1,8 +1,8 @@
 package web
 
 import (
-	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/allotlabs/allot/internal/allot"
@@ -47,10 +47,14 @@ func (s *Server) apiAlerts(c echo.Context) error {
 // WebhookJSON is the body of PUT /api/v1/teams/{team}/webhook.
 type WebhookJSON struct {
 	URL string `json:"url"`
+	// Note is the audit log's comment (optional).
+	Note string `json:"note,omitempty"`
 }
 
 // apiSetWebhook sets a team's Slack-compatible alert webhook (its leads and
-// admins); an empty URL removes it.
+// admins); an empty URL removes it. It is audited as an admin's edit of the
+// team is (a team.webhook entry with the team's values before and after),
+// and setting the URL already in force changes nothing.
 func (s *Server) apiSetWebhook(c echo.Context) error {
 	u, err := currentUser(c)
 	if err != nil {
@@ -64,18 +68,15 @@ func (s *Server) apiSetWebhook(c echo.Context) error {
 	if err := decodeStrict(c.Request().Body, &body); err != nil {
 		return err
 	}
-	if msg := webhookProblem(body.URL); msg != "" {
+	body.URL = strings.TrimSpace(body.URL)
+	ctx := c.Request().Context()
+	if msg := webhookProblem(ctx, body.URL); msg != "" {
 		return (allot.FieldErrors{"url": msg}).Err()
 	}
-	if err := s.st.SetTeamWebhook(c.Request().Context(), team, body.URL); err != nil {
+	if _, err := s.st.UpdateTeamPolicy(ctx, policyChange(u, "team.webhook", "team:"+team, body.Note), team, func(_ *allot.Team, hook *string) {
+		*hook = body.URL
+	}); err != nil {
 		return err
 	}
-	return writeJSON(c, http.StatusOK, body)
-}
-
-// isPrivateIP reports whether host is a loopback, private, link-local or
-// unspecified IP address literal.
-func isPrivateIP(host string) bool {
-	ip := net.ParseIP(host)
-	return ip != nil && (ip.IsLoopback() || ip.IsPrivate() || ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsUnspecified())
+	return writeJSON(c, http.StatusOK, WebhookJSON{URL: body.URL})
 }

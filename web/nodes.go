@@ -835,7 +835,7 @@ func (s *Server) healthRulesForm(c echo.Context) error {
 			f.Add("auto_undrain_after", "must be a duration such as 30m, or 0s for never")
 		}
 	}
-	if msg := webhookProblem(webhook); msg != "" {
+	if msg := webhookProblem(c.Request().Context(), webhook); msg != "" {
 		f.Add("webhook", "%s", msg)
 	}
 	ctx := c.Request().Context()

@@ -4,14 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"net"
 	"net/http"
-	"syscall"
 	"time"
 
 	"github.com/allotlabs/allot/internal/allot"
 	"github.com/allotlabs/allot/internal/store"
+	"github.com/allotlabs/allot/internal/webhook"
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 )
@@ -119,6 +119,9 @@ type WebhookWorker struct {
 	// AllowPrivate permits deliveries to loopback and private addresses
 	// (development and tests).
 	AllowPrivate bool
+	// Lookup resolves webhook hosts (nil: the system resolver); tests pass
+	// a table.
+	Lookup webhook.Lookup
 }
 
 // NextRetry doubles the backoff per attempt.
@@ -144,25 +147,21 @@ func (w *WebhookWorker) Work(ctx context.Context, job *river.Job[WebhookArgs]) e
 	req.Header.Set("Content-Type", "application/json")
 	client := w.HTTP
 	if client == nil {
-		client = &http.Client{Timeout: 10 * time.Second}
-		if !w.AllowPrivate {
-			// Refuse to deliver to this machine or private networks, checked
-			// at connect time so DNS cannot be used to get around it.
-			d := &net.Dialer{Timeout: 5 * time.Second, Control: func(_, address string, _ syscall.RawConn) error {
-				host, _, err := net.SplitHostPort(address)
-				ip := net.ParseIP(host)
-				if err != nil || ip == nil || ip.IsLoopback() || ip.IsPrivate() || ip.IsLinkLocalUnicast() || ip.IsUnspecified() {
-					return fmt.Errorf("webhook address %s is not public", address)
-				}
-				return nil
-			}}
-			client.Transport = &http.Transport{DialContext: d.DialContext} // no proxy: it would connect for us, past the check
-		}
+		// The address policy (internal/webhook) again, at connect time: the
+		// URL was checked when it was set, but a name can resolve
+		// differently now (DNS rebinding, a changed record), and the admin
+		// webhook or a URL set before the policy tightened may never have
+		// been checked at all.
+		client = (&webhook.Dialer{Lookup: w.Lookup, AllowPrivate: w.AllowPrivate}).Client()
 	}
 	resp, err := client.Do(req)
 	if err != nil {
 		if lerr := w.Store.LogDelivery(ctx, job.Args.Team, job.Args.URL, job.Attempt, 0, err.Error()); lerr != nil {
 			return lerr
+		}
+		if errors.Is(err, webhook.ErrNotPublic) {
+			// Retrying cannot help until someone fixes the URL.
+			return river.JobCancel(err)
 		}
 		return err
 	}
