@@ -34,7 +34,7 @@ func hosts(table map[string][]string) webhook.Lookup {
 }
 
 var table = hosts(map[string][]string{
-	"hooks.example.com": {"93.184.215.14", "2606:2800:21f:cb07:6820:80da:af6b:8b2c"},
+	"hooks.example.com":  {"93.184.215.14", "2606:2800:21f:cb07:6820:80da:af6b:8b2c"},
 	"rebind.example.com": {"93.184.215.14", "127.0.0.1"}, // one bad answer is enough
 	"intranet.example":   {"10.1.2.3"},
 	"nat64.example":      {"64:ff9b::a00:1"},
