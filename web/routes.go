@@ -5,7 +5,6 @@ import (
 
 	"github.com/allotlabs/allot/static"
 	"github.com/labstack/echo/v4"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // routes is the one route table. Every route names its access rule
@@ -19,7 +18,7 @@ func (s *Server) routes() {
 	// Health, metrics, static files.
 	r(get, "/healthz", s.healthz, RulePublic)
 	r(get, "/readyz", s.readyz, RulePublic)
-	r(get, "/metrics", echo.WrapHandler(promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{})), RulePublic)
+	r(get, "/metrics", s.metricsRoute(), RuleMetrics) // a bearer token: an admin's or the scrape token (metrics_auth.go)
 	r(get, static.Prefix+"*", echo.WrapHandler(static.Handler()), RulePublic)
 
 	// Login and sessions.

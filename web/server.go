@@ -52,6 +52,8 @@ type Config struct {
 	// Burst is the worker's cloud-burst configuration, shown on /burst
 	// (the page shows the rule's live inputs whether or not burst is on).
 	Burst jobs.BurstConfig
+	// MetricsToken is a scrape token /metrics accepts besides admins' API tokens ("": none; metrics_auth.go).
+	MetricsToken string
 }
 
 // Server serves the portal and the API.

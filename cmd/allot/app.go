@@ -60,6 +60,9 @@ type Config struct {
 	// process's registry: the worker's scheduler metrics, the server's
 	// HTTP metrics, the database pool): `allot worker --metrics-addr`.
 	MetricsAddr string
+	// MetricsToken, when set, is a scrape token the portal's /metrics
+	// accepts besides admins' API tokens: `allot server --metrics-token-file`.
+	MetricsToken string
 }
 
 // Main is one running Allot process: HTTP server and/or River worker over
@@ -81,6 +84,7 @@ type Main struct {
 	serverID string
 	bgDone   chan struct{}
 	Registry *prometheus.Registry
+	metrics  *metricsServer // the MetricsAddr listener (metricsrv.go)
 }
 
 func hostname() string {
@@ -132,6 +136,7 @@ func (m *Main) Run(ctx context.Context) error {
 		}
 	}
 	m.Registry = metric.NewRegistry()
+	m.Registry.MustRegister(metric.NewPool("main", pool))
 	if m.Worker {
 		m.river, err = jobs.NewClient(jobs.Config{Pool: pool, Store: m.Store, Logger: m.Logger, Registry: m.Registry,
 			CycleTick: m.CycleTick, HeartbeatInterval: m.HeartbeatInterval, CheckpointRoot: m.CheckpointRoot,
@@ -163,7 +168,7 @@ func (m *Main) Run(ctx context.Context) error {
 		}
 		srv := web.New(web.Config{OIDC: oidcCfg, SecureCookies: strings.HasPrefix(oidcCfg.RedirectURL, "https://"),
 			Store: m.Store, Logger: m.Logger, Registry: m.Registry, DevMode: m.DevMode, Burst: m.Burst,
-			OnJobEvent: m.Trigger, HeartbeatInterval: m.HeartbeatInterval, APITokenTTL: m.APITokenTTL,
+			OnJobEvent: m.Trigger, HeartbeatInterval: m.HeartbeatInterval, APITokenTTL: m.APITokenTTL, MetricsToken: m.MetricsToken,
 			Rollup: func(ctx context.Context) error { _, err := jobs.Rollup(ctx, m.Store, m.Store.Now()); return err }})
 		m.Server = srv
 		bg, stop := context.WithCancel(context.Background())
