@@ -92,10 +92,10 @@ func (a *simAgent) beat(ctx context.Context, intended time.Time) {
 		hb.Jobs = append(hb.Jobs, agentproto.JobStats{JobID: ref.JobID, Segment: ref.Segment, PID: pid, CPUSeconds: 1, RSSBytes: 1 << 20})
 	}
 	a.mu.Unlock()
-	rep, err := a.c.Heartbeat(ctx, hb)
+	rep, err := a.c.Heartbeat(a.r.calls, hb)
 	// Latency counts from when the beat was due, so a tool (or server)
 	// that falls behind shows it instead of hiding it.
-	a.r.ops.get("agent heartbeat").record(ctx, time.Since(intended), err)
+	a.r.ops.get("agent heartbeat").record(a.r.calls, time.Since(intended), err)
 	if err != nil {
 		return
 	}
@@ -106,17 +106,19 @@ func (a *simAgent) beat(ctx context.Context, intended time.Time) {
 	a.mu.Unlock()
 }
 
-// orders long-polls and acts on orders until ctx ends.
+// orders long-polls and acts on orders until ctx ends. Calls run on
+// the runner's call context: one in flight when the window closes
+// finishes (and counts); no new one starts.
 func (a *simAgent) orders(ctx context.Context) {
 	for ctx.Err() == nil {
 		wait := 25 * time.Second
 		if dl, ok := ctx.Deadline(); ok {
 			wait = min(wait, max(0, time.Until(dl)))
 		}
-		o, err := a.c.Orders(ctx, wait)
+		o, err := a.c.Orders(a.r.calls, wait)
 		if err != nil {
 			if ctx.Err() == nil {
-				a.r.ops.get("agent orders (long poll)").record(ctx, 0, err)
+				a.r.ops.get("agent orders (long poll)").record(a.r.calls, 0, err)
 				sleep(ctx, time.Second) // do not spin on a failing server
 			}
 			continue
@@ -124,12 +126,12 @@ func (a *simAgent) orders(ctx context.Context) {
 		if o.Empty() {
 			continue
 		}
-		a.r.ops.get("agent orders (long poll)").record(ctx, 0, nil)
+		a.r.ops.get("agent orders (long poll)").record(a.r.calls, 0, nil)
 		for _, l := range o.Offer {
 			ref := agentproto.LeaseRef{JobID: l.JobID, Segment: l.Segment}
 			t0 := time.Now()
-			err := a.c.TakeLease(ctx, ref)
-			a.r.ops.get("agent take lease").record(ctx, time.Since(t0), err)
+			err := a.c.TakeLease(a.r.calls, ref)
+			a.r.ops.get("agent take lease").record(a.r.calls, time.Since(t0), err)
 		}
 		for _, ref := range o.Start {
 			a.mu.Lock()
@@ -137,8 +139,8 @@ func (a *simAgent) orders(ctx context.Context) {
 			pid := a.pid
 			a.mu.Unlock()
 			t0 := time.Now()
-			err := a.c.Started(ctx, agentproto.JobStarted{JobID: ref.JobID, Segment: ref.Segment, PID: pid, Time: time.Now().UTC()})
-			a.r.ops.get("agent started").record(ctx, time.Since(t0), err)
+			err := a.c.Started(a.r.calls, agentproto.JobStarted{JobID: ref.JobID, Segment: ref.Segment, PID: pid, Time: time.Now().UTC()})
+			a.r.ops.get("agent started").record(a.r.calls, time.Since(t0), err)
 			if err != nil {
 				continue
 			}
@@ -168,9 +170,9 @@ func (a *simAgent) exit(ctx context.Context, ref agentproto.LeaseRef, code int, 
 		return // killed or stopped already
 	}
 	t0 := time.Now()
-	err := a.c.Exited(ctx, agentproto.JobExited{JobID: ref.JobID, Segment: ref.Segment, ExitCode: code, Signal: signal, Reason: reason,
+	err := a.c.Exited(a.r.calls, agentproto.JobExited{JobID: ref.JobID, Segment: ref.Segment, ExitCode: code, Signal: signal, Reason: reason,
 		Time: time.Now().UTC()})
-	a.r.ops.get("agent exited").record(ctx, time.Since(t0), err)
+	a.r.ops.get("agent exited").record(a.r.calls, time.Since(t0), err)
 }
 
 func (a *simAgent) stopTimers() {

@@ -226,6 +226,9 @@ type runner struct {
 	log    *slog.Logger
 	hc     *http.Client
 	userID int64
+	// calls is the context of every call: the caller's, not the
+	// window's, so calls in flight when the window closes finish.
+	calls context.Context
 }
 
 // Run seeds what cfg asks for, drives the load for cfg.Duration and
@@ -236,7 +239,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	r := &runner{cfg: cfg, ops: newOps(), log: cfg.Logger}
+	r := &runner{cfg: cfg, ops: newOps(), log: cfg.Logger, calls: ctx}
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
 	}
@@ -349,8 +352,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		wg.Go(func() { r.pages(runCtx) })
 	}
 	<-runCtx.Done()
-	window := time.Since(start)
 	wg.Wait()
+	// The window ends when the last call in flight has: every call
+	// counted falls inside it.
+	window := time.Since(start)
 	for _, a := range agents {
 		a.stopTimers()
 	}
@@ -470,11 +475,11 @@ func (r *runner) submitter(ctx context.Context, i int, work <-chan time.Time) []
 		var out struct {
 			ID int64 `json:"id"`
 		}
-		err := r.call(ctx, http.MethodPost, "/api/v1/jobs", body, http.StatusCreated, &out)
+		err := r.call(r.calls, http.MethodPost, "/api/v1/jobs", body, http.StatusCreated, &out)
 		if err == nil && out.ID == 0 {
 			err = errors.New("submit: no job id in the answer")
 		}
-		o.record(ctx, time.Since(intended), err)
+		o.record(r.calls, time.Since(intended), err)
 		if err == nil {
 			ids = append(ids, out.ID)
 		}
@@ -489,8 +494,8 @@ func (r *runner) pages(ctx context.Context) {
 	for ctx.Err() == nil {
 		for _, path := range []string{"/cluster", team} {
 			t0 := time.Now()
-			err := r.call(ctx, http.MethodGet, path, nil, http.StatusOK, nil)
-			r.ops.get("page GET "+path).record(ctx, time.Since(t0), err)
+			err := r.call(r.calls, http.MethodGet, path, nil, http.StatusOK, nil)
+			r.ops.get("page GET "+path).record(r.calls, time.Since(t0), err)
 		}
 		sleep(ctx, r.cfg.PageInterval)
 	}

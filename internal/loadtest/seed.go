@@ -48,7 +48,7 @@ func agentName(i int) string { return fmt.Sprintf("%s%05d", agentPrefix, i) }
 // that did), and the scheduler sees their GPUs held, so pending work
 // stays pending instead of being offered to nodes nobody serves.
 func (r *runner) seedNodes(ctx context.Context, n int) error {
-	g, team := r.cfg.GPUsPerAgent, r.cfg.Teams[0]
+	g, team, now := r.cfg.GPUsPerAgent, r.cfg.Teams[0], r.cfg.Store.Now()
 	for _, q := range []struct {
 		sql  string
 		args []any
@@ -58,8 +58,8 @@ func (r *runner) seedNodes(ctx context.Context, n int) error {
 			FROM generate_series(0, $5 - 1) i`, []any{nodePrefix, r.cfg.GPUType, g, allot.SiteOnPrem, n}},
 		{`INSERT INTO jobs (name, team, user_id, tier, gpus, gpu_type, time_limit_s, command, state, submitted_at, started_at, segment, run_as)
 			SELECT $1 || lpad(i::text, 5, '0'), $2, $3, '3', $4, $5, 7 * 86400, '{sleep,infinity}', 'running',
-				now() - interval '2 hours', now() - interval '1 hour', 1, '3'
-			FROM generate_series(0, $6 - 1) i`, []any{seededRunning, team, r.userID, g, r.cfg.GPUType, n}},
+				$7::timestamptz - interval '2 hours', $7::timestamptz - interval '1 hour', 1, '3'
+			FROM generate_series(0, $6 - 1) i`, []any{seededRunning, team, r.userID, g, r.cfg.GPUType, n, now}},
 		{`INSERT INTO leases (job_id, segment, node, rank, gpu_indices, env, state, offered_at, taken_at, started_at, pid)
 			SELECT j.id, 1, $1 || substr(j.name, length($2) + 1), 0, (SELECT array_agg(g) FROM generate_series(0, $3 - 1) g), '{}',
 				'running', j.started_at, j.started_at, j.started_at, 1
@@ -82,9 +82,9 @@ func (r *runner) seedPending(ctx context.Context, n int) error {
 	_, err := r.cfg.DB.Exec(ctx, `
 		INSERT INTO jobs (name, team, user_id, tier, gpus, gpu_type, time_limit_s, command, submitted_at, pending_reason)
 		SELECT $1 || i, ($2::text[])[i % cardinality($2::text[]) + 1], $3, (ARRAY['3','4'])[i % 2 + 1], 1 + i % $5,
-			CASE WHEN i % 5 = 0 THEN NULL ELSE $4 END, 3600 * (1 + i % 12), '{sleep,3600}', now() - i * interval '1 minute',
+			CASE WHEN i % 5 = 0 THEN NULL ELSE $4 END, 3600 * (1 + i % 12), '{sleep,3600}', $7::timestamptz - i * interval '1 second',
 			'waiting for the next scheduling cycle'
-		FROM generate_series(1, $6) i`, seededPending, r.cfg.Teams, r.userID, r.cfg.GPUType, min(8, r.cfg.GPUsPerAgent), n)
+		FROM generate_series(1, $6) i`, seededPending, r.cfg.Teams, r.userID, r.cfg.GPUType, min(8, r.cfg.GPUsPerAgent), n, r.cfg.Store.Now())
 	if err != nil {
 		return fmt.Errorf("seeding %d pending jobs: %w", n, err)
 	}
@@ -103,14 +103,14 @@ func (r *runner) seedHistory(ctx context.Context, n int) error {
 		sql  string
 		args []any
 	}{
-		{`INSERT INTO nodes (name, gpu_type, gpu_count, declared_gpus, site, domain, rack, state) VALUES ($1, $2, 8, 8, 'on-prem', 'lt-history', 'lt-h', 'down')`,
-			[]any{historyNode, r.cfg.GPUType}},
+		{`INSERT INTO nodes (name, gpu_type, gpu_count, declared_gpus, site, domain, rack, state) VALUES ($1, $2, 8, 8, $3, 'lt-history', 'lt-h', 'down')`,
+			[]any{historyNode, r.cfg.GPUType, allot.SiteOnPrem}},
 		{`INSERT INTO jobs (name, team, user_id, tier, gpus, gpu_type, time_limit_s, command, state, submitted_at, started_at, ended_at, segment, run_as, exit_code)
 			SELECT $1 || i, $2, $3, (ARRAY['2','3','4','3'])[i % 4 + 1], 8, $4, 36000, '{true}', 'completed',
-				now() - interval '365 days' + i * $5 * interval '1 second' - (i % 7) * interval '3 minutes',
-				now() - interval '365 days' + i * $5 * interval '1 second',
-				now() - interval '365 days' + i * $5 * interval '1 second' + interval '9 minutes', 1, (ARRAY['2','3','4','3'])[i % 4 + 1], 0
-			FROM generate_series(0, $6 - 1) i`, []any{historyJob, team, r.userID, r.cfg.GPUType, int64(step), n}},
+				$7::timestamptz - interval '365 days' + i * $5 * interval '1 second' - (i % 7) * interval '3 minutes',
+				$7::timestamptz - interval '365 days' + i * $5 * interval '1 second',
+				$7::timestamptz - interval '365 days' + i * $5 * interval '1 second' + interval '9 minutes', 1, (ARRAY['2','3','4','3'])[i % 4 + 1], 0
+			FROM generate_series(0, $6 - 1) i`, []any{historyJob, team, r.userID, r.cfg.GPUType, int64(step), n, r.cfg.Store.Now()}},
 		{`INSERT INTO allocations (job_id, segment, node, gpu_index, started_at, released_at)
 			SELECT j.id, 1, $1, g, j.started_at, j.ended_at FROM jobs j CROSS JOIN generate_series(0, 7) g WHERE j.name LIKE $2 || '%'`,
 			[]any{historyNode, historyJob}},

@@ -1,0 +1,150 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/allotlabs/allot/internal/loadtest"
+	"github.com/allotlabs/allot/internal/store/storetest"
+	"github.com/jackc/pgx/v5"
+)
+
+// TestLoadtestSelfHosted runs `allot loadtest` for 3 s in its self-hosted
+// mode (its own server and worker on a fresh database of the test
+// PostgreSQL) with a little of everything: paced submitters, simulated
+// agents that run the jobs, seeded pending jobs and busy nodes, the pages
+// with some history. The report must be well-formed, every operation must
+// have run, nothing may have failed, and the fresh database must be gone
+// afterwards. It checks no speed: figures come from full-size runs.
+func TestLoadtestSelfHosted(t *testing.T) {
+	loadtestNeedsDB(t)
+	var out, errb bytes.Buffer
+	code := cmdLoadtest([]string{"--database-url", storetest.AdminURL(), "--duration", "3s", "--submitters", "4", "--submit-rate", "40",
+		"--agents", "6", "--heartbeat", "300ms", "--job-runtime", "500ms", "--pending", "200", "--nodes", "20", "--pages",
+		"--history-jobs", "300", "--page-interval", "200ms", "--json"}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d; stderr:\n%s", code, errb.String())
+	}
+	var rep loadtest.Report
+	dec := json.NewDecoder(&out)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&rep); err != nil {
+		t.Fatalf("report is not the JSON of a Report: %v\n%s", err, out.String())
+	}
+	if rep.DurationS < 2.9 || rep.DurationS > 5 {
+		t.Errorf("measured window %.1f s, want about 3 s", rep.DurationS)
+	}
+	if rep.Config.Agents != 6 || rep.Config.Submitters != 4 || rep.Config.Pending != 200 || rep.Config.Nodes != 20 || !rep.Config.Pages {
+		t.Errorf("config echo: %+v", rep.Config)
+	}
+	for _, name := range []string{"submit job", "agent register", "agent heartbeat", "agent orders (long poll)", "agent take lease",
+		"agent started", "agent exited", "page GET /cluster", "page GET /teams/fraud"} {
+		o := rep.Op(name)
+		if o.Count == 0 {
+			t.Errorf("%s: never succeeded: %+v", name, o)
+			continue
+		}
+		if name == "agent orders (long poll)" {
+			continue
+		}
+		if o.P50 <= 0 || o.P50 > o.P90 || o.P90 > o.P95 || o.P95 > o.P99 || o.P99 > o.Max || o.Rate <= 0 {
+			t.Errorf("%s: percentiles out of order or no rate: %+v", name, o)
+		}
+	}
+	if n := rep.Errors(); n != 0 {
+		var b strings.Builder
+		rep.WriteText(&b) //nolint:errcheck
+		t.Errorf("%d errors:\n%s", n, b.String())
+	}
+	// 40/s for 3 s: about 120 submissions, all accepted.
+	if s := rep.Op("submit job"); s.Count < 80 || s.Count > 130 {
+		t.Errorf("submissions: %d, want about 120 at 40/s", s.Count)
+	}
+	// Jobs really ran: some completed through started → exited.
+	if rep.Jobs["completed"] == 0 {
+		t.Errorf("no submitted job completed; by state: %v", rep.Jobs)
+	}
+	if rep.Cycles == nil || rep.Cycles.Count == 0 || rep.Cycles.MaxPending < 200 || rep.Cycles.Started == 0 {
+		t.Errorf("worker's cycles: %+v", rep.Cycles)
+	}
+	// The probe saw the seeded cluster: 6 agents + 20 busy nodes (+ the
+	// demo's 16 and the history node), 200 pending.
+	if p := rep.Probe; p == nil || p.Pending < 200 || p.Nodes < 26 || p.CycleMS <= 0 || p.LoadMS <= 0 {
+		t.Errorf("cycle probe: %+v", rep.Probe)
+	}
+	if len(rep.Seeding) < 5 {
+		t.Errorf("seeding steps: %+v", rep.Seeding)
+	}
+	// The text form carries the same table.
+	var text strings.Builder
+	if err := rep.WriteText(&text); err != nil || !strings.Contains(text.String(), "agent heartbeat") || !strings.Contains(text.String(), "0 errors in all") {
+		t.Errorf("text report (%v):\n%s", err, text.String())
+	}
+	// The fresh database was dropped.
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, storetest.AdminURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx) //nolint:errcheck
+	var left int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_database WHERE datname LIKE 'allot_loadtest_%\_' || $1`, strconv.Itoa(os.Getpid())).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 {
+		t.Errorf("%d loadtest databases of this process left behind", left)
+	}
+}
+
+// TestLoadtestBadFlags: bad flags exit 2 with a message that names the
+// problem, before anything is created.
+func TestLoadtestBadFlags(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "give --database-url"},
+		{[]string{"--database-url", "postgres://x/y", "--duration", "0s"}, "--duration must be positive"},
+		{[]string{"--database-url", "postgres://x/y", "--agents", "-1"}, "--agents must not be negative"},
+		{[]string{"--database-url", "postgres://x/y", "--gpus-per-agent", "65"}, "--gpus-per-agent must be 1..64"},
+		{[]string{"--database-url", "postgres://x/y", "--heartbeat", "1ms"}, "--heartbeat must be"},
+		{[]string{"--database-url", "postgres://x/y", "--submit-rate", "-5"}, "--submit-rate must not be negative"},
+		{[]string{"--database-url", "postgres://x/y", "--submitters", "0", "--agents", "0"}, "nothing to do"},
+		{[]string{"--database-url", "postgres://x/y", "--teams", ","}, "--teams must name"},
+		{[]string{"--url", "ftp://x", "--token", "t", "--agents", "0"}, "--url must start with http"},
+		{[]string{"--url", "http://x", "--agents", "0"}, "submitters need a --token"},
+		{[]string{"--url", "http://x", "--token", "t", "--agents", "5"}, "give --database-url"},
+		{[]string{"--url", "http://x", "--token", "t", "--keep-db"}, "--keep-db is for a booted server"},
+		{[]string{"--database-url", "postgres://x/y", "extra"}, `unexpected argument "extra"`},
+		{[]string{"--duration", "soon"}, "invalid value"},
+	} {
+		var out, errb bytes.Buffer
+		start := time.Now()
+		code := cmdLoadtest(c.args, &out, &errb)
+		if code != 2 || !strings.Contains(errb.String(), c.want) {
+			t.Errorf("%q: exit %d, stderr %q; want exit 2 saying %q", c.args, code, errb.String(), c.want)
+		}
+		if time.Since(start) > 2*time.Second {
+			t.Errorf("%q: took %v: flags must be checked before connecting", c.args, time.Since(start))
+		}
+	}
+}
+
+// loadtestNeedsDB skips when no PostgreSQL answers (as requireDB does for
+// the benchmarks).
+func loadtestNeedsDB(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	c, err := pgx.Connect(ctx, storetest.AdminURL())
+	if err != nil {
+		t.Skipf("skipping: no PostgreSQL at %s: %v", storetest.AdminURL(), err)
+	}
+	c.Close(ctx) //nolint:errcheck
+}
