@@ -49,6 +49,9 @@ var expected = map[string]allow{
 	"public": {own: everyone(true)},
 	// The agents' API takes node tokens only: no person's token or session.
 	"node": {own: everyone(false)},
+	// /metrics takes a bearer token only (an admin's or the scrape token;
+	// metrics16_test.go), no session, and refuses with 401, not the login page.
+	"metrics": {own: everyone(false)},
 	// Logged-in pages and read APIs.
 	"user": {own: only(demo.Engineer, demo.Lead, demo.Finance, demo.Admin)},
 	// Submitting and cancelling: team members and admins; finance is read only.
@@ -270,7 +273,7 @@ func TestAuthorizationMatrix(t *testing.T) {
 					t.Errorf("%s %s as %s (rule %s): denied with %d, want allowed\n%s", method, path, name(p), r.Rule.Name, status, body)
 				case !allowed[p] && !denied:
 					t.Errorf("%s %s as %s (rule %s): allowed with %d, want denied", method, path, name(p), r.Rule.Name, status)
-				case !allowed[p] && p == anonymous && method == http.MethodGet && !strings.HasPrefix(path, "/api/") && r.Rule.Name != "node" &&
+				case !allowed[p] && p == anonymous && method == http.MethodGet && !strings.HasPrefix(path, "/api/") && r.Rule.Name != "node" && r.Rule.Name != "metrics" &&
 					(status != http.StatusSeeOther || loc != "/login?next="+url.QueryEscape(path)):
 					t.Errorf("GET %s anonymously: %d → %q, want a redirect to the login page", path, status, loc)
 				}

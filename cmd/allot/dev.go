@@ -51,6 +51,7 @@ func devMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	level := cliflag.LogLevel(fs, slog.LevelInfo, "log `level`: debug, info, warn or error (default info; debug adds River's own lines and the agents')")
 	bf := addBurstFlags(fs, "local")
 	tokenTTL := apiTokenTTLFlag(fs)
+	metricsAddr := fs.String("metrics-addr", "", "listen `address` of a /metrics listener without authentication, e.g. 127.0.0.1:9401 (default none: the portal's /metrics, with an admin's token, has the same series)")
 	requireAccount := fs.Bool("require-posix-account", true, "refuse a job for which no POSIX account resolves (the demo maps its people and teams to accounts)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -139,7 +140,7 @@ func devMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	cpRoot, _ := filepath.Abs(filepath.Join(jobsRoot, "checkpoints"))
 	m := &Main{Config: Config{DatabaseURL: url, Addr: *addr, Worker: true, Migrate: true, DevMode: true, Logger: log, CheckpointRoot: cpRoot, APITokenTTL: tokenTTL(),
-		RequirePOSIXAccount: *requireAccount}}
+		RequirePOSIXAccount: *requireAccount, MetricsAddr: *metricsAddr}}
 	// Single sign-on: the company's provider when ALLOT_OIDC_* says so,
 	// else a development provider with the demo personas.
 	var idp *oidcdev.Server

@@ -494,13 +494,8 @@ func TestPortalPagesAndHealth(t *testing.T) {
 	if !strings.Contains(frag, `data-kind="ok"`) || !strings.Contains(frag, "Within budget") {
 		t.Errorf("quota preview for fraud: %s", frag)
 	}
-	// Metrics count requests by route.
-	r, err := http.Get(e.url + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(r.Body)
-	r.Body.Close()
+	// Metrics count requests by route (an admin's token: metrics_auth.go).
+	_, _, b := e.api("GET", "/metrics", demo.Admin, "")
 	if !strings.Contains(string(b), `allot_http_requests_total{code="200",method="GET",route="/healthz"}`) {
 		t.Errorf("metrics lack HTTP request counts")
 	}

@@ -135,7 +135,9 @@ func cmdServe(name string, args []string, stderr io.Writer) int {
 	var oidcConfig func() (web.OIDCConfig, error)
 	tokenTTL := noAPITokenTTL
 	requireAccount := new(bool)
+	applyLimits := func(*Config) error { return nil }
 	if name == "server" {
+		applyLimits = limitFlags(fs)
 		fs.StringVar(&addr, "addr", ":8080", "listen address")
 		oidcConfig = oidcFlags(fs)
 		tokenTTL = apiTokenTTLFlag(fs)
@@ -143,6 +145,7 @@ func cmdServe(name string, args []string, stderr io.Writer) int {
 			"refuse a job for which no POSIX account resolves (admin mapping, --oidc-account-claim, team service account); off, such jobs run as the agent's --job-user (env ALLOT_REQUIRE_POSIX_ACCOUNT=true)")
 	}
 	bf := addBurstFlags(fs, "none") // the server shows the burst settings on /burst; the worker acts on them
+	applyMetrics := metricsFlags(fs, name)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -165,6 +168,14 @@ func cmdServe(name string, args []string, stderr io.Writer) int {
 		cfg.Worker = true
 	}
 	if cfg.Burst, err = bf.config(nil); err != nil {
+		fmt.Fprintf(stderr, "allot %s: %v\n", name, err)
+		return 2
+	}
+	if err := applyMetrics(&cfg); err != nil {
+		fmt.Fprintf(stderr, "allot %s: %v\n", name, err)
+		return 2
+	}
+	if err := applyLimits(&cfg); err != nil {
 		fmt.Fprintf(stderr, "allot %s: %v\n", name, err)
 		return 2
 	}

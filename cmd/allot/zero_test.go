@@ -223,7 +223,7 @@ func TestFromZeroToFirstJob(t *testing.T) {
 	// 3. Server and worker.
 	addr := freeAddr(t)
 	_, serverLog := z.start("server", "server", "--addr", addr)
-	_, workerLog := z.start("worker", "worker")
+	_, workerLog := z.start("worker", "worker", "--metrics-addr", freeAddr(t))
 	z.env["ALLOT_URL"], z.env["ALLOT_TOKEN"] = "http://"+addr, token
 	z.eventually(30*time.Second, "the server to be ready", func() bool {
 		resp, err := http.Get("http://" + addr + "/readyz")

@@ -195,6 +195,8 @@ func NewClient(cfg Config) (*river.Client[pgx.Tx], error) {
 	burster := NewBurster(cfg.Store, cfg.Logger, cfg.Burst)
 	river.AddWorker(workers, &BurstEvaluateWorker{Burster: burster})
 	river.AddWorker(workers, &BurstProviderWorker{Burster: burster})
+	riverMetrics.Kinds(CleanupSessionsArgs{}.Kind(), ScheduleArgs{}.Kind(), LostNodesArgs{}.Kind(), BillingRollupArgs{}.Kind(), MeteringArgs{}.Kind(),
+		WeeklyReportArgs{}.Kind(), BudgetCheckArgs{}.Kind(), WebhookArgs{}.Kind(), HealthArgs{}.Kind(), BurstEvaluateArgs{}.Kind(), BurstProviderArgs{}.Kind())
 	client, err := river.NewClient(riverpgxv5.New(cfg.Pool), &river.Config{
 		// Pick up triggered cycles fast (submit → running latency); inserts
 		// wake the producer through LISTEN/NOTIFY, polling is the fallback.

@@ -40,6 +40,17 @@ func NewRiver(reg prometheus.Registerer) *River {
 	return m
 }
 
+// Kinds gives each of kinds its series from the start (zero counts), so a
+// kind that never failed still has allot_river_job_failures_total 0 and
+// rate() and alerts see it.
+func (m *River) Kinds(kinds ...string) {
+	for _, k := range kinds {
+		m.Latency.WithLabelValues(k)
+		m.Duration.WithLabelValues(k)
+		m.Failures.WithLabelValues(k)
+	}
+}
+
 var _ rivertype.WorkerMiddleware = (*River)(nil)
 
 // Work observes one attempt. The wall clock is right here, not Allot's
