@@ -15,6 +15,7 @@ require (
 	github.com/riverqueue/river/rivertype v0.51.2
 	github.com/zitadel/oidc/v3 v3.52.0
 	golang.org/x/sys v0.48.0
+	golang.org/x/time v0.15.0
 	gonum.org/v1/plot v0.17.0
 	pgregory.net/rapid v1.3.0
 )
@@ -93,7 +94,6 @@ require (
 	golang.org/x/oauth2 v0.38.0
 	golang.org/x/sync v0.24.0 // indirect
 	golang.org/x/text v0.43.0
-	golang.org/x/time v0.15.0 // indirect
 	golang.org/x/tools v0.51.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )

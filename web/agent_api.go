@@ -1,6 +1,7 @@
 package web
 
 import (
+	"errors"
 	"io"
 	"net/http"
 	"strconv"
@@ -30,7 +31,7 @@ func (s *Server) agentNode(c echo.Context) (string, error) {
 	if !ok || !strings.HasPrefix(strings.TrimSpace(tok), store.NodeTokenPrefix) {
 		return "", allot.Errorf(allot.EUnauthorized, "agents authenticate with a node token: Authorization: Bearer %s…", store.NodeTokenPrefix)
 	}
-	node, err := s.st.NodeByToken(c.Request().Context(), strings.TrimSpace(tok))
+	node, err := s.agentSt.NodeByToken(c.Request().Context(), strings.TrimSpace(tok))
 	if err != nil {
 		return "", err
 	}
@@ -70,7 +71,7 @@ func (s *Server) agentRegister(c echo.Context) error {
 	for _, r := range inv.Running {
 		si.Running = append(si.Running, store.LeaseRef{JobID: r.JobID, Segment: r.Segment})
 	}
-	orphans, err := s.st.RegisterNode(c.Request().Context(), node, si)
+	orphans, err := s.agentSt.RegisterNode(c.Request().Context(), node, si)
 	if err != nil {
 		return err
 	}
@@ -125,7 +126,7 @@ func (s *Server) agentHeartbeat(c echo.Context) error {
 	if err := f.Err(); err != nil {
 		return err
 	}
-	beat, err := s.st.RecordHeartbeat(c.Request().Context(), node, samples, hb.MetricsError)
+	beat, err := s.agentSt.RecordHeartbeat(c.Request().Context(), node, samples, hb.MetricsError)
 	if err != nil {
 		return err
 	}
@@ -140,13 +141,13 @@ func (s *Server) agentHeartbeat(c echo.Context) error {
 	for _, j := range hb.Jobs {
 		stats = append(stats, store.JobStat{JobID: j.JobID, Segment: j.Segment, CPUSeconds: j.CPUSeconds, RSSBytes: j.RSSBytes, LastCheckpoint: j.LastCheckpoint})
 	}
-	orphans, err := s.st.HeartbeatJobs(c.Request().Context(), node, stats)
+	orphans, err := s.agentSt.HeartbeatJobs(c.Request().Context(), node, stats)
 	if err != nil {
 		return err
 	}
 	s.logOrphans(c, node, orphans)
 	if state != allot.NodeDown {
-		out, err := s.st.EvaluateHeartbeatHealth(c.Request().Context(), node, readings, hb.Health, beat.MetricsError)
+		out, err := s.agentSt.EvaluateHeartbeatHealth(c.Request().Context(), node, readings, hb.Health, beat.MetricsError)
 		if err != nil {
 			return err
 		}
@@ -181,12 +182,18 @@ func (s *Server) agentOrders(c echo.Context) error {
 		}
 		wait = d
 	}
+	// The poll outlives the server's WriteTimeout (which runs from the
+	// request's start): its answer must still get out.
+	if err := http.NewResponseController(c.Response()).SetWriteDeadline(time.Now().Add(wait + 30*time.Second)); err != nil &&
+		!errors.Is(err, http.ErrNotSupported) {
+		return err
+	}
 	ctx := c.Request().Context()
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	for {
 		woken, done := s.notifier.Subscribe(node)
-		o, err := s.st.TakeOrders(ctx, node)
+		o, err := s.agentSt.TakeOrders(ctx, node)
 		if err != nil {
 			done()
 			return err
@@ -201,7 +208,7 @@ func (s *Server) agentOrders(c echo.Context) error {
 			// A token revoked while the poll waited (the revocation wakes
 			// it) is refused now, not at the next request.
 			tok, _ := strings.CutPrefix(c.Request().Header.Get("Authorization"), "Bearer ")
-			if _, err := s.st.NodeByToken(ctx, strings.TrimSpace(tok)); err != nil {
+			if _, err := s.agentSt.NodeByToken(ctx, strings.TrimSpace(tok)); err != nil {
 				return err
 			}
 		case <-timer.C:
@@ -274,7 +281,7 @@ func (s *Server) agentTakeLease(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := s.st.TakeLease(c.Request().Context(), node, ref); err != nil {
+	if err := s.agentSt.TakeLease(c.Request().Context(), node, ref); err != nil {
 		return s.refused(c, node, ref, err)
 	}
 	return c.NoContent(http.StatusNoContent)
@@ -287,7 +294,7 @@ func (s *Server) agentStarted(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := s.st.LeaseStarted(c.Request().Context(), node, ref, ev.PID); err != nil {
+	if err := s.agentSt.LeaseStarted(c.Request().Context(), node, ref, ev.PID); err != nil {
 		return s.refused(c, node, ref, err)
 	}
 	return c.NoContent(http.StatusNoContent)
@@ -300,7 +307,7 @@ func (s *Server) agentExited(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if _, err := s.st.LeaseExited(c.Request().Context(), node, ref, store.LeaseExit{ExitCode: ev.ExitCode, Signal: ev.Signal,
+	if _, err := s.agentSt.LeaseExited(c.Request().Context(), node, ref, store.LeaseExit{ExitCode: ev.ExitCode, Signal: ev.Signal,
 		Reason: ev.Reason, Message: ev.Message, At: ev.Time, LastCheckpoint: ev.LastCheckpoint}); err != nil {
 		return s.refused(c, node, ref, err)
 	}
@@ -314,7 +321,7 @@ func (s *Server) agentLog(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := s.st.AppendLog(c.Request().Context(), node, ref, l.Lines, l.Ends); err != nil {
+	if err := s.agentSt.AppendLog(c.Request().Context(), node, ref, l.Lines, l.Ends); err != nil {
 		return s.refused(c, node, ref, err)
 	}
 	return c.NoContent(http.StatusNoContent)

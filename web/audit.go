@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/allotlabs/allot/internal/allot"
 	"github.com/allotlabs/allot/internal/store"
@@ -161,6 +162,13 @@ func auditFilter(c echo.Context) (views.AuditFilterValues, store.AuditFilter, er
 	v := views.AuditFilterValues{Kind: c.QueryParam("kind"), Actor: c.QueryParam("actor"), Since: c.QueryParam("since"), Until: c.QueryParam("until")}
 	f := store.AuditFilter{Actor: v.Actor, Object: c.QueryParam("object")}
 	errs := allot.FieldErrors{}
+	// Text PostgreSQL cannot hold is refused here, the same for the page,
+	// the JSON and the CSV (which must refuse it before its first byte).
+	for name, s := range map[string]string{"actor": f.Actor, "object": f.Object} {
+		if !utf8.ValidString(s) || strings.ContainsRune(s, 0) {
+			errs.Add(name, "must be UTF-8 text without NUL characters")
+		}
+	}
 	if v.Kind != "" {
 		if strings.Trim(v.Kind, "abcdefghijklmnopqrstuvwxyz_") != "" {
 			errs.Add("kind", "must be an object kind such as tier, rate, team, policy or node")
@@ -268,37 +276,74 @@ func (s *Server) apiAudit(c echo.Context) error {
 }
 
 // csvText neutralises a text cell a spreadsheet would run as a formula
-// (one starting with =, +, -, @, a tab or a carriage return) by starting it
-// with an apostrophe, which spreadsheets show as text and do not evaluate
-// (OWASP "CSV injection"). Numeric columns do not go through it, so their
+// (OWASP "CSV injection") by putting an apostrophe, which spreadsheets show
+// as text and do not evaluate, before the character that would start it:
+// =, +, -, @, a tab or a carriage return at the start of the cell, and the
+// same after a ';', a tab or a line break anywhere in it (skipping spaces
+// and quotes). A spreadsheet whose list separator is ';' (most European
+// locales) splits our comma-separated lines on ';' and ignores the quotes
+// around our cells, so "fan;=1+1" would start a cell "=1+1" there; a line
+// break inside a quoted cell can start a row for it. A ',' inside a cell
+// needs nothing: the CSV writer quotes such a cell, and whatever splits on
+// ',' honours those quotes. Numeric columns do not go through it, so their
 // numbers stay numbers.
 func csvText(s string) string {
-	if s != "" && strings.ContainsRune("=+-@\t\r", rune(s[0])) {
-		return "'" + s
+	if !strings.ContainsAny(s, csvFormulaStart+csvCellBreaks) {
+		return s
 	}
-	return s
+	var b strings.Builder
+	b.Grow(len(s) + 2)
+	start := true // where some spreadsheet may start a cell
+	for i := 0; i < len(s); i++ {
+		ch := s[i]
+		if start && i > 0 && (ch == ' ' || ch == '"') {
+			b.WriteByte(ch)
+			continue
+		}
+		if start && strings.IndexByte(csvFormulaStart, ch) >= 0 {
+			b.WriteByte('\'')
+		}
+		b.WriteByte(ch)
+		start = strings.IndexByte(csvCellBreaks, ch) >= 0
+	}
+	return b.String()
 }
+
+const (
+	csvFormulaStart = "=+-@\t\r"
+	csvCellBreaks   = ";\t\r\n"
+)
 
 // AuditCSVColumns is the header of the audit CSV export.
 var AuditCSVColumns = []string{"id", "at", "actor", "action", "object", "policy_version", "changes", "before", "after", "note"}
 
-// apiAuditCSV streams every matching entry as RFC 4180 CSV.
+// apiAuditCSV streams every matching entry as RFC 4180 CSV. Bad filters
+// and a database that refuses the first page answer as the JSON does
+// (a problem, nothing written); once the first row is out, a failure can
+// only break the download off.
 func (s *Server) apiAuditCSV(c echo.Context) error {
 	_, f, err := auditFilter(c)
 	if err != nil {
 		return err
 	}
-	h := c.Response().Header()
-	h.Set(echo.HeaderContentType, "text/csv; charset=utf-8")
-	h.Set(echo.HeaderContentDisposition, fmt.Sprintf(`attachment; filename="allot-audit-%s.csv"`, s.st.Now().UTC().Format("2006-01-02")))
-	c.Response().WriteHeader(http.StatusOK)
 	w := csv.NewWriter(c.Response())
 	w.UseCRLF = true // RFC 4180
-	if err := w.Write(AuditCSVColumns); err != nil {
-		return err
+	out := s.exportWriter(c, w)
+	start := func() error {
+		h := c.Response().Header()
+		h.Set(echo.HeaderContentType, "text/csv; charset=utf-8")
+		h.Set(echo.HeaderContentDisposition, fmt.Sprintf(`attachment; filename="allot-audit-%s.csv"`, s.st.Now().UTC().Format("2006-01-02")))
+		c.Response().WriteHeader(http.StatusOK)
+		return out.write(AuditCSVColumns)
 	}
-	n := 0
+	started := false
 	err = s.st.EachAudit(c.Request().Context(), f, func(e *allot.AuditEntry) error {
+		if !started {
+			started = true
+			if err := start(); err != nil {
+				return err
+			}
+		}
 		var changes []string
 		for _, ch := range diffJSON(e.Before, e.After) {
 			changes = append(changes, ch.Field+": "+ch.Before+" → "+ch.After)
@@ -307,16 +352,23 @@ func (s *Server) apiAuditCSV(c echo.Context) error {
 		if e.PolicyVersion > 0 {
 			version = strconv.FormatInt(e.PolicyVersion, 10)
 		}
-		return writeStreamed(w, &n, []string{strconv.FormatInt(e.ID, 10), e.At.UTC().Format(time.RFC3339Nano), csvText(e.Actor), csvText(e.Action),
+		return out.write([]string{strconv.FormatInt(e.ID, 10), e.At.UTC().Format(time.RFC3339Nano), csvText(e.Actor), csvText(e.Action),
 			csvText(e.Object), version, csvText(strings.Join(changes, "; ")), csvText(string(compact(e.Before))), csvText(string(compact(e.After))),
 			csvText(e.Note)})
 	})
+	if err != nil && !started {
+		return err
+	}
 	if err != nil {
 		s.log.Error("audit CSV export broke off", "err", err)
-		return nil
+		panic(http.ErrAbortHandler) // the client sees a cut download, not a short file
 	}
-	w.Flush()
-	return w.Error()
+	if !started {
+		if err := start(); err != nil {
+			return err
+		}
+	}
+	return out.flush()
 }
 
 // PolicyVersionJSON is one policy version and what changed in it.

@@ -2,6 +2,7 @@ package web
 
 import (
 	"encoding/csv"
+	"errors"
 	"fmt"
 	"math/big"
 	"net/http"
@@ -214,7 +215,12 @@ func (s *Server) apiChargeback(c echo.Context) error {
 var CSVColumns = []string{"month", "team", "cost_center", "job_id", "job_name", "user", "tier", "gpu_type", "gpus", "started_at", "ended_at",
 	"gpu_hours", "rate", "multiplier", "amount", "currency", "mean_gpu_util"}
 
-// apiChargebackCSV streams RFC 4180 CSV in constant memory.
+// apiChargebackCSV streams RFC 4180 CSV in constant memory: a page of
+// lines per short query (store.EachChargeRow), no database connection held
+// while the client reads, and a client that takes nothing for
+// ExportStallTimeout is dropped (exportWriter). A failure before the first
+// line answers a problem; after it, the download is cut off, never ended
+// short as if complete.
 func (s *Server) apiChargebackCSV(c echo.Context) error {
 	u, err := currentUser(c)
 	if err != nil {
@@ -229,17 +235,17 @@ func (s *Server) apiChargebackCSV(c echo.Context) error {
 		return err
 	}
 	h := c.Response().Header()
-	h.Set(echo.HeaderContentType, "text/csv; charset=utf-8")
-	h.Set(echo.HeaderContentDisposition, fmt.Sprintf(`attachment; filename="allot-chargeback-%s.csv"`, m))
 	w := csv.NewWriter(c.Response())
 	w.UseCRLF = true // RFC 4180
+	out := s.exportWriter(c, w)
 	started := false
-	n := 0
 	err = s.st.EachChargeRow(c.Request().Context(), m, teams, func(r *store.ChargeRow) error {
 		if !started {
+			h.Set(echo.HeaderContentType, "text/csv; charset=utf-8")
+			h.Set(echo.HeaderContentDisposition, fmt.Sprintf(`attachment; filename="allot-chargeback-%s.csv"`, m))
 			c.Response().WriteHeader(http.StatusOK)
 			started = true
-			if err := w.Write(CSVColumns); err != nil {
+			if err := out.write(CSVColumns); err != nil {
 				return err
 			}
 		}
@@ -252,7 +258,7 @@ func (s *Server) apiChargebackCSV(c echo.Context) error {
 		if l.Kind != string(billing.KindCharge) {
 			tier += " (" + strings.ReplaceAll(l.Kind, "_", " ") + ")"
 		}
-		return writeStreamed(w, &n, []string{l.Month, l.Team, csvText(l.CostCenter), strconv.FormatInt(l.JobID, 10), csvText(l.JobName), csvText(l.User), tier, l.GPUType,
+		return out.write([]string{l.Month, l.Team, csvText(l.CostCenter), strconv.FormatInt(l.JobID, 10), csvText(l.JobName), csvText(l.User), tier, l.GPUType,
 			strconv.FormatInt(l.GPUs, 10), l.StartedAt, l.EndedAt, l.GPUHours, l.Rate, l.Multiplier, l.Amount, l.Currency, util})
 	})
 	if err != nil {
@@ -260,13 +266,55 @@ func (s *Server) apiChargebackCSV(c echo.Context) error {
 			return err
 		}
 		s.log.Error("chargeback CSV export broke off", "month", m, "err", err)
-		return nil
+		panic(http.ErrAbortHandler) // the client sees a cut download, not a short file
 	}
 	if !started {
 		return allot.Errorf(allot.ENotFound, "no charges for %s: no usage was recorded then, or the hourly rollup has not run yet", m)
 	}
-	w.Flush()
-	return w.Error()
+	return out.flush()
+}
+
+// exportWriter writes a streamed CSV export: it flushes every 1000
+// records, so the download streams as it is read, and keeps the
+// connection's write deadline ExportStallTimeout ahead while the client
+// takes what it is sent, so a long download from a client that reads
+// lasts as long as it needs while one that stops reading is dropped (its
+// blocked write fails) instead of being kept for good. The server's own
+// WriteTimeout, from the start of the request, would cut both.
+type exportWriter struct {
+	w        *csv.Writer
+	rc       *http.ResponseController
+	stall    time.Duration
+	n        int
+	extended time.Time
+}
+
+func (s *Server) exportWriter(c echo.Context, w *csv.Writer) *exportWriter {
+	return &exportWriter{w: w, rc: http.NewResponseController(c.Response()), stall: s.cfg.ExportStallTimeout}
+}
+
+func (x *exportWriter) write(record []string) error {
+	if x.stall > 0 {
+		// At most once a second: the deadline moves with time, not rows.
+		if now := time.Now(); now.Sub(x.extended) >= time.Second {
+			if err := x.rc.SetWriteDeadline(now.Add(x.stall)); err != nil && !errors.Is(err, http.ErrNotSupported) {
+				return err
+			}
+			x.extended = now
+		}
+	}
+	if err := x.w.Write(record); err != nil {
+		return err
+	}
+	if x.n++; x.n%1000 == 0 {
+		return x.flush()
+	}
+	return nil
+}
+
+func (x *exportWriter) flush() error {
+	x.w.Flush()
+	return x.w.Error()
 }
 
 // apiCloseMonth closes a finished month (finance, admin).

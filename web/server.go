@@ -54,6 +54,20 @@ type Config struct {
 	Burst jobs.BurstConfig
 	// MetricsToken is a scrape token /metrics accepts besides admins' API tokens ("": none; metrics_auth.go).
 	MetricsToken string
+	// AgentStore, when set, serves the agent API (/api/agent/v1) over a
+	// pool of its own, so user traffic can never take the connections
+	// heartbeats and lease reports need (nil: Store).
+	AgentStore *store.Store
+	// RateLimits are the per-IP, per-token and per-node request limits
+	// (ratelimit.go); the zero value limits nothing.
+	RateLimits RateLimits
+	// BodyReadTimeout is how long a request may take to send its body
+	// (deadlines.go); 0: no limit.
+	BodyReadTimeout time.Duration
+	// ExportStallTimeout drops a CSV export whose client has taken nothing
+	// for this long; while it reads, the download lasts as long as it
+	// needs (0: no deadline of the export's own).
+	ExportStallTimeout time.Duration
 }
 
 // Server serves the portal and the API.
@@ -65,6 +79,8 @@ type Server struct {
 	http     *metric.HTTP
 	log      *slog.Logger
 	st       *store.Store
+	agentSt  *store.Store // the agent API's store (Config.AgentStore, else st)
+	limits   limiters
 	oidc     *oidcClient // nil without SSO
 }
 
@@ -93,7 +109,11 @@ func New(cfg Config) *Server {
 	}
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
-	s := &Server{cfg: cfg, notifier: cfg.Notifier, e: e, http: metric.NewHTTP(cfg.Registry), log: cfg.Logger, st: cfg.Store}
+	s := &Server{cfg: cfg, notifier: cfg.Notifier, e: e, http: metric.NewHTTP(cfg.Registry), log: cfg.Logger, st: cfg.Store,
+		agentSt: cfg.AgentStore, limits: newLimiters(cfg.RateLimits)}
+	if s.agentSt == nil {
+		s.agentSt = cfg.Store
+	}
 	if cfg.OIDC.Enabled() {
 		s.oidc = newOIDCClient(cfg.OIDC)
 	}
@@ -102,6 +122,9 @@ func New(cfg Config) *Server {
 		XSSProtection: "0", ContentTypeNosniff: "nosniff", XFrameOptions: "DENY", ReferrerPolicy: "same-origin",
 		ContentSecurityPolicy: "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'",
 	}))
+	// Before CSRF and authentication: a flood is turned away before it
+	// costs a token lookup.
+	e.Use(s.limitByClient)
 	e.Use(middleware.CSRFWithConfig(middleware.CSRFConfig{
 		Skipper:        func(c echo.Context) bool { return isAPI(c) || c.Request().URL.Path == "/metrics" },
 		TokenLookup:    "form:_csrf,header:X-CSRF-Token",
@@ -114,13 +137,13 @@ func New(cfg Config) *Server {
 		// A missing token is refused like a wrong one: 403.
 		ErrorHandler: func(error, echo.Context) error { return middleware.ErrCSRFInvalid },
 	}))
-	e.Use(s.authenticate)
+	e.Use(s.authenticate, s.limitByToken)
 	s.routes()
 	return s
 }
 
 // Handler returns the server as an http.Handler.
-func (s *Server) Handler() http.Handler { return s.e }
+func (s *Server) Handler() http.Handler { return s.bodyDeadline(s.e) }
 
 func isAPI(c echo.Context) bool { return strings.HasPrefix(c.Request().URL.Path, "/api/") }
 

@@ -63,6 +63,62 @@ type Config struct {
 	// MetricsToken, when set, is a scrape token the portal's /metrics
 	// accepts besides admins' API tokens: `allot server --metrics-token-file`.
 	MetricsToken string
+	// HTTP is the server's timeouts and the size of the agent API's pool
+	// (`allot server --write-timeout` and the others; zero fields: the
+	// defaults, DefaultHTTPLimits).
+	HTTP HTTPLimits
+	// RateLimits are the server's per-IP, per-token and per-node request
+	// limits (`allot server --api-rate`…); the zero value, what tests
+	// boot with, limits nothing.
+	RateLimits web.RateLimits
+}
+
+// HTTPLimits are the HTTP server's timeouts and the agent API's pool. A
+// zero field takes DefaultHTTPLimits' value; a negative duration turns
+// that timeout off.
+type HTTPLimits struct {
+	// ReadHeaderTimeout bounds sending the request line and headers.
+	ReadHeaderTimeout time.Duration
+	// BodyTimeout bounds sending the body (web.Config.BodyReadTimeout;
+	// the server's ReadTimeout would also cut long polls and downloads).
+	BodyTimeout time.Duration
+	// WriteTimeout bounds a request from its headers to the end of its
+	// answer; the agents' long polls and the CSV exports set their own.
+	WriteTimeout time.Duration
+	// IdleTimeout closes a kept-alive connection with no request for this
+	// long.
+	IdleTimeout time.Duration
+	// ExportStallTimeout drops a CSV export whose client takes nothing
+	// for this long (a reading client's download lasts what it needs).
+	ExportStallTimeout time.Duration
+	// AgentConns is the agent API's own pool: heartbeats, polls and lease
+	// reports never wait behind user requests for a connection.
+	AgentConns int
+}
+
+// DefaultHTTPLimits: a header in 10 s, a body (≤ 1 MiB) in 30 s, an answer
+// in 2 min, 2 min idle between requests (agents call every few seconds),
+// 30 s of an export's client reading nothing, 8 connections for agents.
+var DefaultHTTPLimits = HTTPLimits{ReadHeaderTimeout: 10 * time.Second, BodyTimeout: 30 * time.Second, WriteTimeout: 2 * time.Minute,
+	IdleTimeout: 2 * time.Minute, ExportStallTimeout: 30 * time.Second, AgentConns: 8}
+
+// withDefaults fills zero fields from DefaultHTTPLimits and turns the
+// negative ones into 0 (off), as http.Server reads them.
+func (l HTTPLimits) withDefaults() HTTPLimits {
+	d := DefaultHTTPLimits
+	for _, f := range []struct{ v, def *time.Duration }{{&l.ReadHeaderTimeout, &d.ReadHeaderTimeout}, {&l.BodyTimeout, &d.BodyTimeout},
+		{&l.WriteTimeout, &d.WriteTimeout}, {&l.IdleTimeout, &d.IdleTimeout}, {&l.ExportStallTimeout, &d.ExportStallTimeout}} {
+		switch {
+		case *f.v == 0:
+			*f.v = *f.def
+		case *f.v < 0:
+			*f.v = 0
+		}
+	}
+	if l.AgentConns <= 0 {
+		l.AgentConns = d.AgentConns
+	}
+	return l
 }
 
 // Main is one running Allot process: HTTP server and/or River worker over
@@ -71,6 +127,10 @@ type Main struct {
 	Config
 	Pool  *pgxpool.Pool
 	Store *store.Store
+	// AgentPool and AgentStore serve the agent API in a server (nil
+	// without Addr): a small pool of their own (HTTPLimits.AgentConns).
+	AgentPool  *pgxpool.Pool
+	AgentStore *store.Store
 	// Server is the portal and API (nil without Addr).
 	Server *web.Server
 
@@ -162,6 +222,13 @@ func (m *Main) Run(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("listening on %s: %w", m.Addr, err)
 		}
+		limits := m.HTTP.withDefaults()
+		if m.AgentPool, err = openAgentPool(ctx, m.DatabaseURL, limits.AgentConns); err != nil {
+			m.ln.Close()
+			return err
+		}
+		m.AgentStore = store.New(m.AgentPool)
+		m.AgentStore.Now, m.AgentStore.RequirePOSIXAccount = m.Store.Now, m.RequirePOSIXAccount
 		oidcCfg := m.OIDC
 		if oidcCfg.Enabled() && oidcCfg.RedirectURL == "" {
 			oidcCfg.RedirectURL = m.URL() + "/oidc/callback"
@@ -169,6 +236,7 @@ func (m *Main) Run(ctx context.Context) error {
 		srv := web.New(web.Config{OIDC: oidcCfg, SecureCookies: strings.HasPrefix(oidcCfg.RedirectURL, "https://"),
 			Store: m.Store, Logger: m.Logger, Registry: m.Registry, DevMode: m.DevMode, Burst: m.Burst,
 			OnJobEvent: m.Trigger, HeartbeatInterval: m.HeartbeatInterval, APITokenTTL: m.APITokenTTL, MetricsToken: m.MetricsToken,
+			AgentStore: m.AgentStore, RateLimits: m.RateLimits, BodyReadTimeout: limits.BodyTimeout, ExportStallTimeout: limits.ExportStallTimeout,
 			Rollup: func(ctx context.Context) error { _, err := jobs.Rollup(ctx, m.Store, m.Store.Now()); return err }})
 		m.Server = srv
 		bg, stop := context.WithCancel(context.Background())
@@ -201,7 +269,10 @@ func (m *Main) Run(ctx context.Context) error {
 				}
 			}
 		}()
-		m.http = &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+		// No ReadTimeout: it would cancel long polls and downloads (see
+		// web/deadlines.go); the body has its own deadline.
+		m.http = &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: limits.ReadHeaderTimeout, WriteTimeout: limits.WriteTimeout,
+			IdleTimeout: limits.IdleTimeout}
 		m.http.RegisterOnShutdown(srv.Notifier().Close)
 		m.served = make(chan error, 1)
 		go func() { m.served <- m.http.Serve(m.ln) }()
@@ -254,8 +325,27 @@ func (m *Main) Close() error {
 		errs = append(errs, m.http.Shutdown(ctx))
 	}
 	errs = append(errs, m.closeMetrics(ctx))
+	if m.AgentPool != nil {
+		m.AgentPool.Close()
+	}
 	if m.Pool != nil {
 		m.Pool.Close()
 	}
 	return errors.Join(errs...)
+}
+
+// openAgentPool opens the agent API's pool: conns connections at most,
+// whatever the URL's pool_max_conns says (that sizes the main pool).
+func openAgentPool(ctx context.Context, url string, conns int) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parsing database URL: %w", err)
+	}
+	cfg.MaxConns = int32(conns)
+	cfg.ConnConfig.RuntimeParams["application_name"] = "allot-agent-api"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connecting the agent API's pool: %w", err)
+	}
+	return pool, nil
 }

@@ -61,7 +61,11 @@ func (s *Store) AuditLog(ctx context.Context, f AuditFilter) ([]allot.AuditEntry
 }
 
 // EachAudit streams the audit entries f selects (f.Limit is ignored: all
-// of them), newest first, to fn without holding them in memory.
+// of them), newest first, to fn without holding them in memory: a page of
+// ExportPageRows per short statement, and no connection held while fn
+// runs. The set is fixed when it starts: entries written after the first
+// page (the log only grows) are left out, so a long export is the log as
+// it was when it began.
 func (s *Store) EachAudit(ctx context.Context, f AuditFilter, fn func(*allot.AuditEntry) error) error {
 	return s.eachAudit(ctx, f, nil, fn)
 }
@@ -76,32 +80,76 @@ func (s *Store) eachAudit(ctx context.Context, f AuditFilter, limit *int, fn fun
 	if !f.Until.IsZero() {
 		until = &f.Until
 	}
-	rows, err := s.db.Query(ctx, `
-		SELECT id, at, actor, action, object, coalesce(policy_version, 0), before, after, note
-		FROM audit_log
-		WHERE ($1 = '' OR object = $1)
-		  AND ($2 = '' OR action = $2 OR (right($2, 1) = '.' AND starts_with(action, $2)))
-		  AND ($3 = '' OR actor = $3)
-		  AND ($4::timestamptz IS NULL OR at >= $4)
-		  AND ($5::timestamptz IS NULL OR at < $5)
-		ORDER BY at DESC, id DESC
-		LIMIT $6`, f.Object, f.Action, f.Actor, since, until, limit) // LIMIT NULL: all
-	if err != nil {
+	var maxID int64
+	if err := s.db.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM audit_log`).Scan(&maxID); err != nil {
 		return mapErr("reading audit log", err)
 	}
-	defer rows.Close()
-	var e allot.AuditEntry
-	for rows.Next() {
-		var before, after []byte
-		if err := rows.Scan(&e.ID, &e.At, &e.Actor, &e.Action, &e.Object, &e.PolicyVersion, &before, &after, &e.Note); err != nil {
+	left := -1 // all
+	if limit != nil {
+		left = *limit
+	}
+	capacity := ExportPageRows
+	if left >= 0 && left < capacity {
+		capacity = left
+	}
+	page := make([]allot.AuditEntry, 0, capacity)
+	var afterAt time.Time
+	var afterID int64
+	for first := true; left != 0; first = false {
+		n := ExportPageRows
+		if left >= 0 && left < n {
+			n = left
+		}
+		args := []any{f.Object, f.Action, f.Actor, since, until, maxID, n}
+		keyset := ""
+		if !first {
+			keyset = ` AND (at, id) < ($8, $9)`
+			args = append(args, afterAt, afterID)
+		}
+		rows, err := s.db.Query(ctx, `
+			SELECT id, at, actor, action, object, coalesce(policy_version, 0), before, after, note
+			FROM audit_log
+			WHERE ($1 = '' OR object = $1)
+			  AND ($2 = '' OR action = $2 OR (right($2, 1) = '.' AND starts_with(action, $2)))
+			  AND ($3 = '' OR actor = $3)
+			  AND ($4::timestamptz IS NULL OR at >= $4)
+			  AND ($5::timestamptz IS NULL OR at < $5)
+			  AND id <= $6`+keyset+`
+			ORDER BY at DESC, id DESC
+			LIMIT $7`, args...)
+		if err != nil {
 			return mapErr("reading audit log", err)
 		}
-		e.Before, e.After = before, after
-		if err := fn(&e); err != nil {
-			return err
+		page = page[:0]
+		for rows.Next() {
+			var e allot.AuditEntry
+			var before, after []byte
+			if err := rows.Scan(&e.ID, &e.At, &e.Actor, &e.Action, &e.Object, &e.PolicyVersion, &before, &after, &e.Note); err != nil {
+				rows.Close()
+				return mapErr("reading audit log", err)
+			}
+			e.Before, e.After = before, after
+			page = append(page, e)
 		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return mapErr("reading audit log", err)
+		}
+		for i := range page {
+			if err := fn(&page[i]); err != nil {
+				return err
+			}
+		}
+		if len(page) < n {
+			return nil
+		}
+		if left > 0 {
+			left -= len(page)
+		}
+		last := page[len(page)-1]
+		afterAt, afterID = last.At, last.ID
 	}
-	return mapErr("reading audit log", rows.Err())
+	return nil
 }
 
 // PolicyChange describes one admin change for ChangePolicy.

@@ -259,33 +259,105 @@ type ChargeRow struct {
 	MeanGPUUtil  *float64 // mean utilization of the job's GPUs over the line's span; nil without samples
 }
 
+// ExportPageRows is how many rows one statement of a streamed export
+// (EachChargeRow, EachAudit) reads. Each page is its own short statement,
+// read whole and its connection given back before the caller sees a row,
+// so a client that downloads slowly, or not at all, holds no database
+// connection between pages (issue 16: 40 unread chargeback downloads held
+// 40 of the server's connections and stalled the control plane).
+const ExportPageRows = 5000
+
 // EachChargeRow streams month's lines (restricted to teams when non-nil) to
-// fn in a stable order, without holding them in memory.
+// fn in a stable order (team, job, hour, kind, line key), a page of
+// ExportPageRows at a time, without holding a connection while fn runs.
+//
+// The pages are keyset pages over that order with the set fixed when the
+// export starts: only lines whose usage hour is at most the latest one
+// then, and every page checks that the month's lines are still the ones
+// the first page read. A rollup replaces all of an open month's lines in
+// one transaction (so they all change their xmin); if one commits between
+// two pages, the export stops with EConflict rather than mixing two
+// rollups' lines into totals no statement ever had. A closed month never
+// changes (the database refuses it), so its export never stops so.
 func (s *Store) EachChargeRow(ctx context.Context, month billing.YearMonth, teams []string, fn func(*ChargeRow) error) error {
-	rows, err := s.db.Query(ctx, `
-		SELECT to_char(l.month, 'YYYY-MM'), l.kind, l.team, l.cost_center, l.job_id, j.name, l.user_email, l.tier, l.gpu_type,
-			CASE WHEN l.to_at > l.from_at THEN round(abs(l.gpu_seconds) / extract(epoch FROM l.to_at - l.from_at))::bigint ELSE 0 END,
-			l.from_at, l.to_at, l.gpu_seconds, l.rate_micros, l.multiplier_bp, l.amount_micros, l.currency,
-			(SELECT avg(g.util_pct)::float8 FROM gpu_samples g WHERE g.job_id = l.job_id AND g.at >= l.from_at AND g.at < l.to_at)
-		FROM charge_lines l JOIN jobs j ON j.id = l.job_id
-		WHERE l.month = $1 AND ($2::text[] IS NULL OR l.team = ANY($2))
-		ORDER BY l.team, l.job_id, l.usage_hour, l.kind, l.line_key`, month.Start(), teams)
-	if err != nil {
+	var bound *time.Time
+	err := s.db.QueryRow(ctx, `SELECT max(usage_hour) FROM charge_lines WHERE month = $1 AND ($2::text[] IS NULL OR team = ANY($2))`,
+		month.Start(), teams).Scan(&bound)
+	if err != nil || bound == nil {
 		return mapErr("loading charge lines", err)
 	}
-	defer rows.Close()
-	var r ChargeRow
-	for rows.Next() {
-		if err := rows.Scan(&r.Month, &r.Kind, &r.Team, &r.CostCenter, &r.JobID, &r.JobName, &r.User, &r.Tier, &r.GPUType, &r.GPUs,
-			&r.From, &r.To, &r.GPUSeconds, &r.RateMicros, &r.MultiplierBP, &r.Amount.Micros, &r.Amount.Currency, &r.MeanGPUUtil); err != nil {
+	var (
+		after                  chargeRowKey
+		sentinel, sentinelXmin string
+		page                   = make([]ChargeRow, 0, ExportPageRows)
+		keys                   = make([]chargeRowKey, 0, ExportPageRows)
+	)
+	for first := true; ; first = false {
+		page, keys = page[:0], keys[:0]
+		var seen *string
+		// The first page has no keyset condition (an OR with a flag would
+		// keep the planner off the index for every page).
+		args := []any{month.Start(), teams, *bound, sentinel, ExportPageRows}
+		keyset := ""
+		if !first {
+			keyset = ` AND (l.team, l.job_id, l.usage_hour, l.kind, l.line_key) > ($6, $7, $8, $9, $10)`
+			args = append(args, after.team, after.jobID, after.hour, after.kind, after.lineKey)
+		}
+		rows, err := s.db.Query(ctx, `
+			SELECT to_char(l.month, 'YYYY-MM'), l.kind, l.team, l.cost_center, l.job_id, j.name, l.user_email, l.tier, l.gpu_type,
+				CASE WHEN l.to_at > l.from_at THEN round(abs(l.gpu_seconds) / extract(epoch FROM l.to_at - l.from_at))::bigint ELSE 0 END,
+				l.from_at, l.to_at, l.gpu_seconds, l.rate_micros, l.multiplier_bp, l.amount_micros, l.currency,
+				(SELECT avg(g.util_pct)::float8 FROM gpu_samples g WHERE g.job_id = l.job_id AND g.at >= l.from_at AND g.at < l.to_at),
+				l.usage_hour, l.line_key, l.xmin::text, (SELECT s.xmin::text FROM charge_lines s WHERE s.line_key = $4)
+			FROM charge_lines l JOIN jobs j ON j.id = l.job_id
+			WHERE l.month = $1 AND ($2::text[] IS NULL OR l.team = ANY($2)) AND l.usage_hour <= $3`+keyset+`
+			ORDER BY l.team, l.job_id, l.usage_hour, l.kind, l.line_key
+			LIMIT $5`, args...)
+		if err != nil {
+			return mapErr("loading charge lines", err)
+		}
+		for rows.Next() {
+			var r ChargeRow
+			var k chargeRowKey
+			var xmin string
+			if err := rows.Scan(&r.Month, &r.Kind, &r.Team, &r.CostCenter, &r.JobID, &r.JobName, &r.User, &r.Tier, &r.GPUType, &r.GPUs,
+				&r.From, &r.To, &r.GPUSeconds, &r.RateMicros, &r.MultiplierBP, &r.Amount.Micros, &r.Amount.Currency, &r.MeanGPUUtil,
+				&k.hour, &k.lineKey, &xmin, &seen); err != nil {
+				rows.Close()
+				return mapErr("reading charge lines", err)
+			}
+			r.From, r.To = r.From.UTC(), r.To.UTC()
+			k.team, k.jobID, k.kind = r.Team, r.JobID, r.Kind
+			if first && len(page) == 0 {
+				sentinel, sentinelXmin = k.lineKey, xmin
+			}
+			page, keys = append(page, r), append(keys, k)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
 			return mapErr("reading charge lines", err)
 		}
-		r.From, r.To = r.From.UTC(), r.To.UTC()
-		if err := fn(&r); err != nil {
-			return err
+		if !first && (seen == nil || *seen != sentinelXmin) && len(page) > 0 {
+			return allot.Errorf(allot.EConflict, "the charge lines of %s changed during the export (a billing rollup ran): download it again", month)
 		}
+		for i := range page {
+			if err := fn(&page[i]); err != nil {
+				return err
+			}
+		}
+		if len(page) < ExportPageRows {
+			return nil
+		}
+		after = keys[len(keys)-1]
 	}
-	return mapErr("reading charge lines", rows.Err())
+}
+
+// chargeRowKey is a charge line's place in EachChargeRow's order.
+type chargeRowKey struct {
+	team          string
+	jobID         int64
+	hour          time.Time
+	kind, lineKey string
 }
 
 // MonthClosed returns when month was closed and by whom (zero if open).
