@@ -596,8 +596,6 @@ func readOffset(offsetFile string) int64 {
 	return n
 }
 
-func (s *logStream) add(line string) { s.addAt(line, -1) }
-
 // addAt adds a line that ends at byte off of the job's output file (-1:
 // not from a file). Once the server has the line, off is recorded in the
 // offset file: a restarted agent resends nothing it has, and loses

@@ -3,8 +3,10 @@ package agent
 import (
 	"context"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/allotlabs/allot/internal/agentproto"
 )
@@ -28,6 +30,9 @@ type report struct {
 	log     *agentproto.JobLog
 	sending bool
 	tries   int
+	// piece is how many of log's lines the request in flight carries: a
+	// long report goes out in pieces that each fit the server's body limit.
+	piece int
 	// done runs once the report left the queue: delivered, or refused for
 	// good (an exit report then lets the agent forget the lease on disk).
 	done func()
@@ -36,6 +41,64 @@ type report struct {
 // maxQueuedLogLines caps a job's unsent log lines; older ones are dropped
 // (the server keeps only the tail anyway).
 const maxQueuedLogLines = 1000
+
+// maxLogBody bounds the JSON body of one log request. The server refuses
+// bodies over 1 MiB (web/server.go's BodyLimit) with a 413, which the
+// outbox takes as refused for good: a batch over it was lost whole, tail
+// and all. A report's lines go out in pieces of at most this much; half the
+// limit leaves room for the envelope and any future limit change.
+const maxLogBody = 512 << 10
+
+// logPiece is how many of lines (from the first) fit one request of at
+// most limit bytes: at least one (a single line is at most maxLineBytes,
+// 16 KiB, so its JSON — at worst six bytes per byte, as \u00XX — always
+// fits).
+func logPiece(lines []string, ends []int64, limit int) int {
+	size := 128 // {"job_id":…,"segment":…,"lines":[],"ends":[]}, with room
+	for i, l := range lines {
+		n := jsonStringLen(l) + 1
+		if i < len(ends) {
+			n += len(strconv.FormatInt(ends[i], 10)) + 1
+		}
+		if i > 0 && size+n > limit {
+			return i
+		}
+		size += n
+	}
+	return len(lines)
+}
+
+// jsonStringLen is the length of s as encoding/json writes it (quotes,
+// escapes, U+FFFD for invalid UTF-8, HTML-safe escapes of <, > and &).
+func jsonStringLen(s string) int {
+	n := 2
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			switch {
+			case c == '"' || c == '\\' || c == '\n' || c == '\r' || c == '\t':
+				n += 2
+			case c < 0x20 || c == '<' || c == '>' || c == '&':
+				n += 6
+			default:
+				n++
+			}
+			i++
+			continue
+		}
+		r, w := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && w == 1:
+			n += 6 // \ufffd
+		case r == '\u2028' || r == '\u2029':
+			n += 6
+		default:
+			n += w
+		}
+		i += w
+	}
+	return n
+}
 
 func newOutbox(a *Agent) *outbox {
 	return &outbox{a: a, notify: make(chan struct{}, 1), empty: make(chan struct{})}
@@ -163,6 +226,24 @@ func (o *outbox) run(ctx context.Context) {
 				}
 			}
 		}
+		if done && err == nil && r.log != nil {
+			// One piece delivered: drop its lines; the rest (and lines
+			// merged in meanwhile) go next, and done waits for the last.
+			o.mu.Lock()
+			r.log.Lines = r.log.Lines[r.piece:]
+			if len(r.log.Ends) >= r.piece {
+				r.log.Ends = r.log.Ends[r.piece:]
+			}
+			more := len(r.log.Lines) > 0
+			if more {
+				r.sending = false
+			}
+			o.mu.Unlock()
+			if more {
+				bo.reset()
+				continue
+			}
+		}
 		if done {
 			bo.reset()
 			if r.done != nil {
@@ -192,7 +273,12 @@ func (o *outbox) send(ctx context.Context, r *report) error {
 		return c.Exited(ctx, *r.exited)
 	default:
 		o.mu.Lock()
-		l := agentproto.JobLog{JobID: r.log.JobID, Segment: r.log.Segment, Lines: r.log.Lines, Ends: r.log.Ends}
+		k := logPiece(r.log.Lines, r.log.Ends, maxLogBody)
+		l := agentproto.JobLog{JobID: r.log.JobID, Segment: r.log.Segment, Lines: r.log.Lines[:k]}
+		if len(r.log.Ends) > 0 {
+			l.Ends = r.log.Ends[:k]
+		}
+		r.piece = k
 		o.mu.Unlock()
 		return c.Log(ctx, l)
 	}

@@ -34,6 +34,9 @@ type peer struct {
 	started    []agentproto.JobStarted
 	exited     []agentproto.JobExited
 	logs       map[agentproto.LeaseRef][]string
+	ends       map[agentproto.LeaseRef][]int64
+	logBodies  []int // each log request's body size
+	tooLarge   int   // log requests refused with 413
 	firstLog   map[agentproto.LeaseRef]time.Time
 	orders     []agentproto.Orders
 	unknown    []int64               // answered in the next registration
@@ -53,6 +56,7 @@ func newPeerAt(t *testing.T, addr string) *peer {
 	p := &peer{
 		t:        t,
 		logs:     map[agentproto.LeaseRef][]string{},
+		ends:     map[agentproto.LeaseRef][]int64{},
 		firstLog: map[agentproto.LeaseRef]time.Time{},
 		changed:  make(chan struct{}),
 		closing:  make(chan struct{}),
@@ -177,13 +181,33 @@ func (p *peer) heartbeat(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(rep)
 }
 
+// peerBodyLimit is the server's request body limit (web/server.go,
+// BodyLimit("1M")): the peer refuses larger log batches with a 413 as the
+// server does.
+const peerBodyLimit = 1 << 20
+
 func (p *peer) log(w http.ResponseWriter, r *http.Request) {
-	l, ok := decode[agentproto.JobLog](p, w, r)
-	if !ok {
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, peerBodyLimit))
+	if err != nil {
+		p.mu.Lock()
+		p.tooLarge++
+		p.mu.Unlock()
+		problem(w, http.StatusRequestEntityTooLarge, err.Error())
+		return
+	}
+	var l agentproto.JobLog
+	if err := json.Unmarshal(b, &l); err != nil {
+		problem(w, http.StatusBadRequest, err.Error())
+		p.t.Errorf("%s: bad body: %v", r.URL.Path, err)
 		return
 	}
 	ref := agentproto.LeaseRef{JobID: l.JobID, Segment: l.Segment}
 	p.mu.Lock()
+	p.logBodies = append(p.logBodies, len(b))
+	if len(l.Ends) != 0 && len(l.Ends) != len(l.Lines) {
+		p.t.Errorf("log batch of %d lines with %d ends", len(l.Lines), len(l.Ends))
+	}
+	p.ends[ref] = append(p.ends[ref], l.Ends...)
 	if _, seen := p.firstLog[ref]; !seen {
 		p.firstLog[ref] = time.Now()
 	}

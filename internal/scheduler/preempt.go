@@ -218,11 +218,10 @@ func (st *state) preempt(pj *pjob, maxGroup int, maxLost float64) bool {
 		}
 	} else {
 		type nodeCost struct {
-			n     int
-			sc    victimScore
-			give  int
-			vs    []victimCand
-			valid bool
+			n    int
+			sc   victimScore
+			give int
+			vs   []victimCand
 		}
 		var best victimScore
 		found := false
