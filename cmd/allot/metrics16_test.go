@@ -342,16 +342,6 @@ func TestMetrics16Worker(t *testing.T) {
 	if budgets["recs"] != 0 || len(budgets) < 3 {
 		t.Fatalf("teams %v", budgets)
 	}
-	// The fair share is the one the API shows (same inputs, same core).
-	var fs web.FairShareJSON
-	if code, _, b := l.api("GET", "/api/v1/fairshare", demo.Admin, ""); code != http.StatusOK || json.Unmarshal(b, &fs) != nil {
-		t.Fatalf("fairshare: %d %s", code, b)
-	}
-	for _, row := range fs.Teams {
-		if got := e.value("allot_team_fair_share", map[string]string{"team": row.Team}); math.Abs(got-row.FairShare) > 0.05 {
-			t.Errorf("team %s: fair share %v on /metrics, %v on the API", row.Team, got, row.FairShare)
-		}
-	}
 	// River: the queue's states and the cycle jobs' latency and run time.
 	if c := e.value("allot_river_jobs", map[string]string{"queue": "default", "state": "completed"}); c < 1 {
 		t.Errorf("completed River jobs: %v", c)
@@ -376,6 +366,28 @@ func TestMetrics16Worker(t *testing.T) {
 	}
 	if a := e.value("allot_db_pool_acquires_total", map[string]string{"pool": "main"}); a < 10 {
 		t.Errorf("pool acquires %v", a)
+	}
+	// The fair share is the one the API shows (same inputs, same core),
+	// once usage stands still: the running jobs cancelled, and a scrape
+	// read after that (the gauges are cached up to 5 s).
+	for _, id := range []int64{run1.ID, run2.ID} {
+		if rc, _, errOut := l.cli(demo.Admin, "cancel", fmt.Sprint(id)); rc != 0 {
+			t.Fatalf("cancel %d: %s", id, errOut)
+		}
+	}
+	l.eventually(30*time.Second, "the scrape to show no running job and no allocated GPU", func() bool {
+		_, _, b := scrape(t, l.m.MetricsURL(), "")
+		e = parseExposition(t, strings.NewReader(string(b)))
+		return len(e.find("allot_running_jobs", nil)) == 0 && len(e.find("allot_allocated_gpus", nil)) == 0
+	})
+	var fs web.FairShareJSON
+	if code, _, b := l.api("GET", "/api/v1/fairshare", demo.Admin, ""); code != http.StatusOK || json.Unmarshal(b, &fs) != nil {
+		t.Fatalf("fairshare: %d %s", code, b)
+	}
+	for _, row := range fs.Teams {
+		if got := e.value("allot_team_fair_share", map[string]string{"team": row.Team}); math.Abs(got-row.FairShare) > 0.01 {
+			t.Errorf("team %s: fair share %v on /metrics, %v on the API", row.Team, got, row.FairShare)
+		}
 	}
 }
 
