@@ -105,11 +105,14 @@ func (p *Policy) Validate() error {
 	if p.BudgetWarnPct <= 0 || p.BudgetWarnPct > p.BudgetDemotePct {
 		f.Add("budget_warn_pct", "must be positive and at most the demotion threshold")
 	}
-	if p.BudgetDemotePct <= 0 {
-		f.Add("budget_demote_pct", "must be positive")
+	if p.BudgetDemotePct <= 0 || p.BudgetDemotePct > MaxPct {
+		f.Add("budget_demote_pct", "must be between 1 and %d", MaxPct)
 	}
-	if p.BurstMaxNodes < 0 {
-		f.Add("burst_max_nodes", "must not be negative")
+	if p.BurstMaxNodes < 0 || p.BurstMaxNodes > MaxBurstNodes {
+		f.Add("burst_max_nodes", "must be between 0 and %d", MaxBurstNodes)
+	}
+	if p.BurstPendingGPUHours > MaxGPUHours {
+		f.Add("burst_pending_gpu_hours", "must be at most %d", MaxGPUHours)
 	}
 	if p.BurstMonthlyBudget.Micros < 0 {
 		f.Add("burst_monthly_budget", "must not be negative")

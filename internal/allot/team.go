@@ -1,7 +1,9 @@
 package allot
 
 import (
+	"maps"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 )
@@ -42,16 +44,16 @@ func (t *Team) Validate() error {
 	if strings.TrimSpace(t.CostCenter) == "" {
 		f.Add("cost_center", "is required")
 	}
-	if t.MonthlyBudgetGPUHours < 0 {
-		f.Add("monthly_budget_gpu_hours", "must not be negative")
+	if t.MonthlyBudgetGPUHours < 0 || t.MonthlyBudgetGPUHours > MaxGPUHours {
+		f.Add("monthly_budget_gpu_hours", "must be between 0 and %d", MaxGPUHours)
 	}
-	for typ, n := range t.Guarantees {
-		if n < 0 {
-			f.Add("guarantees", "guarantee for %s must not be negative", typ)
+	for _, typ := range slices.Sorted(maps.Keys(t.Guarantees)) {
+		if n := t.Guarantees[typ]; n < 0 || n > MaxGPUs {
+			f.Add("guarantees", "guarantee for %s must be between 0 and %d", typ, MaxGPUs)
 		}
 	}
-	if t.FairShareWeight < 1 {
-		f.Add("fair_share_weight", "must be at least 1")
+	if t.FairShareWeight < 1 || t.FairShareWeight > MaxWeight {
+		f.Add("fair_share_weight", "must be between 1 and %d", MaxWeight)
 	}
 	if t.PosixAccount != "" {
 		if msg := POSIXAccountProblem(t.PosixAccount); msg != "" {
@@ -175,8 +177,8 @@ func (g *GPUType) Validate() error {
 	if !gpuTypeRE.MatchString(g.Name) {
 		f.Add("name", "must be 1–32 letters, digits, dots, dashes or underscores")
 	}
-	if g.MemoryGB <= 0 {
-		f.Add("memory_gb", "must be positive")
+	if g.MemoryGB <= 0 || g.MemoryGB > MaxMemoryGB {
+		f.Add("memory_gb", "must be between 1 and %d", MaxMemoryGB)
 	}
 	if g.HourlyRate.Micros < 0 {
 		f.Add("hourly_rate", "must not be negative")

@@ -61,6 +61,33 @@ type Tier struct {
 	MaxRuntime   time.Duration
 }
 
+// Upper bounds of admin-edited counts. Each is far above any real value
+// and well inside the database's integer columns (32 bits), so a typo such
+// as 1099511627776 is a field error instead of an out-of-range failure of
+// the write (a 500), and sums over a cluster cannot overflow.
+const (
+	// MaxGPUs bounds any GPU count an admin sets (a tier's reservation,
+	// a team's guarantee): a million GPUs is 100 times the largest
+	// cluster Allot is built for.
+	MaxGPUs = 1_000_000
+	// MaxClassOrder bounds a tier's class order (five tiers exist).
+	MaxClassOrder = 1000
+	// MaxGPUHours bounds GPU-hour settings (budgets, burst thresholds): a
+	// billion GPU-hours is a million GPUs for over a century; in GPU-
+	// seconds and micro-units of money it still fits 64 bits.
+	MaxGPUHours = 1_000_000_000
+	// MaxPct bounds budget percentages (a demotion at 10× the budget is
+	// already no demotion).
+	MaxPct = 1000
+	// MaxWeight bounds a team's fair-share weight (the policy's factor
+	// weights have the same bound).
+	MaxWeight = 1_000_000
+	// MaxMemoryGB bounds a GPU type's memory.
+	MaxMemoryGB = 1_000_000
+	// MaxBurstNodes bounds the burst node count.
+	MaxBurstNodes = 100_000
+)
+
 // Validate checks the tier's fields.
 func (t *Tier) Validate() error {
 	f := FieldErrors{}
@@ -70,8 +97,8 @@ func (t *Tier) Validate() error {
 	if strings.TrimSpace(t.Name) == "" {
 		f.Add("name", "is required")
 	}
-	if t.ClassOrder < 1 {
-		f.Add("class_order", "must be at least 1")
+	if t.ClassOrder < 1 || t.ClassOrder > MaxClassOrder {
+		f.Add("class_order", "must be between 1 and %d", MaxClassOrder)
 	}
 	for _, v := range t.MayPreempt {
 		if _, ok := ParseTier(string(v)); !ok {
@@ -80,8 +107,8 @@ func (t *Tier) Validate() error {
 			f.Add("may_preempt", "production tiers are never preempted")
 		}
 	}
-	if t.ReservedGPUs < 0 {
-		f.Add("reserved_gpus", "must not be negative")
+	if t.ReservedGPUs < 0 || t.ReservedGPUs > MaxGPUs {
+		f.Add("reserved_gpus", "must be between 0 and %d", MaxGPUs)
 	}
 	if t.MultiplierBP < 0 || t.MultiplierBP > 100000 {
 		f.Add("multiplier", "must be between 0 and 10")
