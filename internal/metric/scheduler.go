@@ -47,7 +47,7 @@ func NewScheduler(reg prometheus.Registerer) *Scheduler {
 		JobsStarted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "allot_jobs_started_total",
 			Help: "Jobs (segments) started by this worker's scheduling cycles, by the tier they run as."}, []string{"tier"}),
 		JobWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "allot_job_wait_seconds",
-			Help:    "Queue wait of jobs started by this worker's cycles (start − submit; a requeued job counts from its submission), by the tier it was submitted in.",
+			Help:    "Queue wait of jobs started by this worker's cycles (the cycle's snapshot instant − submit; a requeued job counts from its submission), by the tier it was submitted in.",
 			Buckets: WaitBuckets}, []string{"tier"}),
 	}
 	for _, p := range []string{PhaseLoad, PhaseSchedule, PhaseApply} {
