@@ -330,11 +330,9 @@ func TestOrphanCgroupIsKilledAtStart(t *testing.T) {
 	}
 }
 
-// testImage builds a tiny OCI image locally (there is no registry here):
+// testImageTB builds a tiny OCI image locally (there is no registry here):
 // Debian's busybox-static as /bin, imported into podman's store, removed
 // after the test.
-func testImage(t *testing.T, podman string) string { return testImageTB(t, podman) }
-
 func testImageTB(t testing.TB, podman string, global ...string) string {
 	t.Helper()
 	bb, err := exec.LookPath("busybox")

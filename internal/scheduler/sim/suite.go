@@ -156,8 +156,7 @@ func mainSuite(args []string, stdout, stderr io.Writer, sched ScheduleFunc) int 
 		return 2
 	}
 	type prepared struct {
-		o  *options
-		st *setup
+		o *options
 	}
 	preps := make([]prepared, len(settings))
 	for i := range settings {
