@@ -153,6 +153,7 @@ func (w *WebhookWorker) Work(ctx context.Context, job *river.Job[WebhookArgs]) e
 		// webhook or a URL set before the policy tightened may never have
 		// been checked at all.
 		client = (&webhook.Dialer{Lookup: w.Lookup, AllowPrivate: w.AllowPrivate}).Client()
+		defer client.CloseIdleConnections() // one client per delivery: keep no sockets
 	}
 	resp, err := client.Do(req)
 	if err != nil {
