@@ -275,7 +275,7 @@ func (o *outbox) send(ctx context.Context, r *report) error {
 		o.mu.Lock()
 		k := logPiece(r.log.Lines, r.log.Ends, maxLogBody)
 		l := agentproto.JobLog{JobID: r.log.JobID, Segment: r.log.Segment, Lines: r.log.Lines[:k]}
-		if len(r.log.Ends) > 0 {
+		if len(r.log.Ends) >= k { // Ends is parallel to Lines (or empty)
 			l.Ends = r.log.Ends[:k]
 		}
 		r.piece = k
