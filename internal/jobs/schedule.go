@@ -153,7 +153,9 @@ type startWait struct {
 }
 
 // startWaits lists the starts' waits (the cycle's instant − submission) and
-// the preemptions' reasons.
+// the preemptions' reasons. (An order ApplyPlan skips, for a job cancelled
+// between the snapshot and the apply, still counts: rare, and the cycle
+// lock keeps it to that one race.)
 func startWaits(st store.SchedState, starts []store.StartOrder, preempts []store.PreemptOrder) []startWait {
 	byID := make(map[int64]*allot.Job, len(starts))
 	for i := range st.Pending {
