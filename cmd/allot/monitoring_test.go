@@ -62,6 +62,10 @@ func TestMonitoringDashboardsAgainstPrometheus(t *testing.T) {
 	agentURLs := []string{l.startMetricsAgent("gpu13"), l.startMetricsAgent("gpu01")}
 	l.waitNode("gpu13", allot.NodeUp)
 	l.waitNode("gpu01", allot.NodeUp)
+	// Prometheus scrapes from before the workload, as in production: the
+	// preemption and the starts show in rate() and increase().
+	prom := startPrometheus(t, promBin, scrapeToken, hostPort(t, l.url), hostPort(t, l.m.MetricsURL()), agentURLs)
+	prom.waitTargetsUp(t, 20*time.Second)
 	l.monitoringWorkload()
 
 	// The portal's /metrics refuses a scrape without the token.
@@ -73,9 +77,6 @@ func TestMonitoringDashboardsAgainstPrometheus(t *testing.T) {
 			t.Errorf("portal /metrics without a token: %d, want 401", resp.StatusCode)
 		}
 	}
-
-	prom := startPrometheus(t, promBin, scrapeToken, hostPort(t, l.url), hostPort(t, l.m.MetricsURL()), agentURLs)
-	prom.waitTargetsUp(t, 20*time.Second)
 
 	// Every panel query and every variable query returns series. Rates
 	// need two scrapes in their window, and the live-state gauges are
@@ -119,6 +120,8 @@ func TestMonitoringDashboardsAgainstPrometheus(t *testing.T) {
 	// What the workload did shows: the preemption, the starts by tier,
 	// the job on the agents' GPUs.
 	for expr, min := range map[string]float64{
+		`sum(increase(allot_preemptions_total{job="allot-worker"}[1m]))`:                                   1,
+		`sum(increase(allot_job_wait_seconds_count{job="allot-worker"}[1m]))`:                              1,
 		`sum(allot_preemptions_total{job="allot-worker"})`:                                                 1,
 		`sum(allot_jobs_started_total{job="allot-worker",tier="1"})`:                                       1,
 		`count(DCGM_FI_DEV_GPU_UTIL{job="allot-agent",allot_team="nlp"})`:                                  2,
@@ -187,11 +190,14 @@ func (l *live) monitoringWorkload() {
 	l.waitJob(victim.ID, 20*time.Second, func(j web.JobJSON) bool { return j.State == "running" }, "running")
 	urgent := l.submit(demo.Admin, `{"team":"fraud","tier":1,"gpus":8,"gpu_type":"T4","time_limit":"10m","command":`+jsonCmd("sleep", "60")+`}`)
 	// Meanwhile: nlp's job on 2 A100s keeps running (the GPUs carry its
-	// team), two short ones end, one of them failing.
+	// team), two short ones end, one of them failing. The second start in
+	// tier 3 comes after the first: a tier's wait histogram has a series
+	// from its first start on, so only later starts show in increase().
 	running := l.submit(demo.Engineer, `{"team":"nlp","tier":3,"gpus":2,"gpu_type":"A100-80GB","time_limit":"10m","command":`+jsonCmd("sleep", "60")+`}`)
-	ok := l.submit(demo.Engineer, `{"team":"nlp","tier":2,"gpus":1,"gpu_type":"A100-80GB","time_limit":"5m","command":`+jsonCmd("true")+`}`)
-	failed := l.submit(demo.Engineer, `{"team":"nlp","tier":4,"gpus":1,"gpu_type":"A100-80GB","time_limit":"5m","command":`+jsonCmd("sh", "-c", "exit 3")+`}`)
 	l.waitJob(running.ID, 20*time.Second, func(j web.JobJSON) bool { return j.State == "running" }, "running")
+	time.Sleep(1500 * time.Millisecond) // a scrape in between
+	ok := l.submit(demo.Engineer, `{"team":"nlp","tier":3,"gpus":1,"gpu_type":"A100-80GB","time_limit":"5m","command":`+jsonCmd("true")+`}`)
+	failed := l.submit(demo.Engineer, `{"team":"nlp","tier":4,"gpus":1,"gpu_type":"A100-80GB","time_limit":"5m","command":`+jsonCmd("sh", "-c", "exit 3")+`}`)
 	l.waitJob(ok.ID, 20*time.Second, func(j web.JobJSON) bool { return j.State == "completed" }, "completed")
 	l.waitJob(failed.ID, 20*time.Second, func(j web.JobJSON) bool { return j.State == "failed" }, "failed")
 	l.waitJob(urgent.ID, 30*time.Second, func(j web.JobJSON) bool { return j.State == "running" }, "running")
