@@ -66,8 +66,23 @@ type RiverCount struct {
 	Jobs         int
 }
 
-// MetricsState reads the live state for /metrics at s.Now().
+// MetricsState reads the live state for /metrics at s.Now(), in one
+// read-only REPEATABLE READ transaction: one connection for all of it, and
+// one snapshot, so that running jobs and allocated GPUs agree.
 func (s *Store) MetricsState(ctx context.Context) (MetricsState, error) {
+	var m MetricsState
+	err := s.InTx(ctx, func(tx *Store) error {
+		if _, err := tx.db.Exec(ctx, `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY`); err != nil {
+			return mapErr("starting the metrics read", err)
+		}
+		var err error
+		m, err = tx.metricsState(ctx)
+		return err
+	})
+	return m, err
+}
+
+func (s *Store) metricsState(ctx context.Context) (MetricsState, error) {
 	m := MetricsState{Now: s.Now()}
 	var err error
 	if m.Policy, err = s.CurrentPolicy(ctx); err != nil {
