@@ -11,6 +11,7 @@ import (
 	"github.com/allotlabs/allot/internal/jobs"
 	"github.com/allotlabs/allot/internal/metric"
 	"github.com/allotlabs/allot/internal/store"
+	"github.com/allotlabs/allot/internal/store/storetest"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/riverqueue/river/rivertype"
@@ -247,4 +248,38 @@ func value(t *testing.T, c prometheus.Metric) float64 {
 		return m.Counter.GetValue()
 	}
 	return m.GetGauge().GetValue()
+}
+
+// TestStateDatabaseAway: when PostgreSQL does not answer, a scrape has no
+// live series, says so in allot_metrics_state_errors_total, and keeps the
+// other collectors' series.
+func TestStateDatabaseAway(t *testing.T) {
+	t.Parallel()
+	pool := storetest.Pool(t)
+	reg := prometheus.NewRegistry()
+	c := metric.NewState(store.New(pool))
+	c.Timeout = time.Second
+	reg.MustRegister(c, metric.NewPool("main", pool))
+	pool.Close()
+	for want := 1.0; want <= 2; want++ {
+		mfs, err := reg.Gather()
+		if err == nil {
+			t.Fatal("Gather with the database away: no error")
+		}
+		got := map[string]float64{}
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				got[mf.GetName()] += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+			}
+		}
+		if got["allot_metrics_state_errors_total"] != want {
+			t.Errorf("state errors = %v, want %v", got["allot_metrics_state_errors_total"], want)
+		}
+		if _, ok := got["allot_pending_jobs"]; ok {
+			t.Error("live series without a database")
+		}
+		if _, ok := got["allot_db_pool_max_conns"]; !ok {
+			t.Error("the pool's series are missing too")
+		}
+	}
 }
