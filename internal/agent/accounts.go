@@ -20,6 +20,11 @@ func EnsureAccount(name string) (bool, error) {
 	err := retryPasswd(func() error {
 		return runQuiet("useradd", "--system", "--no-create-home", "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin", "--user-group", name)
 	})
+	if err != nil {
+		if _, lerr := user.Lookup(name); lerr == nil {
+			return false, nil // another process made it meanwhile: it is theirs
+		}
+	}
 	return err == nil, err
 }
 
