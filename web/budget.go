@@ -137,7 +137,9 @@ type MonthUsedJSON struct {
 // teamBudget loads the budget view of :team for the caller.
 func (s *Server) teamBudget(c echo.Context) (BudgetJSON, *store.TeamUsage, error) {
 	team := c.Param("team") // RuleTeamMember has checked the caller
-	usage, err := s.st.TeamMonthUsageDetail(c.Request().Context(), team, s.st.Now())
+	// One query for the month's detail, its kinds and last month's total.
+	page, err := s.st.TeamPageUsage(c.Request().Context(), team, s.st.Now())
+	usage := page.TeamUsage
 	if allot.ErrorCode(err) == allot.ENotFound {
 		return BudgetJSON{}, nil, allot.Errorf(allot.ENotFound, "no team %q", team)
 	}
@@ -162,10 +164,7 @@ func (s *Server) teamBudget(c echo.Context) (BudgetJSON, *store.TeamUsage, error
 		cum += d.GPUSeconds
 		out.Daily = append(out.Daily, DayHoursJSON{Day: d.Day.Format("2006-01-02"), GPUHours: allot.Hours(d.GPUSeconds), Cumulative: allot.Hours(cum)})
 	}
-	kinds, err := s.st.TeamUsageByKind(c.Request().Context(), team, usage.Month, usage.UpTo)
-	if err != nil {
-		return out, nil, err
-	}
+	kinds := page.Kinds
 	out.ByKind, out.kinds = []KindHoursJSON{}, kinds
 	for _, k := range kinds {
 		out.ByKind = append(out.ByKind, KindHoursJSON{Tier: string(k.Tier), GPUType: k.GPUType, GPUHours: allot.Hours(k.GPUSeconds)})
@@ -176,10 +175,7 @@ func (s *Server) teamBudget(c echo.Context) (BudgetJSON, *store.TeamUsage, error
 	}
 	out.alerts = alerts
 	prev := usage.Month.AddDate(0, -1, 0)
-	lastUsed, err := s.st.TeamUsageBetween(c.Request().Context(), team, prev, usage.Month)
-	if err != nil {
-		return out, nil, err
-	}
+	lastUsed := page.LastMonthGPUSeconds
 	if lastUsed > 0 {
 		out.LastMonth = &MonthUsedJSON{Month: prev.Format("2006-01"), UsedGPUHours: allot.Hours(lastUsed), BudgetGPUHours: usage.BudgetGPUHours}
 		if usage.BudgetGPUHours > 0 {
