@@ -119,7 +119,7 @@ func TestMonitoringDashboardsAgainstPrometheus(t *testing.T) {
 
 	// What the workload did shows: the preemption, the starts by tier,
 	// the job on the agents' GPUs.
-	for expr, min := range map[string]float64{
+	for expr, least := range map[string]float64{
 		`sum(increase(allot_preemptions_total{job="allot-worker"}[1m]))`:                                   1,
 		`sum(increase(allot_job_wait_seconds_count{job="allot-worker"}[1m]))`:                              1,
 		`sum(allot_preemptions_total{job="allot-worker"})`:                                                 1,
@@ -137,8 +137,8 @@ func TestMonitoringDashboardsAgainstPrometheus(t *testing.T) {
 		`sum(allot_river_job_duration_seconds_count{job="allot-worker",kind="schedule_cycle"})`:            1,
 	} {
 		v, err := prom.value(expr)
-		if err != nil || v < min {
-			t.Errorf("%s = %v (%v), want at least %v", expr, v, err, min)
+		if err != nil || v < least {
+			t.Errorf("%s = %v (%v), want at least %v", expr, v, err, least)
 		}
 	}
 
