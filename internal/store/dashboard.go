@@ -81,6 +81,23 @@ type ClusterOverview struct {
 // bounded by an index (nodes, active allocations, pending jobs, jobs
 // started since from, allocations and rollups overlapping the last days).
 func (s *Store) ClusterOverview(ctx context.Context, days int) (ClusterOverview, error) {
+	var o ClusterOverview
+	err := s.InTx(ctx, func(tx *Store) error {
+		// With a large cluster the planner takes the hourly series (one
+		// generate_series per allocation, guessed at 1,000 rows each) for
+		// millions of rows and compiles the query (JIT) for most of a
+		// second to save milliseconds.
+		if _, err := tx.db.Exec(ctx, `SET LOCAL jit = off`); err != nil {
+			return mapErr("loading the cluster overview", err)
+		}
+		var err error
+		o, err = tx.clusterOverview(ctx, days)
+		return err
+	})
+	return o, err
+}
+
+func (s *Store) clusterOverview(ctx context.Context, days int) (ClusterOverview, error) {
 	now := s.Now().UTC()
 	o := ClusterOverview{Now: now}
 	// The series covers the last days×24 whole hours and the current one.
@@ -197,11 +214,14 @@ func (s *Store) ClusterOverview(ctx context.Context, days int) (ClusterOverview,
 	var gpuSec int64
 	rows, err = s.db.Query(ctx, `
 		WITH a AS (
-			SELECT greatest(started_at, $1) AS s, least(coalesce(released_at, $2), $2) AS e
+			-- A gang's GPUs share their start and release: one row each,
+			-- with their count, is up to 8× fewer to cut into hours.
+			SELECT greatest(started_at, $1) AS s, least(coalesce(released_at, $2), $2) AS e, count(*) AS n
 			FROM allocations
 			WHERE coalesce(released_at, 'infinity'::timestamptz) > $1 AND started_at < $2
+			GROUP BY 1, 2
 		)
-		SELECT h, sum(floor(extract(epoch FROM least(a.e, h + interval '1 hour'))) - floor(extract(epoch FROM greatest(a.s, h))))::bigint
+		SELECT h, sum(a.n * (floor(extract(epoch FROM least(a.e, h + interval '1 hour'))) - floor(extract(epoch FROM greatest(a.s, h)))))::bigint
 		FROM a, generate_series(date_bin('1 hour', a.s, 'epoch'::timestamptz), a.e - interval '1 microsecond', interval '1 hour') h
 		WHERE a.e > a.s
 		GROUP BY h`, o.From, now)
