@@ -126,7 +126,8 @@ func (s *Server) agentHeartbeat(c echo.Context) error {
 	if err := f.Err(); err != nil {
 		return err
 	}
-	beat, err := s.agentSt.RecordHeartbeat(c.Request().Context(), node, samples, hb.MetricsError)
+	// Telemetry commits without waiting for the disk (see RecordHeartbeatAsync).
+	beat, err := s.agentSt.RecordHeartbeatAsync(c.Request().Context(), node, samples, hb.MetricsError)
 	if err != nil {
 		return err
 	}

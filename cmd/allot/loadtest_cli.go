@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -81,6 +82,7 @@ func cmdLoadtest(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&cfg.PageInterval, "page-interval", 500*time.Millisecond, "pause between two rounds of page requests")
 	probe := fs.Bool("cycle-probe", true, "time one cycle of the tool's own scheduler after seeding (needs --database-url)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
+	cpuProfile := fs.String("cpu-profile", "", "write a CPU profile of this process (the tool, and a booted server and worker) to this file")
 	level := &cliflag.Level{Level: slog.LevelError}
 	fs.Var(level, "log-level", "log level of the tool and a booted server: debug, info, warn or error (a booted server warns of every\nrace a simulated agent loses, e.g. a heartbeat listing a job that just exited)")
 	if err := fs.Parse(args); err != nil {
@@ -122,6 +124,19 @@ func cmdLoadtest(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintf(stderr, "allot loadtest: %v\n", err)
+			return 1
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintf(stderr, "allot loadtest: %v\n", err)
+			return 1
+		}
+		defer pprof.StopCPUProfile()
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	var rep *loadtest.Report
