@@ -42,15 +42,16 @@ const (
 // error, and promtool checks the rules, the config and the rules' unit
 // tests (alerts_test.yml).
 func TestMonitoringDashboardsAgainstPrometheus(t *testing.T) {
+	dashboards := loadDashboards(t)
+	checkComposeMounts(t)
 	promBin, err := exec.LookPath("prometheus")
 	if err != nil {
-		t.Skip("prometheus is not installed (Debian: apt-get install prometheus; .ci/run installs it): the dashboards and alert rules are not checked")
+		t.Skip("prometheus is not installed (Debian: apt-get install prometheus; .ci/run installs it): the dashboards' queries and the alert rules are not checked")
 	}
 	promtool, err := exec.LookPath("promtool")
 	if err != nil {
 		t.Fatalf("prometheus is installed but promtool is not: %v", err)
 	}
-	dashboards := loadDashboards(t)
 	checkPromtool(t, promtool)
 
 	// Allot: one process with the server (portal /metrics behind the
@@ -219,6 +220,25 @@ func hostPort(t *testing.T, raw string) string {
 		t.Fatalf("no host in %q: %v", raw, err)
 	}
 	return u.Host
+}
+
+// checkComposeMounts checks that every file or folder of deploy/ that
+// docker-compose.yml mounts exists, the monitoring profile's among them.
+func checkComposeMounts(t *testing.T) {
+	t.Helper()
+	b, err := os.ReadFile("../../docker-compose.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mounts := regexp.MustCompile(`(?m)^\s*- (\./deploy/[^:\s]+):`).FindAllStringSubmatch(string(b), -1)
+	if len(mounts) < 4 {
+		t.Fatalf("docker-compose.yml mounts %d paths of deploy/, want Prometheus's config and Grafana's provisioning and dashboards", len(mounts))
+	}
+	for _, m := range mounts {
+		if _, err := os.Stat(filepath.Join("../..", m[1])); err != nil {
+			t.Errorf("docker-compose.yml mounts %s: %v", m[1], err)
+		}
+	}
 }
 
 // checkPromtool runs promtool over deploy/prometheus: the rules, their
