@@ -61,7 +61,9 @@ func (s *Store) TeamMonthUsage(ctx context.Context, team string) (int64, error) 
 // submitContext loads what a submission is judged on.
 func (s *Store) submitContext(ctx context.Context, u *allot.User, spec *allot.JobSpec) (allot.SubmitContext, int64, int64, error) {
 	// One round trip: the team's budget and this month's usage, the tier,
-	// the GPU types and the largest gang per type.
+	// the GPU types, the largest gang per type, and the POSIX accounts the
+	// job could run as (resolveAccount's three, read here to save a round
+	// trip per submission: keep the two in step).
 	c := allot.SubmitContext{Submitter: u, MaxGang: map[string]int{"": 0}}
 	now := s.Now()
 	var budget, used *int64
@@ -69,27 +71,36 @@ func (s *Store) submitContext(ctx context.Context, u *allot.User, spec *allot.Jo
 	var types []string
 	var gangTypes []string
 	var gangs []int32
+	var mapped, claimed, teamAccount string
+	userID := int64(-1) // no submitter: no account to resolve
+	if u != nil {
+		userID = u.ID
+	}
 	err := s.db.QueryRow(ctx, `
 		SELECT
 			(SELECT monthly_budget_gpu_hours FROM teams WHERE slug = $1),
 			(`+usageSQL("$3", "$4", "j.team = $1", false)+`),
 			(SELECT max_runtime_s FROM tiers WHERE id = $2),
 			(SELECT coalesce(array_agg(name ORDER BY name), '{}') FROM gpu_types),
-			g.types, g.gangs
+			g.types, g.gangs,
+			coalesce((SELECT posix_user FROM users WHERE id = $5), ''),
+			coalesce((SELECT u.oidc_posix_user FROM users u WHERE u.id = $5
+				AND NOT EXISTS (SELECT 1 FROM teams t WHERE t.posix_account = u.oidc_posix_user)
+				AND NOT EXISTS (SELECT 1 FROM users o WHERE o.id <> u.id AND u.oidc_posix_user IN (o.posix_user, o.oidc_posix_user))), ''),
+			coalesce((SELECT posix_account FROM teams WHERE slug = $1), '')
 		FROM (SELECT coalesce(array_agg(gpu_type ORDER BY gpu_type), '{}') AS types, coalesce(array_agg(m ORDER BY gpu_type), '{}') AS gangs
 			FROM (SELECT gpu_type, max(total)::int AS m FROM (
 				SELECT gpu_type, CASE WHEN domain = '' THEN gpu_count ELSE sum(gpu_count) OVER (PARTITION BY gpu_type, domain) END AS total
 				FROM nodes) d GROUP BY gpu_type) x) g`,
-		spec.Team, string(spec.Tier), MonthStart(now), now).Scan(&budget, &used, &maxRuntime, &types, &gangTypes, &gangs)
+		spec.Team, string(spec.Tier), MonthStart(now), now, userID).Scan(&budget, &used, &maxRuntime, &types, &gangTypes, &gangs,
+		&mapped, &claimed, &teamAccount)
 	if err != nil {
 		return c, 0, 0, mapErr("loading the submission context", err)
 	}
 	c.TeamFound = budget != nil
 	c.RequireAccount = s.RequirePOSIXAccount
 	if u != nil && c.TeamFound {
-		if c.Account, c.AccountSource, err = s.resolveAccount(ctx, u.ID, spec.Team); err != nil {
-			return c, 0, 0, err
-		}
+		c.Account, c.AccountSource = allot.ResolveAccount(mapped, claimed, teamAccount)
 	}
 	if maxRuntime != nil {
 		c.Tier = &allot.Tier{ID: spec.Tier, MaxRuntime: time.Duration(*maxRuntime) * time.Second}
