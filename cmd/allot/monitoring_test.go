@@ -261,6 +261,15 @@ func checkPromtool(t *testing.T, promtool string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The dashboards, the rules and this test's own scrape config select
+	// on these job names.
+	var jobs []string
+	for _, m := range regexp.MustCompile(`(?m)^\s*- job_name: (\S+)`).FindAllStringSubmatch(string(cfg), -1) {
+		jobs = append(jobs, m[1])
+	}
+	if strings.Join(jobs, " ") != "allot-server allot-worker allot-agent" {
+		t.Errorf("prometheus.yml's scrape jobs are %q, want allot-server, allot-worker, allot-agent", jobs)
+	}
 	const tokenPath = "/run/allot-metrics/token"
 	if !strings.Contains(string(cfg), tokenPath) {
 		t.Fatalf("prometheus.yml reads the scrape token from somewhere else than %s, where docker-compose.yml puts it", tokenPath)
