@@ -3,6 +3,8 @@ package metric
 import (
 	"strings"
 
+	"github.com/allotlabs/allot/internal/allot"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -55,6 +57,12 @@ func NewScheduler(reg prometheus.Registerer) *Scheduler {
 	}
 	for _, r := range PreemptReasons {
 		m.Preemptions.WithLabelValues(r)
+	}
+	// Every tier's series from the start: otherwise increase() never counts
+	// a tier's first start after a worker's restart.
+	for _, t := range allot.Tiers {
+		m.JobsStarted.WithLabelValues(string(t))
+		m.JobWait.WithLabelValues(string(t))
 	}
 	if reg != nil {
 		reg.MustRegister(m.CycleSeconds, m.Cycles, m.Stale, m.Preemptions, m.JobsStarted, m.JobWait)
