@@ -337,7 +337,7 @@ func (s *Server) apiAuditCSV(c echo.Context) error {
 		return out.write(AuditCSVColumns)
 	}
 	started := false
-	err = s.st.EachAudit(c.Request().Context(), f, func(e *allot.AuditEntry) error {
+	err = s.exportSt.EachAudit(c.Request().Context(), f, func(e *allot.AuditEntry) error {
 		if !started {
 			started = true
 			if err := start(); err != nil {

@@ -149,7 +149,7 @@ func (s *Server) chargeback(c echo.Context, withLines bool) (ChargebackJSON, err
 	} else if !at.IsZero() {
 		out.Closed, out.ClosedAt = true, &at
 	}
-	lines, err := s.st.ChargeLinesOfTeams(ctx, m, teams)
+	lines, err := s.exportSt.ChargeLinesOfTeams(ctx, m, teams)
 	if err != nil {
 		return out, err
 	}
@@ -195,7 +195,7 @@ func (s *Server) chargeback(c echo.Context, withLines bool) (ChargebackJSON, err
 		return out, allot.Errorf(allot.ENotFound, "no charges for %s: no usage was recorded then, or the hourly rollup has not run yet", m)
 	}
 	if withLines {
-		err = s.st.EachChargeRow(ctx, m, teams, func(r *store.ChargeRow) error {
+		err = s.exportSt.EachChargeRow(ctx, m, teams, func(r *store.ChargeRow) error {
 			out.Lines = append(out.Lines, lineJSON(r))
 			return nil
 		})
@@ -239,7 +239,7 @@ func (s *Server) apiChargebackCSV(c echo.Context) error {
 	w.UseCRLF = true // RFC 4180
 	out := s.exportWriter(c, w)
 	started := false
-	err = s.st.EachChargeRow(c.Request().Context(), m, teams, func(r *store.ChargeRow) error {
+	err = s.exportSt.EachChargeRow(c.Request().Context(), m, teams, func(r *store.ChargeRow) error {
 		if !started {
 			h.Set(echo.HeaderContentType, "text/csv; charset=utf-8")
 			h.Set(echo.HeaderContentDisposition, fmt.Sprintf(`attachment; filename="allot-chargeback-%s.csv"`, m))

@@ -58,6 +58,12 @@ type Config struct {
 	// pool of its own, so user traffic can never take the connections
 	// heartbeats and lease reports need (nil: Store).
 	AgentStore *store.Store
+	// ExportStore, when set, serves the statements and exports that read
+	// a month or the whole audit log (chargeback JSON and CSV, the finance
+	// page's totals, the audit CSV) over a small pool of their own, so 40
+	// of them at once queue there instead of taking every connection
+	// (nil: Store).
+	ExportStore *store.Store
 	// RateLimits are the per-IP, per-token and per-node request limits
 	// (ratelimit.go); the zero value limits nothing.
 	RateLimits RateLimits
@@ -80,6 +86,7 @@ type Server struct {
 	log      *slog.Logger
 	st       *store.Store
 	agentSt  *store.Store // the agent API's store (Config.AgentStore, else st)
+	exportSt *store.Store // exports' and statements' store (Config.ExportStore, else st)
 	limits   limiters
 	oidc     *oidcClient // nil without SSO
 }
@@ -110,9 +117,12 @@ func New(cfg Config) *Server {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	s := &Server{cfg: cfg, notifier: cfg.Notifier, e: e, http: metric.NewHTTP(cfg.Registry), log: cfg.Logger, st: cfg.Store,
-		agentSt: cfg.AgentStore, limits: newLimiters(cfg.RateLimits)}
+		agentSt: cfg.AgentStore, exportSt: cfg.ExportStore, limits: newLimiters(cfg.RateLimits)}
 	if s.agentSt == nil {
 		s.agentSt = cfg.Store
+	}
+	if s.exportSt == nil {
+		s.exportSt = cfg.Store
 	}
 	if cfg.OIDC.Enabled() {
 		s.oidc = newOIDCClient(cfg.OIDC)

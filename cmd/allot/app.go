@@ -94,13 +94,17 @@ type HTTPLimits struct {
 	// AgentConns is the agent API's own pool: heartbeats, polls and lease
 	// reports never wait behind user requests for a connection.
 	AgentConns int
+	// ExportConns is the exports' and monthly statements' own pool: many
+	// of them at once wait for one of these, not for the main pool.
+	ExportConns int
 }
 
 // DefaultHTTPLimits: a header in 10 s, a body (≤ 1 MiB) in 30 s, an answer
 // in 2 min, 2 min idle between requests (agents call every few seconds),
-// 30 s of an export's client reading nothing, 8 connections for agents.
+// 30 s of an export's client reading nothing, 8 connections for agents,
+// 4 for exports (the main pool has 32).
 var DefaultHTTPLimits = HTTPLimits{ReadHeaderTimeout: 10 * time.Second, BodyTimeout: 30 * time.Second, WriteTimeout: 2 * time.Minute,
-	IdleTimeout: 2 * time.Minute, ExportStallTimeout: 30 * time.Second, AgentConns: 8}
+	IdleTimeout: 2 * time.Minute, ExportStallTimeout: 30 * time.Second, AgentConns: 8, ExportConns: 4}
 
 // withDefaults fills zero fields from DefaultHTTPLimits and turns the
 // negative ones into 0 (off), as http.Server reads them.
@@ -118,6 +122,9 @@ func (l HTTPLimits) withDefaults() HTTPLimits {
 	if l.AgentConns <= 0 {
 		l.AgentConns = d.AgentConns
 	}
+	if l.ExportConns <= 0 {
+		l.ExportConns = d.ExportConns
+	}
 	return l
 }
 
@@ -131,6 +138,9 @@ type Main struct {
 	// without Addr): a small pool of their own (HTTPLimits.AgentConns).
 	AgentPool  *pgxpool.Pool
 	AgentStore *store.Store
+	// ExportPool serves the exports and monthly statements in a server
+	// (HTTPLimits.ExportConns; nil without Addr).
+	ExportPool *pgxpool.Pool
 	// Server is the portal and API (nil without Addr).
 	Server *web.Server
 
@@ -223,12 +233,18 @@ func (m *Main) Run(ctx context.Context) error {
 			return fmt.Errorf("listening on %s: %w", m.Addr, err)
 		}
 		limits := m.HTTP.withDefaults()
-		if m.AgentPool, err = openAgentPool(ctx, m.DatabaseURL, limits.AgentConns); err != nil {
+		if m.AgentPool, err = openSidePool(ctx, m.DatabaseURL, limits.AgentConns, "allot-agent-api"); err != nil {
 			m.ln.Close()
 			return err
 		}
 		m.AgentStore = store.New(m.AgentPool)
 		m.AgentStore.Now, m.AgentStore.RequirePOSIXAccount = m.Store.Now, m.RequirePOSIXAccount
+		if m.ExportPool, err = openSidePool(ctx, m.DatabaseURL, limits.ExportConns, "allot-exports"); err != nil {
+			m.ln.Close()
+			return err
+		}
+		exportStore := store.New(m.ExportPool)
+		exportStore.Now = m.Store.Now
 		oidcCfg := m.OIDC
 		if oidcCfg.Enabled() && oidcCfg.RedirectURL == "" {
 			oidcCfg.RedirectURL = m.URL() + "/oidc/callback"
@@ -236,7 +252,7 @@ func (m *Main) Run(ctx context.Context) error {
 		srv := web.New(web.Config{OIDC: oidcCfg, SecureCookies: strings.HasPrefix(oidcCfg.RedirectURL, "https://"),
 			Store: m.Store, Logger: m.Logger, Registry: m.Registry, DevMode: m.DevMode, Burst: m.Burst,
 			OnJobEvent: m.Trigger, HeartbeatInterval: m.HeartbeatInterval, APITokenTTL: m.APITokenTTL, MetricsToken: m.MetricsToken,
-			AgentStore: m.AgentStore, RateLimits: m.RateLimits, BodyReadTimeout: limits.BodyTimeout, ExportStallTimeout: limits.ExportStallTimeout,
+			AgentStore: m.AgentStore, ExportStore: exportStore, RateLimits: m.RateLimits, BodyReadTimeout: limits.BodyTimeout, ExportStallTimeout: limits.ExportStallTimeout,
 			Rollup: func(ctx context.Context) error { _, err := jobs.Rollup(ctx, m.Store, m.Store.Now()); return err }})
 		m.Server = srv
 		bg, stop := context.WithCancel(context.Background())
@@ -328,24 +344,29 @@ func (m *Main) Close() error {
 	if m.AgentPool != nil {
 		m.AgentPool.Close()
 	}
+	if m.ExportPool != nil {
+		m.ExportPool.Close()
+	}
 	if m.Pool != nil {
 		m.Pool.Close()
 	}
 	return errors.Join(errs...)
 }
 
-// openAgentPool opens the agent API's pool: conns connections at most,
-// whatever the URL's pool_max_conns says (that sizes the main pool).
-func openAgentPool(ctx context.Context, url string, conns int) (*pgxpool.Pool, error) {
+// openSidePool opens a server's pool for one class of work (the agent
+// API, exports): conns connections at most, whatever the URL's
+// pool_max_conns says (that sizes the main pool), named name in
+// pg_stat_activity.
+func openSidePool(ctx context.Context, url string, conns int, name string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("parsing database URL: %w", err)
 	}
 	cfg.MaxConns = int32(conns)
-	cfg.ConnConfig.RuntimeParams["application_name"] = "allot-agent-api"
+	cfg.ConnConfig.RuntimeParams["application_name"] = name
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("connecting the agent API's pool: %w", err)
+		return nil, fmt.Errorf("connecting the %s pool: %w", name, err)
 	}
 	return pool, nil
 }
