@@ -7,10 +7,12 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/allotlabs/allot/internal/allot"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // MonthStart returns the first instant of t's month in UTC.
@@ -58,6 +60,70 @@ func (s *Store) TeamMonthUsage(ctx context.Context, team string) (int64, error) 
 	return used, mapErr(fmt.Sprintf("computing usage of team %q", team), err)
 }
 
+// monthUsage is a team's usage of one month as submitContext last summed
+// it: at business time asOf, with the allocations as they were at epoch
+// (allocations_epoch, moved on by every committed change to allocations).
+type monthUsage struct {
+	epoch   int64
+	asOf    time.Time
+	used    int64 // GPU-seconds
+	running int64 // of its allocations, those still running at asOf
+	stored  time.Time
+}
+
+// at is the usage at the last whole second after asOf that is not after
+// now, exactly, while the allocations are unchanged: the finished ones
+// count the same, each running one a whole number of seconds more (the
+// sum floors each allocation's seconds). So a cached sum is at most a
+// second older than a fresh one.
+func (m monthUsage) at(now time.Time) int64 {
+	return m.used + m.running*int64(now.Sub(m.asOf)/time.Second)
+}
+
+// monthUsageTTL bounds how long a cached sum is used at all: the epoch is
+// moved on as a change commits, so a sum read in that instant could miss
+// it; this bounds that.
+const monthUsageTTL = 5 * time.Second
+
+type monthUsageKey struct {
+	db    DBTX // the pool: one database
+	team  string
+	month time.Time
+}
+
+// monthUsages are the sums of every Store of this process, by pool (a
+// Store in a transaction keeps none: its db is the transaction).
+var monthUsages = struct {
+	sync.Mutex
+	m map[monthUsageKey]monthUsage
+}{m: map[monthUsageKey]monthUsage{}}
+
+func (s *Store) cachedMonthUsage(team string, month, now time.Time) (monthUsage, bool) {
+	if _, ok := s.db.(*pgxpool.Pool); !ok {
+		return monthUsage{}, false
+	}
+	monthUsages.Lock()
+	defer monthUsages.Unlock()
+	m, ok := monthUsages.m[monthUsageKey{s.db, team, month}]
+	if !ok || now.Before(m.asOf) || time.Since(m.stored) > monthUsageTTL {
+		return monthUsage{}, false
+	}
+	return m, true
+}
+
+func (s *Store) cacheMonthUsage(team string, month time.Time, m monthUsage) {
+	if _, ok := s.db.(*pgxpool.Pool); !ok {
+		return
+	}
+	m.stored = time.Now()
+	monthUsages.Lock()
+	defer monthUsages.Unlock()
+	if len(monthUsages.m) >= 10000 {
+		clear(monthUsages.m) // teams × months × pools: only tests get here
+	}
+	monthUsages.m[monthUsageKey{s.db, team, month}] = m
+}
+
 // submitContext loads what a submission is judged on.
 func (s *Store) submitContext(ctx context.Context, u *allot.User, spec *allot.JobSpec) (allot.SubmitContext, int64, int64, error) {
 	// One round trip: the team's budget and this month's usage, the tier,
@@ -76,10 +142,17 @@ func (s *Store) submitContext(ctx context.Context, u *allot.User, spec *allot.Jo
 	if u != nil {
 		userID = u.ID
 	}
+	month := MonthStart(now)
+	cached, haveCache := s.cachedMonthUsage(spec.Team, month, now)
+	wantEpoch := int64(-1)
+	if haveCache {
+		wantEpoch = cached.epoch
+	}
+	var epoch, running int64
 	err := s.db.QueryRow(ctx, `
 		SELECT
 			(SELECT monthly_budget_gpu_hours FROM teams WHERE slug = $1),
-			(`+usageSQL("$3", "$4", "j.team = $1", false)+`),
+			us.used, us.running, ep.v,
 			(SELECT max_runtime_s FROM tiers WHERE id = $2),
 			(SELECT coalesce(array_agg(name ORDER BY name), '{}') FROM gpu_types),
 			g.types, g.gangs,
@@ -91,11 +164,27 @@ func (s *Store) submitContext(ctx context.Context, u *allot.User, spec *allot.Jo
 		FROM (SELECT coalesce(array_agg(gpu_type ORDER BY gpu_type), '{}') AS types, coalesce(array_agg(m ORDER BY gpu_type), '{}') AS gangs
 			FROM (SELECT gpu_type, max(total)::int AS m FROM (
 				SELECT gpu_type, CASE WHEN domain = '' THEN gpu_count ELSE sum(gpu_count) OVER (PARTITION BY gpu_type, domain) END AS total
-				FROM nodes) d GROUP BY gpu_type) x) g`,
-		spec.Team, string(spec.Tier), MonthStart(now), now, userID).Scan(&budget, &used, &maxRuntime, &types, &gangTypes, &gangs,
+				FROM nodes) d GROUP BY gpu_type) x) g
+		CROSS JOIN (SELECT last_value + is_called::int AS v FROM allocations_epoch) ep
+		-- The month's usage (usageSQL's sum, and how many of its
+		-- allocations still run), only when an allocation changed since the
+		-- cached sum ($6): otherwise the scan is skipped.
+		CROSS JOIN LATERAL (
+			SELECT coalesce(sum(floor(extract(epoch FROM least(coalesce(a.released_at, $4), $4) - greatest(a.started_at, $3)))), 0)::bigint AS used,
+				count(*) FILTER (WHERE a.released_at IS NULL) AS running
+			FROM allocations a JOIN jobs j ON j.id = a.job_id
+			WHERE ep.v <> $6 AND a.started_at < $4 AND coalesce(a.released_at, 'infinity'::timestamptz) > $3 AND j.team = $1) us`,
+		spec.Team, string(spec.Tier), month, now, userID, wantEpoch).Scan(&budget, &used, &running, &epoch, &maxRuntime, &types, &gangTypes, &gangs,
 		&mapped, &claimed, &teamAccount)
 	if err != nil {
 		return c, 0, 0, mapErr("loading the submission context", err)
+	}
+	switch {
+	case haveCache && epoch == wantEpoch:
+		v := cached.at(now)
+		used = &v
+	case budget != nil:
+		s.cacheMonthUsage(spec.Team, month, monthUsage{epoch: epoch, asOf: now, used: *used, running: running})
 	}
 	c.TeamFound = budget != nil
 	c.RequireAccount = s.RequirePOSIXAccount
