@@ -12,6 +12,7 @@ import (
 	"context"
 	"encoding/csv"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -552,6 +553,38 @@ func TestExportHoles16(t *testing.T) {
 					t.Errorf("%s CSV, split on ';': the cell %q starts a formula", name, cell)
 				}
 			}
+		}
+	}
+}
+
+// TestServerLimitFlags16: `allot server`'s timeout, pool and rate flags
+// reach the Config; bad values are refused; zero limits turn them off.
+func TestServerLimitFlags16(t *testing.T) {
+	parse := func(args ...string) (Config, error) {
+		fs := flag.NewFlagSet("server", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		apply := limitFlags(fs)
+		var c Config
+		if err := fs.Parse(args); err != nil {
+			return c, err
+		}
+		return c, apply(&c)
+	}
+	c, err := parse()
+	if err != nil || c.HTTP != DefaultHTTPLimits || c.RateLimits != web.DefaultRateLimits {
+		t.Errorf("defaults: %+v %+v %v", c.HTTP, c.RateLimits, err)
+	}
+	c, err = parse("--api-rate", "5:7", "--ip-rate", "0", "--agent-rate", "2.5", "--write-timeout", "-1s", "--body-timeout", "5s", "--export-db-conns", "2")
+	if err != nil || c.RateLimits.Token != (web.Rate{PerSecond: 5, Burst: 7}) || c.RateLimits.IP != (web.Rate{}) ||
+		c.RateLimits.Agent != (web.Rate{PerSecond: 2.5, Burst: 5}) || c.HTTP.BodyTimeout != 5*time.Second || c.HTTP.ExportConns != 2 {
+		t.Errorf("set: %+v %+v %v", c.HTTP, c.RateLimits, err)
+	}
+	if l := c.HTTP.withDefaults(); l.WriteTimeout != 0 || l.BodyTimeout != 5*time.Second || l.IdleTimeout != DefaultHTTPLimits.IdleTimeout {
+		t.Errorf("a negative timeout is none, a zero one the default: %+v", l)
+	}
+	for _, bad := range [][]string{{"--api-rate", "fast"}, {"--api-rate", "-1"}, {"--ip-rate", "5:0"}, {"--agent-rate", "1:x"}, {"--agent-db-conns", "0"}} {
+		if _, err := parse(bad...); err == nil {
+			t.Errorf("%v accepted", bad)
 		}
 	}
 }
