@@ -21,3 +21,15 @@ BEGIN
 END $$;
 CREATE CONSTRAINT TRIGGER allocations_epoch_bump AFTER INSERT OR UPDATE OR DELETE ON allocations
     DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION allocations_epoch_bump();
+
+-- The same for what a submission reads of the nodes (the largest gang per
+-- GPU type: a window over every node, 10 ms at 10,000 nodes): moved on by
+-- a node added or removed or its GPUs or domain changed, not by heartbeats.
+CREATE SEQUENCE nodes_epoch;
+CREATE FUNCTION nodes_epoch_bump() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM nextval('nodes_epoch');
+    RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER nodes_epoch_bump AFTER INSERT OR DELETE OR UPDATE OF gpu_type, gpu_count, domain ON nodes
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION nodes_epoch_bump();

@@ -142,7 +142,7 @@ func (s *Server) agentHeartbeat(c echo.Context) error {
 	for _, j := range hb.Jobs {
 		stats = append(stats, store.JobStat{JobID: j.JobID, Segment: j.Segment, CPUSeconds: j.CPUSeconds, RSSBytes: j.RSSBytes, LastCheckpoint: j.LastCheckpoint})
 	}
-	orphans, err := s.agentSt.HeartbeatJobs(c.Request().Context(), node, stats)
+	orphans, err := s.agentSt.HeartbeatJobsAsync(c.Request().Context(), node, stats)
 	if err != nil {
 		return err
 	}

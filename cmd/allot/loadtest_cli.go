@@ -65,6 +65,7 @@ func cmdLoadtest(args []string, stdout, stderr io.Writer) int {
 	token := cliflag.Secret(fs, "token", "ALLOT_TOKEN", "personal API token for submissions and pages (with --url)")
 	dbURL := fs.String("database-url", "", "PostgreSQL: where to create the fresh database (alone), or the running server's database (with --url)")
 	keepDB := fs.Bool("keep-db", false, "keep the fresh database after the run")
+	agentConns := fs.Int("agent-conns", 0, "a booted server's agent API pool (default: `allot server`'s, "+fmt.Sprint(DefaultHTTPLimits.AgentConns)+")")
 	var cfg loadtest.Config
 	fs.DurationVar(&cfg.Duration, "duration", 60*time.Second, "how long the load runs")
 	fs.IntVar(&cfg.Submitters, "submitters", 32, "concurrent submitting clients")
@@ -107,8 +108,11 @@ func cmdLoadtest(args []string, stdout, stderr io.Writer) int {
 	if selfHosted && *dbURL == "" {
 		return bad("give --database-url (boot a server on a fresh database there) or --url and --token (a running server)")
 	}
-	if !selfHosted && *keepDB {
-		return bad("--keep-db is for a booted server (no --url)")
+	if !selfHosted && (*keepDB || *agentConns != 0) {
+		return bad("--keep-db and --agent-conns are for a booted server (no --url)")
+	}
+	if *agentConns < 0 || *agentConns > 1000 {
+		return bad("--agent-conns must be 0..1000, not %d", *agentConns)
 	}
 	cfg.URL, cfg.Token = *url, token()
 	cfg.CycleProbe = *probe && *dbURL != ""
@@ -142,7 +146,7 @@ func cmdLoadtest(args []string, stdout, stderr io.Writer) int {
 	var rep *loadtest.Report
 	var err error
 	if selfHosted {
-		rep, err = loadtestSelfHosted(ctx, *dbURL, *keepDB, cfg, logger, stderr)
+		rep, err = loadtestSelfHosted(ctx, *dbURL, *keepDB, *agentConns, cfg, logger, stderr)
 	} else {
 		if *dbURL != "" {
 			pool, perr := store.Open(ctx, *dbURL)
@@ -181,7 +185,7 @@ func cmdLoadtest(args []string, stdout, stderr io.Writer) int {
 // `allot server` + `allot worker` would, on one pool), seeds the demo
 // organisation with its queued jobs cancelled (the run's own load is all
 // there is), makes the admin an API token and runs cfg against it.
-func loadtestSelfHosted(ctx context.Context, adminURL string, keep bool, cfg loadtest.Config, logger *slog.Logger, stderr io.Writer) (*loadtest.Report, error) {
+func loadtestSelfHosted(ctx context.Context, adminURL string, keep bool, agentConns int, cfg loadtest.Config, logger *slog.Logger, stderr io.Writer) (*loadtest.Report, error) {
 	name := fmt.Sprintf("allot_loadtest_%d_%d", time.Now().Unix(), os.Getpid())
 	dbURL, err := devdb.EnsureDatabase(ctx, adminURL, name)
 	if err != nil {
@@ -209,7 +213,7 @@ func loadtestSelfHosted(ctx context.Context, adminURL string, keep bool, cfg loa
 	}
 	defer os.RemoveAll(checkpoints)
 	m := &Main{Config: Config{DatabaseURL: dbURL, Addr: "127.0.0.1:0", Worker: true, Migrate: true, Logger: logger,
-		HeartbeatInterval: cfg.Heartbeat, CheckpointRoot: checkpoints}}
+		HeartbeatInterval: cfg.Heartbeat, CheckpointRoot: checkpoints, HTTP: HTTPLimits{AgentConns: agentConns}}}
 	if err := m.Run(ctx); err != nil {
 		m.Close() //nolint:errcheck
 		return nil, err

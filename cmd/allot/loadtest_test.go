@@ -120,7 +120,8 @@ func TestLoadtestBadFlags(t *testing.T) {
 		{[]string{"--url", "ftp://x", "--token", "t", "--agents", "0"}, "--url must start with http"},
 		{[]string{"--url", "http://x", "--agents", "0"}, "submitters need a --token"},
 		{[]string{"--url", "http://x", "--token", "t", "--agents", "5"}, "give --database-url"},
-		{[]string{"--url", "http://x", "--token", "t", "--keep-db"}, "--keep-db is for a booted server"},
+		{[]string{"--url", "http://x", "--token", "t", "--keep-db"}, "--keep-db and --agent-conns are for a booted server"},
+		{[]string{"--database-url", "postgres://x/y", "--agent-conns", "-3"}, "--agent-conns must be 0..1000"},
 		{[]string{"--database-url", "postgres://x/y", "extra"}, `unexpected argument "extra"`},
 		{[]string{"--duration", "soon"}, "invalid value"},
 	} {

@@ -532,6 +532,34 @@ func (s *Store) AdminDeliveries(ctx context.Context, limit int) ([]Delivery, err
 	return collectDeliveries(rows, err)
 }
 
+// inAsyncTx runs fn in a transaction that commits without waiting for the
+// WAL to reach the disk (synchronous_commit off for this transaction
+// alone).
+func (s *Store) inAsyncTx(ctx context.Context, what string, fn func(tx *Store) error) error {
+	return s.InTx(ctx, func(tx *Store) error {
+		if _, err := tx.db.Exec(ctx, `SET LOCAL synchronous_commit = off`); err != nil {
+			return mapErr(what, err)
+		}
+		return fn(tx)
+	})
+}
+
+// HeartbeatJobsAsync is HeartbeatJobs (the running jobs' statistics, when
+// each lease was last seen, orphans held or released) with an
+// asynchronous commit, as RecordHeartbeatAsync: all of it is what the
+// agent reports again at its next heartbeat, so a commit lost with a
+// PostgreSQL crash is redone then. Under load the flushes of these commits
+// queued behind every submission's (WALWrite).
+func (s *Store) HeartbeatJobsAsync(ctx context.Context, node string, stats []JobStat) ([]Orphan, error) {
+	var out []Orphan
+	err := s.inAsyncTx(ctx, "recording the heartbeat's jobs", func(tx *Store) error {
+		var err error
+		out, err = tx.HeartbeatJobs(ctx, node, stats)
+		return err
+	})
+	return out, err
+}
+
 // RecordHeartbeatAsync is RecordHeartbeat (the node's last heartbeat and
 // its GPU samples) in one transaction that commits without waiting for
 // the WAL to reach the disk (synchronous_commit off for it alone). On this
@@ -543,10 +571,7 @@ func (s *Store) AdminDeliveries(ctx context.Context, limit int) ([]Delivery, err
 // lease changes keep their synchronous commits.
 func (s *Store) RecordHeartbeatAsync(ctx context.Context, node string, samples []GPUSample, metricsError string) (HeartbeatOutcome, error) {
 	var out HeartbeatOutcome
-	err := s.InTx(ctx, func(tx *Store) error {
-		if _, err := tx.db.Exec(ctx, `SET LOCAL synchronous_commit = off`); err != nil {
-			return mapErr("recording heartbeat", err)
-		}
+	err := s.inAsyncTx(ctx, "recording heartbeat", func(tx *Store) error {
 		var err error
 		out, err = tx.RecordHeartbeat(ctx, node, samples, metricsError)
 		return err

@@ -124,6 +124,47 @@ func (s *Store) cacheMonthUsage(team string, month time.Time, m monthUsage) {
 	monthUsages.m[monthUsageKey{s.db, team, month}] = m
 }
 
+// maxGangs is the largest gang per GPU type as submitContext last read
+// it, with the nodes at epoch (nodes_epoch).
+type maxGangs struct {
+	epoch  int64
+	types  []string
+	gangs  []int32
+	stored time.Time
+}
+
+// gangsByPool are the maxGangs of every pool of this process.
+var gangsByPool = struct {
+	sync.Mutex
+	m map[DBTX]maxGangs
+}{m: map[DBTX]maxGangs{}}
+
+func (s *Store) cachedGangs() (maxGangs, bool) {
+	if _, ok := s.db.(*pgxpool.Pool); !ok {
+		return maxGangs{}, false
+	}
+	gangsByPool.Lock()
+	defer gangsByPool.Unlock()
+	g, ok := gangsByPool.m[s.db]
+	if !ok || time.Since(g.stored) > monthUsageTTL {
+		return maxGangs{}, false
+	}
+	return g, true
+}
+
+func (s *Store) cacheGangs(g maxGangs) {
+	if _, ok := s.db.(*pgxpool.Pool); !ok {
+		return
+	}
+	g.stored = time.Now()
+	gangsByPool.Lock()
+	defer gangsByPool.Unlock()
+	if len(gangsByPool.m) >= 10000 {
+		clear(gangsByPool.m)
+	}
+	gangsByPool.m[s.db] = g
+}
+
 // submitContext loads what a submission is judged on.
 func (s *Store) submitContext(ctx context.Context, u *allot.User, spec *allot.JobSpec) (allot.SubmitContext, int64, int64, error) {
 	// One round trip: the team's budget and this month's usage, the tier,
@@ -148,11 +189,16 @@ func (s *Store) submitContext(ctx context.Context, u *allot.User, spec *allot.Jo
 	if haveCache {
 		wantEpoch = cached.epoch
 	}
-	var epoch, running int64
+	var epoch, running, nodesEpoch int64
+	gang, haveGang := s.cachedGangs()
+	wantNodes := int64(-1)
+	if haveGang {
+		wantNodes = gang.epoch
+	}
 	err := s.db.QueryRow(ctx, `
 		SELECT
 			(SELECT monthly_budget_gpu_hours FROM teams WHERE slug = $1),
-			us.used, us.running, ep.v,
+			us.used, us.running, ep.v, ne.v,
 			(SELECT max_runtime_s FROM tiers WHERE id = $2),
 			(SELECT coalesce(array_agg(name ORDER BY name), '{}') FROM gpu_types),
 			g.types, g.gangs,
@@ -161,10 +207,13 @@ func (s *Store) submitContext(ctx context.Context, u *allot.User, spec *allot.Jo
 				AND NOT EXISTS (SELECT 1 FROM teams t WHERE t.posix_account = u.oidc_posix_user)
 				AND NOT EXISTS (SELECT 1 FROM users o WHERE o.id <> u.id AND u.oidc_posix_user IN (o.posix_user, o.oidc_posix_user))), ''),
 			coalesce((SELECT posix_account FROM teams WHERE slug = $1), '')
-		FROM (SELECT coalesce(array_agg(gpu_type ORDER BY gpu_type), '{}') AS types, coalesce(array_agg(m ORDER BY gpu_type), '{}') AS gangs
+		FROM (SELECT last_value + is_called::int AS v FROM nodes_epoch) ne
+		-- The largest gang per GPU type, only when a node changed since
+		-- the cached one ($7).
+		CROSS JOIN LATERAL (SELECT coalesce(array_agg(gpu_type ORDER BY gpu_type), '{}') AS types, coalesce(array_agg(m ORDER BY gpu_type), '{}') AS gangs
 			FROM (SELECT gpu_type, max(total)::int AS m FROM (
 				SELECT gpu_type, CASE WHEN domain = '' THEN gpu_count ELSE sum(gpu_count) OVER (PARTITION BY gpu_type, domain) END AS total
-				FROM nodes) d GROUP BY gpu_type) x) g
+				FROM nodes WHERE ne.v <> $7) d GROUP BY gpu_type) x) g
 		CROSS JOIN (SELECT last_value + is_called::int AS v FROM allocations_epoch) ep
 		-- The month's usage (usageSQL's sum, and how many of its
 		-- allocations still run), only when an allocation changed since the
@@ -174,10 +223,15 @@ func (s *Store) submitContext(ctx context.Context, u *allot.User, spec *allot.Jo
 				count(*) FILTER (WHERE a.released_at IS NULL) AS running
 			FROM allocations a JOIN jobs j ON j.id = a.job_id
 			WHERE ep.v <> $6 AND a.started_at < $4 AND coalesce(a.released_at, 'infinity'::timestamptz) > $3 AND j.team = $1) us`,
-		spec.Team, string(spec.Tier), month, now, userID, wantEpoch).Scan(&budget, &used, &running, &epoch, &maxRuntime, &types, &gangTypes, &gangs,
-		&mapped, &claimed, &teamAccount)
+		spec.Team, string(spec.Tier), month, now, userID, wantEpoch, wantNodes).Scan(&budget, &used, &running, &epoch, &nodesEpoch, &maxRuntime, &types,
+		&gangTypes, &gangs, &mapped, &claimed, &teamAccount)
 	if err != nil {
 		return c, 0, 0, mapErr("loading the submission context", err)
+	}
+	if haveGang && nodesEpoch == wantNodes {
+		gangTypes, gangs = gang.types, gang.gangs
+	} else {
+		s.cacheGangs(maxGangs{epoch: nodesEpoch, types: gangTypes, gangs: gangs})
 	}
 	switch {
 	case haveCache && epoch == wantEpoch:

@@ -107,3 +107,40 @@ func TestSubmitUsageCache(t *testing.T) {
 		t.Error("a submission to an unknown team should be refused")
 	}
 }
+
+// TestSubmitGangCache: the largest gang a submission is checked against may
+// come from the previous submission's read of the nodes, but a node added
+// is seen by the next one; a heartbeat does not make it read them again.
+func TestSubmitGangCache(t *testing.T) {
+	b := setup(t)
+	noah := b.user(t, "noah@example.com")
+	// Domain ib-a holds 8 A100 nodes: 64 GPUs is the largest gang.
+	big := allot.JobSpec{Team: "nlp", Tier: allot.Tier3, GPUs: 72, GPUsPerNode: 8, GPUType: "A100-80GB", TimeLimit: time.Hour, Command: []string{"true"}}
+	if _, err := b.st.SubmitJob(b.ctx, noah, big); err == nil {
+		t.Fatal("a 72-GPU job should not fit a 64-GPU domain")
+	}
+	epoch := func() int64 {
+		var v int64
+		if err := b.pool.QueryRow(b.ctx, `SELECT last_value + is_called::int FROM nodes_epoch`).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	before := epoch()
+	if _, err := b.pool.Exec(b.ctx, `UPDATE nodes SET last_heartbeat = $1, state = 'up' WHERE name = 'gpu01'`, b.now); err != nil {
+		t.Fatal(err)
+	}
+	if e := epoch(); e != before {
+		t.Errorf("a heartbeat moved the nodes' epoch %d → %d", before, e)
+	}
+	if err := b.st.CreateNode(b.ctx, &allot.Node{Name: "gpu17", GPUType: "A100-80GB", GPUCount: 8, Site: allot.SiteOnPrem, Domain: "ib-a", Rack: "r5",
+		State: allot.NodeDown}); err != nil {
+		t.Fatal(err)
+	}
+	if e := epoch(); e == before {
+		t.Error("a new node did not move the nodes' epoch")
+	}
+	if _, err := b.st.SubmitJob(b.ctx, noah, big); err != nil {
+		t.Errorf("with a ninth node in ib-a the 72-GPU job fits: %v", err)
+	}
+}
