@@ -290,6 +290,7 @@ type exportWriter struct {
 }
 
 func (s *Server) exportWriter(c echo.Context, w *csv.Writer) *exportWriter {
+	capSendBuffer(c.Request())
 	return &exportWriter{w: w, rc: http.NewResponseController(c.Response()), stall: s.cfg.ExportStallTimeout}
 }
 

@@ -1,8 +1,10 @@
 package web
 
 import (
+	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"time"
 )
@@ -55,4 +57,27 @@ func (b *deadlineBody) Read(p []byte) (int, error) {
 		b.rc.SetReadDeadline(time.Time{}) //nolint:errcheck // best effort: it was set on the same connection
 	}
 	return n, err
+}
+
+type connKey struct{}
+
+// WithConn is an http.Server's ConnContext: it keeps each request's
+// connection in its context, for handlers that tune the socket (exports).
+func WithConn(ctx context.Context, c net.Conn) context.Context {
+	return context.WithValue(ctx, connKey{}, c)
+}
+
+// exportSendBuffer caps an export's socket send buffer (the kernel
+// doubles it). Left to itself, Linux grows it to tcp_wmem's maximum (4 MB
+// here), so a client that reads nothing has the server read and format
+// some 30,000 lines for it before a write blocks; capped, a page or two.
+// 512 KiB in flight still moves 10 MB/s over a 50 ms round trip.
+const exportSendBuffer = 256 << 10
+
+// capSendBuffer applies exportSendBuffer to the request's connection
+// (when the server keeps it in the context: WithConn).
+func capSendBuffer(r *http.Request) {
+	if c, ok := r.Context().Value(connKey{}).(*net.TCPConn); ok {
+		c.SetWriteBuffer(exportSendBuffer) //nolint:errcheck // a tuning: the export works without it
+	}
 }

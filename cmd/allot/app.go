@@ -288,7 +288,7 @@ func (m *Main) Run(ctx context.Context) error {
 		// No ReadTimeout: it would cancel long polls and downloads (see
 		// web/deadlines.go); the body has its own deadline.
 		m.http = &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: limits.ReadHeaderTimeout, WriteTimeout: limits.WriteTimeout,
-			IdleTimeout: limits.IdleTimeout}
+			IdleTimeout: limits.IdleTimeout, ConnContext: web.WithConn}
 		m.http.RegisterOnShutdown(srv.Notifier().Close)
 		m.served = make(chan error, 1)
 		go func() { m.served <- m.http.Serve(m.ln) }()
