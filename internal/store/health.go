@@ -54,28 +54,61 @@ func (s *Store) EvaluateHeartbeatHealth(ctx context.Context, node string, gpus [
 	}
 	check = strings.ToValidUTF8(check, "?")
 	// Most heartbeats change nothing: a read-only pass without a
-	// transaction settles them; the first write it would make sends the
-	// evaluation into a transaction that locks the node and does it all.
-	out, err := s.evaluateHealth(ctx, node, gpus, check, metricsError, false)
+	// transaction settles them. The first write it would make sends the
+	// evaluation into a transaction that locks the node and does it all:
+	// with a lock that a scheduling cycle placing work on the node (FOR KEY
+	// SHARE) does not hold up when only the health bookkeeping changes (a
+	// node's first heartbeat, a rule starting or ceasing to hold, the check
+	// output), else with one that waits for such a cycle, so a drain sees
+	// the lease it commits (as an admin's drain does). A cycle that starts
+	// thousands of jobs holds its locks for seconds: every new node's
+	// first heartbeat waited for it.
+	out, err := s.evaluateHealth(ctx, node, gpus, check, metricsError, healthRead)
 	if err != errHealthWrite {
 		return out, err
 	}
-	err = s.InTx(ctx, func(tx *Store) error {
-		var err error
-		out, err = tx.evaluateHealth(ctx, node, gpus, check, metricsError, true)
-		return err
-	})
+	for _, mode := range []healthMode{healthBookkeeping, healthStateChange} {
+		err = s.InTx(ctx, func(tx *Store) error {
+			var err error
+			out, err = tx.evaluateHealth(ctx, node, gpus, check, metricsError, mode)
+			return err
+		})
+		if err != errHealthStateChange {
+			break
+		}
+	}
 	return out, err
 }
 
-// errHealthWrite stops a read-only evaluation that has something to write.
-var errHealthWrite = errors.New("health evaluation needs a write")
+// healthMode is what an evaluation may write.
+type healthMode int
 
-func (s *Store) evaluateHealth(ctx context.Context, node string, gpus []health.GPU, check, metricsError string, write bool) (HealthOutcome, error) {
+const (
+	healthRead        healthMode = iota // nothing: no transaction, no lock
+	healthBookkeeping                   // rule states, events resolved, passing-since, check output (FOR NO KEY UPDATE of the node)
+	healthStateChange                   // also events fired, drains, requeues, undrains (FOR UPDATE of the node)
+)
+
+// errHealthWrite stops a read-only evaluation that has something to
+// write, errHealthStateChange a bookkeeping one that has more.
+var (
+	errHealthWrite       = errors.New("health evaluation needs a write")
+	errHealthStateChange = errors.New("health evaluation changes the node's state")
+)
+
+func (s *Store) evaluateHealth(ctx context.Context, node string, gpus []health.GPU, check, metricsError string, mode healthMode) (HealthOutcome, error) {
 	var out HealthOutcome
-	lock := ""
-	if write {
-		lock = " FOR UPDATE OF nodes"
+	lock := map[healthMode]string{healthBookkeeping: " FOR NO KEY UPDATE OF nodes", healthStateChange: " FOR UPDATE OF nodes"}[mode]
+	// needs stops a pass that may not make a write of what.
+	needs := func(what healthMode) error {
+		switch {
+		case mode >= what:
+			return nil
+		case mode == healthRead:
+			return errHealthWrite
+		default:
+			return errHealthStateChange
+		}
 	}
 	err := func(tx *Store) error {
 		now := tx.Now()
@@ -134,8 +167,8 @@ func (s *Store) evaluateHealth(ctx context.Context, node string, gpus []health.G
 			names, starts = append(names, n), append(starts, t)
 		}
 		if changed {
-			if !write {
-				return errHealthWrite
+			if err := needs(healthBookkeeping); err != nil {
+				return err
 			}
 			if _, err := tx.db.Exec(ctx, `DELETE FROM node_health_state WHERE node = $1 AND rule <> ALL($2)`, node, names); err != nil {
 				return mapErr("saving health state", err)
@@ -156,8 +189,8 @@ func (s *Store) evaluateHealth(ctx context.Context, node string, gpus []health.G
 			}
 		}
 		if resolve {
-			if !write {
-				return errHealthWrite
+			if err := needs(healthBookkeeping); err != nil {
+				return err
 			}
 			if _, err := tx.db.Exec(ctx, `UPDATE health_events SET resolved_at = $3 WHERE node = $1 AND resolved_at IS NULL AND rule_name <> ALL($2)`,
 				node, names, now); err != nil {
@@ -169,8 +202,8 @@ func (s *Store) evaluateHealth(ctx context.Context, node string, gpus []health.G
 			if fired && !health.Refires(f, e.GPUs, e.Values) {
 				continue // fired before and still holds: one event per episode
 			}
-			if !write {
-				return errHealthWrite
+			if err := needs(healthStateChange); err != nil {
+				return err
 			}
 			if fired {
 				// A new fault of a counter (another double-bit error): it
@@ -230,8 +263,8 @@ func (s *Store) evaluateHealth(ctx context.Context, node string, gpus []health.G
 			okSince = &now
 		}
 		if (oldOK == nil) != (okSince == nil) || oldOutput != check {
-			if !write {
-				return errHealthWrite
+			if err := needs(healthBookkeeping); err != nil {
+				return err
 			}
 			if _, err := tx.db.Exec(ctx, `UPDATE nodes SET health_ok_since = $2, health_output = $3 WHERE name = $1`, node, okSince, check); err != nil {
 				return mapErr("saving node health", err)
@@ -240,8 +273,8 @@ func (s *Store) evaluateHealth(ctx context.Context, node string, gpus []health.G
 		// Auto-undrain a node a health rule drained once it passed long enough.
 		if p.AutoUndrainAfter > 0 && source == allot.DrainByHealth && okSince != nil && now.Sub(*okSince) >= p.AutoUndrainAfter &&
 			(state == allot.NodeDraining || state == allot.NodeDrained) {
-			if !write {
-				return errHealthWrite
+			if err := needs(healthStateChange); err != nil {
+				return err
 			}
 			note := fmt.Sprintf("passed its health checks for %s (policy: undrain automatically after %s)", now.Sub(*okSince).Round(time.Second), p.AutoUndrainAfter)
 			if err := tx.undrain(ctx, allot.ActorSystem, node, state, note); err != nil {
@@ -253,9 +286,9 @@ func (s *Store) evaluateHealth(ctx context.Context, node string, gpus []health.G
 			}
 			state, out.Changed = allot.NodeUp, true
 		}
-		if state == allot.NodeDraining && (write || !busy) {
-			if !write {
-				return errHealthWrite
+		if state == allot.NodeDraining && (mode == healthStateChange || !busy) {
+			if err := needs(healthStateChange); err != nil {
+				return err
 			}
 			drained, err := tx.finishDrain(ctx, node, now)
 			if err != nil {
