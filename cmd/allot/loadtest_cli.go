@@ -67,7 +67,8 @@ func cmdLoadtest(args []string, stdout, stderr io.Writer) int {
 	keepDB := fs.Bool("keep-db", false, "keep the fresh database after the run")
 	agentConns := fs.Int("agent-conns", 0, "a booted server's agent API pool (default: `allot server`'s, "+fmt.Sprint(DefaultHTTPLimits.AgentConns)+")")
 	var cfg loadtest.Config
-	fs.DurationVar(&cfg.Duration, "duration", 60*time.Second, "how long the load runs")
+	fs.DurationVar(&cfg.Duration, "duration", 60*time.Second, "how long the load runs and is measured")
+	fs.DurationVar(&cfg.Warmup, "warmup", 0, "run the load this long before the measured --duration (the cluster fills, cycles settle)")
 	fs.IntVar(&cfg.Submitters, "submitters", 32, "concurrent submitting clients")
 	fs.Float64Var(&cfg.SubmitRate, "submit-rate", 0, "target submissions/s over all submitters (0: as fast as they go)")
 	teams := fs.String("teams", "fraud,recs,nlp", "teams to submit to, comma-separated; the first one's page is timed")

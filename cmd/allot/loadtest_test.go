@@ -15,7 +15,8 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// TestLoadtestSelfHosted runs `allot loadtest` for 3 s in its self-hosted
+// TestLoadtestSelfHosted runs `allot loadtest` for 3 s (after 1 s of
+// warm-up, not counted) in its self-hosted
 // mode (its own server and worker on a fresh database of the test
 // PostgreSQL) with a little of everything: paced submitters, simulated
 // agents that run the jobs, seeded pending jobs and busy nodes, the pages
@@ -25,7 +26,7 @@ import (
 func TestLoadtestSelfHosted(t *testing.T) {
 	loadtestNeedsDB(t)
 	var out, errb bytes.Buffer
-	code := cmdLoadtest([]string{"--database-url", storetest.AdminURL(), "--duration", "3s", "--submitters", "4", "--submit-rate", "40",
+	code := cmdLoadtest([]string{"--database-url", storetest.AdminURL(), "--warmup", "1s", "--duration", "3s", "--submitters", "4", "--submit-rate", "40",
 		"--agents", "6", "--heartbeat", "300ms", "--job-runtime", "500ms", "--pending", "200", "--nodes", "20", "--pages",
 		"--history-jobs", "300", "--page-interval", "200ms", "--json"}, &out, &errb)
 	if code != 0 {
@@ -40,7 +41,7 @@ func TestLoadtestSelfHosted(t *testing.T) {
 	if rep.DurationS < 2.9 || rep.DurationS > 5 {
 		t.Errorf("measured window %.1f s, want about 3 s", rep.DurationS)
 	}
-	if rep.Config.Agents != 6 || rep.Config.Submitters != 4 || rep.Config.Pending != 200 || rep.Config.Nodes != 20 || !rep.Config.Pages {
+	if rep.Config.WarmupS != 1 || rep.Config.Agents != 6 || rep.Config.Submitters != 4 || rep.Config.Pending != 200 || rep.Config.Nodes != 20 || !rep.Config.Pages {
 		t.Errorf("config echo: %+v", rep.Config)
 	}
 	for _, name := range []string{"submit job", "agent register", "agent heartbeat", "agent orders (long poll)", "agent take lease",
@@ -112,6 +113,7 @@ func TestLoadtestBadFlags(t *testing.T) {
 		{nil, "give --database-url"},
 		{[]string{"--database-url", "postgres://x/y", "--duration", "0s"}, "--duration must be positive"},
 		{[]string{"--database-url", "postgres://x/y", "--agents", "-1"}, "--agents must not be negative"},
+		{[]string{"--database-url", "postgres://x/y", "--warmup", "-1s"}, "--warmup must be 0..1h"},
 		{[]string{"--database-url", "postgres://x/y", "--gpus-per-agent", "65"}, "--gpus-per-agent must be 1..64"},
 		{[]string{"--database-url", "postgres://x/y", "--heartbeat", "1ms"}, "--heartbeat must be"},
 		{[]string{"--database-url", "postgres://x/y", "--submit-rate", "-5"}, "--submit-rate must not be negative"},

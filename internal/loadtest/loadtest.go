@@ -48,7 +48,11 @@ type Config struct {
 	// runs): per-phase cycle histograms found there are reported.
 	Gather prometheus.Gatherer
 
-	Duration   time.Duration
+	Duration time.Duration
+	// Warmup runs the load for this long before the measured Duration
+	// (nothing from it is counted): the cluster fills up and the cycles
+	// reach their steady state first.
+	Warmup     time.Duration
 	Submitters int
 	SubmitRate float64 // target submissions/s over all submitters; 0 = as fast as they go
 	Teams      []string
@@ -89,6 +93,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Duration > 24*time.Hour {
 		add("--duration must be at most 24h, not %v", c.Duration)
+	}
+	if c.Warmup < 0 || c.Warmup > time.Hour {
+		add("--warmup must be 0..1h, not %v", c.Warmup)
 	}
 	for _, n := range []struct {
 		name string
@@ -173,6 +180,7 @@ type Report struct {
 
 // RunConfig echoes the run's settings.
 type RunConfig struct {
+	WarmupS      float64 `json:"warmup_s"`
 	Submitters   int     `json:"submitters"`
 	SubmitRate   float64 `json:"submit_rate"`
 	Agents       int     `json:"agents"`
@@ -246,7 +254,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	conns := cfg.Submitters + 2*cfg.Agents + 8
 	r.hc = &http.Client{Transport: &http.Transport{MaxIdleConns: conns, MaxIdleConnsPerHost: conns, IdleConnTimeout: 2 * time.Minute}}
 	defer r.hc.CloseIdleConnections()
-	rep := &Report{Config: RunConfig{Submitters: cfg.Submitters, SubmitRate: cfg.SubmitRate, Agents: cfg.Agents, GPUsPerAgent: cfg.GPUsPerAgent,
+	rep := &Report{Config: RunConfig{WarmupS: cfg.Warmup.Seconds(), Submitters: cfg.Submitters, SubmitRate: cfg.SubmitRate, Agents: cfg.Agents, GPUsPerAgent: cfg.GPUsPerAgent,
 		HeartbeatS: cfg.Heartbeat.Seconds(), JobRuntimeS: cfg.JobRuntime.Seconds(), Pending: cfg.Pending, Nodes: cfg.Nodes, Pages: cfg.Pages}}
 	if cfg.Pages {
 		rep.Config.HistoryJobs = cfg.HistoryJobs
@@ -302,12 +310,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	for i := range agents {
 		agents[i] = newSimAgent(r, agentName(i), tokens[i], r.hc)
 	}
+	var regTime time.Duration
 	if len(agents) > 0 {
+		t0 := time.Now()
 		if err := step(fmt.Sprintf("%d agents registered through the API", len(agents)), func() error {
 			return parallel(ctx, len(agents), 32, func(i int) error { return agents[i].register(ctx) })
 		}); err != nil {
 			return nil, fmt.Errorf("registering the agents: %w", err)
 		}
+		regTime = time.Since(t0)
 	}
 	if cfg.CycleProbe {
 		p, err := r.probe(ctx)
@@ -317,20 +328,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		rep.Probe = p
 	}
 
-	// The window.
-	var cycleID int64
-	if cfg.DB != nil {
-		if err := cfg.DB.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM scheduling_cycles`).Scan(&cycleID); err != nil {
-			return nil, fmt.Errorf("reading the cycles: %w", err)
-		}
-	}
-	phasesBefore := r.phases()
-	runCtx, cancel := context.WithTimeout(ctx, cfg.Duration)
+	// The warm-up, then the window.
+	runCtx, cancel := context.WithTimeout(ctx, cfg.Warmup+cfg.Duration)
 	defer cancel()
 	var wg sync.WaitGroup
-	rep.StartedAt = time.Now().UTC()
-	start := time.Now()
-	r.log.Info("load running", "for", cfg.Duration, "submitters", cfg.Submitters, "agents", cfg.Agents)
+	r.ops.off.Store(cfg.Warmup > 0)
+	r.log.Info("load running", "warm-up", cfg.Warmup, "for", cfg.Duration, "submitters", cfg.Submitters, "agents", cfg.Agents)
 	for _, a := range agents {
 		wg.Go(func() { a.heartbeats(runCtx) })
 		wg.Go(func() { a.orders(runCtx) })
@@ -351,6 +354,19 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Pages {
 		wg.Go(func() { r.pages(runCtx) })
 	}
+	sleep(runCtx, cfg.Warmup)
+	var cycleID int64
+	if cfg.DB != nil {
+		if err := cfg.DB.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM scheduling_cycles`).Scan(&cycleID); err != nil {
+			cancel()
+			wg.Wait()
+			return nil, fmt.Errorf("reading the cycles: %w", err)
+		}
+	}
+	phasesBefore := r.phases()
+	rep.StartedAt = time.Now().UTC()
+	start := time.Now()
+	r.ops.off.Store(false)
 	<-runCtx.Done()
 	wg.Wait()
 	// The window ends when the last call in flight has: every call
@@ -366,6 +382,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		o := p.report(window)
 		if strings.Contains(o.Name, "long poll") {
 			o.P50, o.P90, o.P95, o.P99, o.Max = 0, 0, 0, 0, 0
+		}
+		// Registration is before the window (and the warm-up): its rate is
+		// over its own time.
+		if o.Name == "agent register" && regTime > 0 {
+			o.Rate = round1(float64(o.Count) / regTime.Seconds())
 		}
 		rep.Ops = append(rep.Ops, o)
 	}

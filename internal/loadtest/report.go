@@ -29,7 +29,11 @@ func (r *Report) Op(name string) OpReport {
 // WriteText prints the report as a table for people.
 func (r *Report) WriteText(w io.Writer) error {
 	c := r.Config
-	fmt.Fprintf(w, "allot loadtest: %.1f s from %s; %d submitters", r.DurationS, r.StartedAt.Format("2006-01-02 15:04:05 UTC"), c.Submitters)
+	fmt.Fprintf(w, "allot loadtest: %.1f s from %s", r.DurationS, r.StartedAt.Format("2006-01-02 15:04:05 UTC"))
+	if c.WarmupS > 0 {
+		fmt.Fprintf(w, " (after %gs of warm-up)", c.WarmupS)
+	}
+	fmt.Fprintf(w, "; %d submitters", c.Submitters)
 	if c.SubmitRate > 0 {
 		fmt.Fprintf(w, " at %g/s", c.SubmitRate)
 	} else {

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/allotlabs/allot/internal/agentproto"
@@ -16,6 +17,7 @@ import (
 // the failures by status ("503", "network" for no answer at all).
 type op struct {
 	name string
+	off  *atomic.Bool
 	mu   sync.Mutex
 	lat  []time.Duration
 	errs map[string]int
@@ -29,6 +31,8 @@ type ops struct {
 	mu    sync.Mutex
 	order []*op
 	by    map[string]*op
+	// off, while set, drops what calls record (the warm-up).
+	off atomic.Bool
 }
 
 func newOps() *ops { return &ops{by: map[string]*op{}} }
@@ -39,7 +43,7 @@ func (o *ops) get(name string) *op {
 	if p, ok := o.by[name]; ok {
 		return p
 	}
-	p := &op{name: name, errs: map[string]int{}}
+	p := &op{name: name, errs: map[string]int{}, off: &o.off}
 	o.by[name] = p
 	o.order = append(o.order, p)
 	return p
@@ -49,7 +53,7 @@ func (o *ops) get(name string) *op {
 // ended (its context is done) is not counted either way: it says nothing
 // about the server.
 func (p *op) record(ctx context.Context, d time.Duration, err error) {
-	if err != nil && ctx.Err() != nil {
+	if err != nil && ctx.Err() != nil || p.off.Load() {
 		return
 	}
 	p.mu.Lock()
