@@ -128,8 +128,10 @@ func p99(d []time.Duration) time.Duration {
 // once they have read nothing for the export stall timeout, and every
 // trickling connection is closed within the body timeout.
 //
-// The timeouts are shortened (body 2 s, export stall 8 s) so the test
-// sees them pass in seconds; the defaults are 30 s each.
+// The timeouts are shortened (body 3 s, export stall 10 s) so the test
+// sees them pass in seconds; the defaults are 30 s each. The calls are
+// timed for at least two body timeouts, so every trickle is closed and
+// reconnects (400 token lookups at once) while they are.
 func TestStalledClientsCannotStallTheControlPlane(t *testing.T) {
 	const (
 		stalled     = 40
@@ -137,13 +139,7 @@ func TestStalledClientsCannotStallTheControlPlane(t *testing.T) {
 		samples     = 50
 		bodyTimeout = 3 * time.Second
 		stallAfter  = 10 * time.Second
-		// The target is 200 ms; on the 2 shared cores this runs on
-		// (PostgreSQL, the worker, the 840 attacking connections and other
-		// tests on them too) the p99 of 50 lands between 150 and 450 ms,
-		// so the test asserts 1 s, five times under the 5 s an agent
-		// tolerates, and logs the figures against the target.
-		target = 200 * time.Millisecond
-		bound  = time.Second
+		bound       = 200 * time.Millisecond
 	)
 	began := time.Now()
 	e := stallRig(t, Config{HTTP: HTTPLimits{BodyTimeout: bodyTimeout, ExportStallTimeout: stallAfter}})
@@ -173,10 +169,12 @@ func TestStalledClientsCannotStallTheControlPlane(t *testing.T) {
 		resp.Body.Close()
 		return time.Since(t0), resp.StatusCode
 	}
-	// measure times each of the four calls samples times, in turn.
-	measure := func(tag string) map[string][]time.Duration {
+	// measure times each of the four calls in turn, samples times and
+	// for at least atLeast.
+	measure := func(tag string, atLeast time.Duration) map[string][]time.Duration {
 		out := map[string][]time.Duration{}
-		for i := range samples {
+		began := time.Now()
+		for i := 0; i < samples || time.Since(began) < atLeast; i++ {
 			t0 := time.Now()
 			if _, err := agent.Heartbeat(ctx, beatOf("stall01")); err != nil {
 				t.Errorf("%s: heartbeat %d: %v", tag, i, err)
@@ -225,7 +223,7 @@ func TestStalledClientsCannotStallTheControlPlane(t *testing.T) {
 		t.Fatalf("the CSV: %d, %d bytes; want 200 and several MB", resp.StatusCode, full)
 	}
 	t.Logf("the CSV of %s: %.1f MB, read at once in %v", month, float64(full)/(1<<20), time.Since(t0).Round(time.Millisecond))
-	t.Logf("quiet server, p99 of %d: %s", samples, report(measure("quiet")))
+	t.Logf("quiet server, p99 of %d: %s", samples, report(measure("quiet", 0)))
 
 	// 40 clients that never read (beyond the status line).
 	start := time.Now()
@@ -246,7 +244,10 @@ func TestStalledClientsCannotStallTheControlPlane(t *testing.T) {
 		status := make([]byte, 12)
 		c.SetReadDeadline(time.Now().Add(20 * time.Second))
 		if _, err := io.ReadFull(c, status); err != nil || string(status) != "HTTP/1.1 200" {
-			t.Fatalf("stalled client %d: %q %v", i, status, err)
+			rest := make([]byte, 2000)
+			c.SetReadDeadline(time.Now().Add(time.Second))
+			n, _ := io.ReadAtLeast(c, rest, 1)
+			t.Fatalf("stalled client %d: %q %v %s", i, status, err, rest[:n])
 		}
 	}
 	t.Logf("the %d never-reading downloads are under way after %v", stalled, time.Since(start).Round(time.Millisecond))
@@ -324,7 +325,8 @@ func TestStalledClientsCannotStallTheControlPlane(t *testing.T) {
 			}
 		}
 	}()
-	attacked := measure("stall")
+	// Long enough for every trickle to be closed and reconnect twice.
+	attacked := measure("stall", 2*bodyTimeout+2*time.Second)
 	measured := time.Since(start)
 	// Now every never-reading download is blocked writing to its client:
 	// none of them holds a connection, of any pool.
@@ -345,9 +347,9 @@ func TestStalledClientsCannotStallTheControlPlane(t *testing.T) {
 	close(stop)
 	trickleWG.Wait()
 	<-sampling
-	t.Logf("under %d never-reading downloads and %d trickling bodies (%.1f s), p99 of %d: %s (target %v); "+
+	t.Logf("under %d never-reading downloads and %d trickling bodies (%.1f s), p99 of %d or more: %s (bound %v); "+
 		"connections in use at most: main pool %d of 32 (each wave of 400 trickles authenticates at once), exports' pool %d of %d, at the end %d",
-		stalled, trickling, measured.Seconds(), samples, report(attacked), target, maxAcquired.Load(), maxExport.Load(),
+		stalled, trickling, measured.Seconds(), samples, report(attacked), bound, maxAcquired.Load(), maxExport.Load(),
 		e.m.ExportPool.Stat().MaxConns(), exportHeld)
 	for name, d := range attacked {
 		if p99(d) > bound {
