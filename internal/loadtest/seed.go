@@ -43,12 +43,12 @@ func agentName(i int) string { return fmt.Sprintf("%s%05d", agentPrefix, i) }
 
 // seedNodes adds n nodes of GPUsPerAgent GPUs that no agent serves, each
 // fully busy with one running job of tier 3 (a lease, an allocation per
-// GPU): the rest of a large, full cluster. They stay up through the run
+// GPU), the jobs spread over the teams: the rest of a large, full cluster. They stay up through the run
 // because they never registered (the lost-node sweep only counts nodes
 // that did), and the scheduler sees their GPUs held, so pending work
 // stays pending instead of being offered to nodes nobody serves.
 func (r *runner) seedNodes(ctx context.Context, n int) error {
-	g, team, now := r.cfg.GPUsPerAgent, r.cfg.Teams[0], r.cfg.Store.Now()
+	g, now := r.cfg.GPUsPerAgent, r.cfg.Store.Now()
 	for _, q := range []struct {
 		sql  string
 		args []any
@@ -57,9 +57,9 @@ func (r *runner) seedNodes(ctx context.Context, n int) error {
 			SELECT $1 || lpad(i::text, 5, '0'), $2, $3, $3, $4, 'lt-' || (i / 512), 'lt-r' || (i / 32), 'up'
 			FROM generate_series(0, $5 - 1) i`, []any{nodePrefix, r.cfg.GPUType, g, allot.SiteOnPrem, n}},
 		{`INSERT INTO jobs (name, team, user_id, tier, gpus, gpu_type, time_limit_s, command, state, submitted_at, started_at, segment, run_as)
-			SELECT $1 || lpad(i::text, 5, '0'), $2, $3, '3', $4, $5, 7 * 86400, '{sleep,infinity}', 'running',
+			SELECT $1 || lpad(i::text, 5, '0'), ($2::text[])[i % cardinality($2::text[]) + 1], $3, '3', $4, $5, 7 * 86400, '{sleep,infinity}', 'running',
 				$7::timestamptz - interval '2 hours', $7::timestamptz - interval '1 hour', 1, '3'
-			FROM generate_series(0, $6 - 1) i`, []any{seededRunning, team, r.userID, g, r.cfg.GPUType, n, now}},
+			FROM generate_series(0, $6 - 1) i`, []any{seededRunning, r.cfg.Teams, r.userID, g, r.cfg.GPUType, n, now}},
 		{`INSERT INTO leases (job_id, segment, node, rank, gpu_indices, env, state, offered_at, taken_at, started_at, pid)
 			SELECT j.id, 1, $1 || substr(j.name, length($2) + 1), 0, (SELECT array_agg(g) FROM generate_series(0, $3 - 1) g), '{}',
 				'running', j.started_at, j.started_at, j.started_at, 1
