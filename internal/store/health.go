@@ -584,6 +584,13 @@ func (s *Store) inAsyncTx(ctx context.Context, what string, fn func(tx *Store) e
 // PostgreSQL crash is redone then. Under load the flushes of these commits
 // queued behind every submission's (WALWrite).
 func (s *Store) HeartbeatJobsAsync(ctx context.Context, node string, stats []JobStat) ([]Orphan, error) {
+	if len(stats) == 0 {
+		// Nothing to record: an idle node's heartbeat writes only when it
+		// settles a lease it no longer reports (rare), and a transaction
+		// that writes nothing flushes nothing; the wrapper would only add
+		// round trips.
+		return s.HeartbeatJobs(ctx, node, stats)
+	}
 	var out []Orphan
 	err := s.inAsyncTx(ctx, "recording the heartbeat's jobs", func(tx *Store) error {
 		var err error
