@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/allotlabs/allot/internal/allot"
 	"github.com/labstack/echo/v4"
 	"golang.org/x/time/rate"
 )
@@ -28,7 +29,11 @@ import (
 //     A node's job output (POST /jobs/log) has a bucket of its own, so a
 //     chatty job slows only its log batches (the agent retries them and
 //     folds the lines that wait into one batch), never the node's
-//     heartbeats, polls and lease reports.
+//     heartbeats, polls and lease reports. The node token is the key
+//     before it is checked, so an address whose agent requests keep being
+//     refused (401: a token sprayed at random, each a lookup on the agent
+//     API's pool) is turned away, before the lookup, once it has had a
+//     tenth of its IP budget of refusals.
 //
 // A refusal is 429 with Retry-After (whole seconds) and, on the API, the
 // usual problem JSON. The client IP is the connection's peer: headers such
@@ -116,13 +121,28 @@ func (l *limiter) allow(key string, now time.Time) (bool, time.Duration) {
 	return true, 0
 }
 
+// spent reports whether key's bucket is empty now, without taking from
+// it (a nil limiter never is).
+func (l *limiter) spent(key string, now time.Time) bool {
+	if l == nil {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b, ok := l.keys[key]
+	return ok && b.TokensAt(now) < 1
+}
+
 // limiters is the server's set, built from Config.RateLimits.
 type limiters struct {
 	ip, token, agent *limiter
+	agentRefused     *limiter // per IP: agent requests refused as unauthorized
 }
 
 func newLimiters(r RateLimits) limiters {
-	return limiters{ip: newLimiter(r.IP), token: newLimiter(r.Token), agent: newLimiter(r.Agent)}
+	refused := r.IP
+	refused.PerSecond, refused.Burst = refused.PerSecond/10, max(1, refused.Burst/10)
+	return limiters{ip: newLimiter(r.IP), token: newLimiter(r.Token), agent: newLimiter(r.Agent), agentRefused: newLimiter(refused)}
 }
 
 func clientIP(r *http.Request) string {
@@ -154,7 +174,11 @@ func (s *Server) limitByClient(next echo.HandlerFunc) echo.HandlerFunc {
 		now := time.Now()
 		switch {
 		case isAgentAPI(c):
-			key := "ip:" + clientIP(r)
+			ip := clientIP(r)
+			if s.limits.agentRefused.spent(ip, now) {
+				return tooMany(c, time.Second, "from this address (too many refused node tokens)")
+			}
+			key := "ip:" + ip
 			if tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
 				key = secretKey("node:", strings.TrimSpace(tok))
 			}
@@ -164,6 +188,11 @@ func (s *Server) limitByClient(next echo.HandlerFunc) echo.HandlerFunc {
 			if ok, wait := s.limits.agent.allow(key, now); !ok {
 				return tooMany(c, wait, "for this node token")
 			}
+			err := next(c)
+			if allot.ErrorCode(err) == allot.EUnauthorized {
+				s.limits.agentRefused.allow(ip, now)
+			}
+			return err
 		case isAPI(c) || r.Method == http.MethodPost:
 			if ok, wait := s.limits.ip.allow(clientIP(r), now); !ok {
 				return tooMany(c, wait, "from this address")

@@ -428,9 +428,9 @@ func inFlight(t *testing.T, e *env) float64 {
 
 // TestRateLimits16: past its burst a token gets 429 with Retry-After and
 // a problem; another token does not; an address past its own limit is
-// refused before any token lookup; and agents, on their own budget, are
+// refused before any token lookup; agents, on their own budget, are
 // answered all along, until a node passes its own limit (its job logs
-// apart).
+// apart); an address spraying node tokens is stopped before the lookups.
 func TestRateLimits16(t *testing.T) {
 	slow := 0.001 // a request per 1000 s: nothing refills during the test
 	e := bootMain(t, &Main{Config: Config{Worker: true, DevMode: true, RateLimits: web.RateLimits{
@@ -503,6 +503,17 @@ func TestRateLimits16(t *testing.T) {
 	}
 	if err := agent.Log(ctx, agentproto.JobLog{JobID: 1, Segment: 1, Lines: []string{"x"}}); agentproto.ErrorStatus(err) == 429 {
 		t.Errorf("the node's job log shares its spent bucket: %v", err)
+	}
+	// Node tokens sprayed from one address: each refusal is a lookup on the
+	// agent API's pool; past a tenth of the address's budget (here 1) the
+	// address's agent requests are turned away before it. (Agents on that
+	// address too: here, the test's.)
+	spray := agentproto.NewClient(e.url, "allot_node_not-a-token-at-all")
+	if _, err := spray.Heartbeat(ctx, beatOf("rate02")); agentproto.ErrorStatus(err) != 401 {
+		t.Errorf("a made-up node token: %v", err)
+	}
+	if _, err := spray.Heartbeat(ctx, beatOf("rate02")); agentproto.ErrorStatus(err) != 429 || !strings.Contains(err.Error(), "refused node tokens") {
+		t.Errorf("a second made-up token from the address: %v", err)
 	}
 }
 
