@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allotlabs/allot/internal/demo"
 	"github.com/allotlabs/allot/internal/loadtest"
 	"github.com/allotlabs/allot/internal/store/storetest"
 	"github.com/jackc/pgx/v5"
@@ -100,6 +101,44 @@ func TestLoadtestSelfHosted(t *testing.T) {
 	}
 	if left != 0 {
 		t.Errorf("%d loadtest databases of this process left behind", left)
+	}
+}
+
+// TestLoadtestAgainstURL runs the tool against a server it did not boot
+// (--url and --token), seeding its agents through that server's database
+// (--database-url): the other mode. Again no speed is checked.
+func TestLoadtestAgainstURL(t *testing.T) {
+	loadtestNeedsDB(t)
+	m := &Main{Config: Config{Worker: true, HeartbeatInterval: 300 * time.Millisecond, CheckpointRoot: t.TempDir()}}
+	startSeeded(t, &m)
+	ctx := context.Background()
+	admin, err := m.Store.UserByEmail(ctx, demo.PersonaEmail[demo.Admin])
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, _, err := m.Store.CreateAPIToken(ctx, admin.ID, "loadtest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	code := cmdLoadtest([]string{"--url", m.URL(), "--token", tok, "--database-url", m.DatabaseURL, "--duration", "2s", "--submitters", "2",
+		"--submit-rate", "20", "--agents", "3", "--heartbeat", "300ms", "--job-runtime", "300ms", "--json"}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d; stderr:\n%s", code, errb.String())
+	}
+	var rep loadtest.Report
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("report: %v\n%s", err, out.String())
+	}
+	if n := rep.Errors(); n != 0 || rep.Op("submit job").Count < 20 || rep.Op("agent heartbeat").Count < 10 || rep.Cycles == nil {
+		var b strings.Builder
+		rep.WriteText(&b) //nolint:errcheck
+		t.Errorf("%d errors, or too little done:\n%s", n, b.String())
+	}
+	// Its nodes and tokens are named so they are easy to find.
+	var n int
+	if err := m.Pool.QueryRow(ctx, `SELECT count(*) FROM nodes WHERE name LIKE 'lt-agent-%'`).Scan(&n); err != nil || n != 3 {
+		t.Errorf("%d lt-agent nodes (%v), want 3", n, err)
 	}
 }
 
