@@ -245,6 +245,7 @@ func (m *Main) Run(ctx context.Context) error {
 		}
 		exportStore := store.New(m.ExportPool)
 		exportStore.Now = m.Store.Now
+		m.Registry.MustRegister(metric.NewPool("agent", m.AgentPool), metric.NewPool("export", m.ExportPool))
 		oidcCfg := m.OIDC
 		if oidcCfg.Enabled() && oidcCfg.RedirectURL == "" {
 			oidcCfg.RedirectURL = m.URL() + "/oidc/callback"
