@@ -72,12 +72,13 @@ func TestLoadtestSelfHosted(t *testing.T) {
 	if rep.Jobs["completed"] == 0 {
 		t.Errorf("no submitted job completed; by state: %v", rep.Jobs)
 	}
-	if rep.Cycles == nil || rep.Cycles.Count == 0 || rep.Cycles.MaxPending < 200 || rep.Cycles.Started == 0 {
+	if rep.Cycles == nil || rep.Cycles.Count == 0 || rep.Cycles.MaxPending < 150 || rep.Cycles.Started == 0 {
 		t.Errorf("worker's cycles: %+v", rep.Cycles)
 	}
 	// The probe saw the seeded cluster: 6 agents + 20 busy nodes (+ the
-	// demo's 16 and the history node), 200 pending.
-	if p := rep.Probe; p == nil || p.Pending < 200 || p.Nodes < 26 || p.CycleMS <= 0 || p.LoadMS <= 0 {
+	// demo's 16 and the history node), 200 pending less what the worker's
+	// cycles may have started on the agents' 48 GPUs already.
+	if p := rep.Probe; p == nil || p.Pending < 150 || p.Nodes < 26 || p.CycleMS <= 0 || p.LoadMS <= 0 {
 		t.Errorf("cycle probe: %+v", rep.Probe)
 	}
 	if len(rep.Seeding) < 5 {
