@@ -71,6 +71,7 @@ func cmdLoadtest(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&cfg.Warmup, "warmup", 0, "run the load this long before the measured --duration (the cluster fills, cycles settle)")
 	fs.IntVar(&cfg.Submitters, "submitters", 32, "concurrent submitting clients")
 	fs.Float64Var(&cfg.SubmitRate, "submit-rate", 0, "target submissions/s over all submitters (0: as fast as they go)")
+	fs.StringVar(&cfg.SubmitGPUType, "submit-gpu-type", "", "GPU type the submitted jobs ask for (default any; one no agent has keeps them pending)")
 	teams := fs.String("teams", "fraud,recs,nlp", "teams to submit to, comma-separated; the first one's page is timed")
 	fs.IntVar(&cfg.Agents, "agents", 100, "simulated node agents")
 	fs.IntVar(&cfg.GPUsPerAgent, "gpus-per-agent", 8, "GPUs of each simulated (and seeded) node")

@@ -55,7 +55,11 @@ type Config struct {
 	Warmup     time.Duration
 	Submitters int
 	SubmitRate float64 // target submissions/s over all submitters; 0 = as fast as they go
-	Teams      []string
+	// SubmitGPUType is the GPU type the submitted jobs ask for ("": any).
+	// A type no agent has keeps them pending: submissions and heartbeats
+	// measured without the cluster filling up.
+	SubmitGPUType string
+	Teams         []string
 
 	Agents       int
 	GPUsPerAgent int
@@ -497,8 +501,12 @@ func (r *runner) submitter(ctx context.Context, i int, work <-chan time.Time) []
 				break
 			}
 		}
-		body, _ := json.Marshal(map[string]any{"name": submittedJob, "team": r.cfg.Teams[(i+k)%len(r.cfg.Teams)], "tier": 3, "gpus": 1,
-			"time_limit": "1h", "command": []string{"sleep", "60"}})
+		job := map[string]any{"name": submittedJob, "team": r.cfg.Teams[(i+k)%len(r.cfg.Teams)], "tier": 3, "gpus": 1,
+			"time_limit": "1h", "command": []string{"sleep", "60"}}
+		if r.cfg.SubmitGPUType != "" {
+			job["gpu_type"] = r.cfg.SubmitGPUType
+		}
+		body, _ := json.Marshal(job)
 		var out struct {
 			ID int64 `json:"id"`
 		}
