@@ -60,6 +60,9 @@ type Config struct {
 	// process's registry: the worker's scheduler metrics, the server's
 	// HTTP metrics, the database pool): `allot worker --metrics-addr`.
 	MetricsAddr string
+	// MaxStartsPerCycle caps the jobs one scheduling cycle starts
+	// (jobs.Config.MaxStartsPerCycle): `allot worker --max-starts-per-cycle`.
+	MaxStartsPerCycle int
 	// MetricsToken, when set, is a scrape token the portal's /metrics
 	// accepts besides admins' API tokens: `allot server --metrics-token-file`.
 	MetricsToken string
@@ -210,7 +213,7 @@ func (m *Main) Run(ctx context.Context) error {
 	if m.Worker {
 		m.river, err = jobs.NewClient(jobs.Config{Pool: pool, Store: m.Store, Logger: m.Logger, Registry: m.Registry,
 			CycleTick: m.CycleTick, HeartbeatInterval: m.HeartbeatInterval, CheckpointRoot: m.CheckpointRoot,
-			AllowPrivateWebhooks: m.DevMode, Burst: m.Burst})
+			AllowPrivateWebhooks: m.DevMode, Burst: m.Burst, MaxStartsPerCycle: m.MaxStartsPerCycle})
 		if err != nil {
 			return err
 		}

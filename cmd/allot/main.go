@@ -17,6 +17,7 @@ import (
 	"github.com/allotlabs/allot/internal/agent"
 	"github.com/allotlabs/allot/internal/cliflag"
 	"github.com/allotlabs/allot/internal/clock"
+	"github.com/allotlabs/allot/internal/jobs"
 	"github.com/allotlabs/allot/internal/scheduler/sim"
 	"github.com/allotlabs/allot/internal/store"
 	"github.com/allotlabs/allot/web"
@@ -146,7 +147,16 @@ func cmdServe(name string, args []string, stderr io.Writer) int {
 	}
 	bf := addBurstFlags(fs, "none") // the server shows the burst settings on /burst; the worker acts on them
 	applyMetrics := metricsFlags(fs, name)
+	maxStarts := new(int)
+	if name == "worker" {
+		maxStarts = fs.Int("max-starts-per-cycle", jobs.DefaultMaxStarts,
+			"most jobs one scheduling cycle starts; the rest start in the next cycle, at once (-1: no limit; like Slurm's sched_max_job_start)")
+	}
 	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *maxStarts == 0 || *maxStarts < -1 {
+		fmt.Fprintf(stderr, "allot %s: --max-starts-per-cycle must be a positive number of jobs, or -1 for no limit\n", name)
 		return 2
 	}
 	url, err := databaseURL(*dbURL)
@@ -158,6 +168,9 @@ func cmdServe(name string, args []string, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	cfg := Config{DatabaseURL: url, Migrate: *migrate, Logger: log, RequirePOSIXAccount: *requireAccount}
+	if name == "worker" {
+		cfg.MaxStartsPerCycle = *maxStarts
+	}
 	if name == "server" {
 		cfg.Addr, cfg.APITokenTTL = addr, tokenTTL()
 		if cfg.OIDC, err = oidcConfig(); err != nil {

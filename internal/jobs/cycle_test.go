@@ -217,3 +217,61 @@ func seededAt(t *testing.T, nodes string, now func() time.Time) (*store.Store, *
 	}
 	return st, pool
 }
+
+// TestCycleStartsAtMostMaxStarts: a cycle that could start many jobs
+// starts MaxStarts of them, in priority order; the others stay pending,
+// saying they start next cycle, and the following cycles start them
+// until none is deferred. No GPU is in two allocations meanwhile.
+func TestCycleStartsAtMostMaxStarts(t *testing.T) {
+	ctx := context.Background()
+	st, pool := seeded(t, "")
+	admin, err := st.UserByEmail(ctx, demo.PersonaEmail[demo.Admin])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 40 {
+		spec := allot.JobSpec{Name: fmt.Sprintf("small%d", i), Team: "recs", Tier: allot.Tier3, GPUs: 1, GPUType: "T4",
+			TimeLimit: time.Hour, Command: []string{"true"}}
+		if _, err := st.SubmitJob(ctx, &admin, spec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := &jobs.Scheduler{Store: st, MaxStarts: 5}
+	res, err := s.Cycle(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Started != 5 || res.Deferred == 0 {
+		t.Fatalf("first cycle started %d, deferred %d; want 5 and some deferred", res.Started, res.Deferred)
+	}
+	var reasons int
+	pool.QueryRow(ctx, `SELECT count(*) FROM jobs WHERE state = 'pending' AND pending_reason LIKE 'ready to start: the last cycle started the 5 jobs ahead of it%'`).Scan(&reasons) //nolint:errcheck
+	if reasons != res.Deferred {
+		t.Errorf("%d pending jobs say they start next cycle; %d were deferred", reasons, res.Deferred)
+	}
+	// Priority order: no deferred job outranks a started one of the cycle.
+	var inverted int
+	pool.QueryRow(ctx, `SELECT count(*) FROM jobs d, jobs s WHERE d.pending_reason LIKE 'ready to start:%' AND s.state = 'running'
+		AND d.priority > s.priority AND d.tier = s.tier AND d.team = s.team`).Scan(&inverted) //nolint:errcheck
+	if inverted != 0 {
+		t.Errorf("%d deferred jobs outrank a started one of their team and tier", inverted)
+	}
+	total := res.Started
+	for i := 0; res.Deferred > 0; i++ {
+		if i > 40 {
+			t.Fatalf("still %d deferred after %d cycles", res.Deferred, i)
+		}
+		if res, err = s.Cycle(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if res.Started > 5 {
+			t.Fatalf("a cycle started %d jobs, over its 5", res.Started)
+		}
+		total += res.Started
+	}
+	var doubled int
+	pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT node, gpu_index FROM allocations WHERE released_at IS NULL GROUP BY 1, 2 HAVING count(*) > 1) d`).Scan(&doubled) //nolint:errcheck
+	if doubled != 0 || total <= 5 {
+		t.Errorf("%d GPUs doubly allocated, %d started in all", doubled, total)
+	}
+}

@@ -60,6 +60,9 @@ type Config struct {
 	Logger     *slog.Logger
 	Registry   prometheus.Registerer // cycle metrics go here (nil: not exported)
 	MaxWorkers int                   // per process, default 10
+	// MaxStartsPerCycle caps the starts of one scheduling cycle
+	// (Scheduler.MaxStarts: 0 the default, <0 none).
+	MaxStartsPerCycle int
 	// CycleTick is how often the worker looks whether the policy's Cycle
 	// (the scheduling period, which admins edit) has passed since the last
 	// cycle (default 1 s); submits, finishes, cancels and node changes run
@@ -175,7 +178,8 @@ func NewClient(cfg Config) (*river.Client[pgx.Tx], error) {
 	if cfg.CheckpointRoot == "" {
 		cfg.CheckpointRoot = "/var/lib/allot/checkpoints"
 	}
-	sched := &Scheduler{Store: cfg.Store, Logger: cfg.Logger, CheckpointRoot: cfg.CheckpointRoot, Metrics: NewCycleMetrics(cfg.Registry)}
+	sched := &Scheduler{Store: cfg.Store, Logger: cfg.Logger, CheckpointRoot: cfg.CheckpointRoot, Metrics: NewCycleMetrics(cfg.Registry),
+		MaxStarts: cfg.MaxStartsPerCycle}
 	// The worker's /metrics: its cycles, rollups and River jobs, and the
 	// cluster's live state read from PostgreSQL at scrape time.
 	rollupMetrics, riverMetrics := metric.NewBilling(cfg.Registry), metric.NewRiver(cfg.Registry)

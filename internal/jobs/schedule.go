@@ -63,12 +63,25 @@ type Scheduler struct {
 	// (a shared filesystem on a real cluster).
 	CheckpointRoot string
 	Metrics        *CycleMetrics
+	// MaxStarts caps the starts one cycle applies (0: DefaultMaxStarts; <0:
+	// no cap), like Slurm's sched_max_job_start: a cycle that would start
+	// thousands of jobs at once (an empty cluster meeting a long queue)
+	// holds its transaction, and the job and node rows agents report on,
+	// for seconds. The rest wait, in priority order, for the next cycle,
+	// which runs at once.
+	MaxStarts int
 }
+
+// DefaultMaxStarts is Scheduler.MaxStarts's default.
+const DefaultMaxStarts = 256
 
 // CycleResult says what one cycle did.
 type CycleResult struct {
 	Ran     bool // false when another cycle held the lock
 	Pending int
+	// Deferred counts the starts the plan had beyond MaxStarts: they
+	// wait for the next cycle, which the worker runs at once.
+	Deferred int
 	store.ApplyResult
 	// Policy is the policy version the cycle ran with.
 	Policy allot.Policy
@@ -105,6 +118,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (CycleResult, error) {
 		snap, nodeNames := Snapshot(st)
 		plan := scheduler.Schedule(snap, st.Now, corePolicy(st.Policy, st.Tiers))
 		starts, preempts, pending := s.orders(st, plan, nodeNames)
+		starts, preempts, pending, res.Deferred = s.capStarts(starts, preempts, pending)
 		res.Pending = len(st.Pending) - len(starts)
 		phase.schedule = time.Since(t)
 		t = time.Now()
@@ -142,6 +156,34 @@ func (s *Scheduler) Cycle(ctx context.Context) (CycleResult, error) {
 		}
 	}
 	return res, err
+}
+
+// capStarts keeps the first MaxStarts starts of a plan (the core lists
+// them in the order it placed them: priority, then backfill). The others
+// stay pending, saying why, with their priority; the preemptions made
+// for them are dropped too, since the next cycle plans their starts again.
+func (s *Scheduler) capStarts(starts []store.StartOrder, preempts []store.PreemptOrder, pending []store.PendingUpdate) (
+	[]store.StartOrder, []store.PreemptOrder, []store.PendingUpdate, int) {
+	limit := s.MaxStarts
+	if limit == 0 {
+		limit = DefaultMaxStarts
+	}
+	if limit < 0 || len(starts) <= limit {
+		return starts, preempts, pending, 0
+	}
+	deferred := map[int64]bool{}
+	for _, o := range starts[limit:] {
+		deferred[o.JobID] = true
+		pending = append(pending, store.PendingUpdate{JobID: o.JobID, Priority: o.Priority, Breakdown: o.Breakdown,
+			Reason: fmt.Sprintf("ready to start: the last cycle started the %d jobs ahead of it (at most %d a cycle); the next cycle starts it", limit, limit)})
+	}
+	kept := preempts[:0:0]
+	for _, p := range preempts {
+		if !deferred[p.By] {
+			kept = append(kept, p)
+		}
+	}
+	return starts[:limit], kept, pending, len(starts) - limit
 }
 
 // startWait is what the metrics record of one start (or, with
@@ -446,7 +488,7 @@ func (w *ScheduleWorker) Work(ctx context.Context, job *river.Job[ScheduleArgs])
 			return err
 		}
 	}
-	for range 50 {
+	for tries := 0; tries < 50; tries++ {
 		seen, err := st.LastScheduleRequest(ctx)
 		if err != nil {
 			return err
@@ -464,6 +506,12 @@ func (w *ScheduleWorker) Work(ctx context.Context, job *river.Job[ScheduleArgs])
 		}
 		if err := w.followUps(ctx, res.Policy); err != nil {
 			w.Scheduler.Logger.Warn("policy changed, but its follow-up work was not queued; it runs at its next period", "err", err)
+		}
+		if res.Deferred > 0 && res.Started > 0 {
+			// More starts are ready: the next cycle runs at once, and does
+			// not count against the requests' bound below.
+			tries--
+			continue
 		}
 		done := false
 		err = st.InPgxTx(ctx, func(tx pgx.Tx, s *store.Store) error {

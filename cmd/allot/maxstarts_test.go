@@ -1,0 +1,19 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+// TestWorkerMaxStartsFlag: bad values of allot worker's
+// --max-starts-per-cycle are refused before anything starts.
+func TestWorkerMaxStartsFlag(t *testing.T) {
+	for _, v := range []string{"0", "-2", "many"} {
+		var stderr bytes.Buffer
+		code := run([]string{"worker", "--database-url", "postgres://127.0.0.1:1/none", "--max-starts-per-cycle", v}, &bytes.Buffer{}, &stderr)
+		if code != 2 || !strings.Contains(stderr.String(), "max-starts-per-cycle") {
+			t.Errorf("--max-starts-per-cycle %s: exit %d, %q", v, code, stderr.String())
+		}
+	}
+}
