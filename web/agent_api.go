@@ -31,7 +31,11 @@ func (s *Server) agentNode(c echo.Context) (string, error) {
 	if !ok || !strings.HasPrefix(strings.TrimSpace(tok), store.NodeTokenPrefix) {
 		return "", allot.Errorf(allot.EUnauthorized, "agents authenticate with a node token: Authorization: Bearer %s…", store.NodeTokenPrefix)
 	}
-	node, err := s.agentSt.NodeByToken(c.Request().Context(), strings.TrimSpace(tok))
+	st := s.agentSt
+	if strings.HasSuffix(c.Request().URL.Path, "/heartbeat") {
+		st = s.hbSt
+	}
+	node, err := st.NodeByToken(c.Request().Context(), strings.TrimSpace(tok))
 	if err != nil {
 		return "", err
 	}
@@ -127,7 +131,7 @@ func (s *Server) agentHeartbeat(c echo.Context) error {
 		return err
 	}
 	// Telemetry commits without waiting for the disk (see RecordHeartbeatAsync).
-	beat, err := s.agentSt.RecordHeartbeatAsync(c.Request().Context(), node, samples, hb.MetricsError)
+	beat, err := s.hbSt.RecordHeartbeatAsync(c.Request().Context(), node, samples, hb.MetricsError)
 	if err != nil {
 		return err
 	}
@@ -142,13 +146,13 @@ func (s *Server) agentHeartbeat(c echo.Context) error {
 	for _, j := range hb.Jobs {
 		stats = append(stats, store.JobStat{JobID: j.JobID, Segment: j.Segment, CPUSeconds: j.CPUSeconds, RSSBytes: j.RSSBytes, LastCheckpoint: j.LastCheckpoint})
 	}
-	orphans, err := s.agentSt.HeartbeatJobsAsync(c.Request().Context(), node, stats)
+	orphans, err := s.hbSt.HeartbeatJobsAsync(c.Request().Context(), node, stats)
 	if err != nil {
 		return err
 	}
 	s.logOrphans(c, node, orphans)
 	if state != allot.NodeDown {
-		out, err := s.agentSt.EvaluateHeartbeatHealth(c.Request().Context(), node, readings, hb.Health, beat.MetricsError)
+		out, err := s.hbSt.EvaluateHeartbeatHealth(c.Request().Context(), node, readings, hb.Health, beat.MetricsError)
 		if err != nil {
 			return err
 		}

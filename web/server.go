@@ -58,6 +58,11 @@ type Config struct {
 	// pool of its own, so user traffic can never take the connections
 	// heartbeats and lease reports need (nil: Store).
 	AgentStore *store.Store
+	// HeartbeatStore, when set, serves the agents' heartbeats (and their
+	// node-token check) over a pool of their own within the agent API:
+	// lease reports waiting on a job's row lock never hold up a node's
+	// proof of life (nil: AgentStore).
+	HeartbeatStore *store.Store
 	// ExportStore, when set, serves the statements and exports that read
 	// a month or the whole audit log (chargeback JSON and CSV, the finance
 	// page's totals, the audit CSV) over a small pool of their own, so 40
@@ -86,6 +91,7 @@ type Server struct {
 	log      *slog.Logger
 	st       *store.Store
 	agentSt  *store.Store // the agent API's store (Config.AgentStore, else st)
+	hbSt     *store.Store // the heartbeats' store (Config.HeartbeatStore, else agentSt)
 	exportSt *store.Store // exports' and statements' store (Config.ExportStore, else st)
 	limits   limiters
 	oidc     *oidcClient // nil without SSO
@@ -120,6 +126,9 @@ func New(cfg Config) *Server {
 		agentSt: cfg.AgentStore, exportSt: cfg.ExportStore, limits: newLimiters(cfg.RateLimits)}
 	if s.agentSt == nil {
 		s.agentSt = cfg.Store
+	}
+	if s.hbSt = cfg.HeartbeatStore; s.hbSt == nil {
+		s.hbSt = s.agentSt
 	}
 	if s.exportSt == nil {
 		s.exportSt = cfg.Store

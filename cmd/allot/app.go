@@ -97,6 +97,10 @@ type HTTPLimits struct {
 	// AgentConns is the agent API's own pool: heartbeats, polls and lease
 	// reports never wait behind user requests for a connection.
 	AgentConns int
+	// HeartbeatConns is the heartbeats' own pool within the agent API:
+	// lease reports that wait on a job's row lock (a cycle starting work)
+	// never hold up a node's proof of life.
+	HeartbeatConns int
 	// ExportConns is the exports' and monthly statements' own pool: many
 	// of them at once wait for one of these, not for the main pool.
 	ExportConns int
@@ -104,10 +108,11 @@ type HTTPLimits struct {
 
 // DefaultHTTPLimits: a header in 10 s, a body (≤ 1 MiB) in 30 s, an answer
 // in 2 min, 2 min idle between requests (agents call every few seconds),
-// 30 s of an export's client reading nothing, 8 connections for agents,
-// 4 for exports (the main pool has 32).
+// 30 s of an export's client reading nothing, 8 connections for agents'
+// polls and lease reports and 4 for their heartbeats, 4 for exports (the
+// main pool has 32).
 var DefaultHTTPLimits = HTTPLimits{ReadHeaderTimeout: 10 * time.Second, BodyTimeout: 30 * time.Second, WriteTimeout: 2 * time.Minute,
-	IdleTimeout: 2 * time.Minute, ExportStallTimeout: 30 * time.Second, AgentConns: 8, ExportConns: 4}
+	IdleTimeout: 2 * time.Minute, ExportStallTimeout: 30 * time.Second, AgentConns: 8, HeartbeatConns: 4, ExportConns: 4}
 
 // withDefaults fills zero fields from DefaultHTTPLimits and turns the
 // negative ones into 0 (off), as http.Server reads them.
@@ -128,6 +133,9 @@ func (l HTTPLimits) withDefaults() HTTPLimits {
 	if l.ExportConns <= 0 {
 		l.ExportConns = d.ExportConns
 	}
+	if l.HeartbeatConns <= 0 {
+		l.HeartbeatConns = d.HeartbeatConns
+	}
 	return l
 }
 
@@ -141,6 +149,8 @@ type Main struct {
 	// without Addr): a small pool of their own (HTTPLimits.AgentConns).
 	AgentPool  *pgxpool.Pool
 	AgentStore *store.Store
+	// HeartbeatPool serves the agents' heartbeats (HTTPLimits.HeartbeatConns).
+	HeartbeatPool *pgxpool.Pool
 	// ExportPool serves the exports and monthly statements in a server
 	// (HTTPLimits.ExportConns; nil without Addr).
 	ExportPool *pgxpool.Pool
@@ -242,13 +252,19 @@ func (m *Main) Run(ctx context.Context) error {
 		}
 		m.AgentStore = store.New(m.AgentPool)
 		m.AgentStore.Now, m.AgentStore.RequirePOSIXAccount = m.Store.Now, m.RequirePOSIXAccount
+		if m.HeartbeatPool, err = openSidePool(ctx, m.DatabaseURL, limits.HeartbeatConns, "allot-heartbeats"); err != nil {
+			m.ln.Close()
+			return err
+		}
+		heartbeatStore := store.New(m.HeartbeatPool)
+		heartbeatStore.Now = m.Store.Now
 		if m.ExportPool, err = openSidePool(ctx, m.DatabaseURL, limits.ExportConns, "allot-exports"); err != nil {
 			m.ln.Close()
 			return err
 		}
 		exportStore := store.New(m.ExportPool)
 		exportStore.Now = m.Store.Now
-		m.Registry.MustRegister(metric.NewPool("agent", m.AgentPool), metric.NewPool("export", m.ExportPool))
+		m.Registry.MustRegister(metric.NewPool("agent", m.AgentPool), metric.NewPool("heartbeat", m.HeartbeatPool), metric.NewPool("export", m.ExportPool))
 		oidcCfg := m.OIDC
 		if oidcCfg.Enabled() && oidcCfg.RedirectURL == "" {
 			oidcCfg.RedirectURL = m.URL() + "/oidc/callback"
@@ -256,7 +272,7 @@ func (m *Main) Run(ctx context.Context) error {
 		srv := web.New(web.Config{OIDC: oidcCfg, SecureCookies: strings.HasPrefix(oidcCfg.RedirectURL, "https://"),
 			Store: m.Store, Logger: m.Logger, Registry: m.Registry, DevMode: m.DevMode, Burst: m.Burst,
 			OnJobEvent: m.Trigger, HeartbeatInterval: m.HeartbeatInterval, APITokenTTL: m.APITokenTTL, MetricsToken: m.MetricsToken,
-			AgentStore: m.AgentStore, ExportStore: exportStore, RateLimits: m.RateLimits, BodyReadTimeout: limits.BodyTimeout, ExportStallTimeout: limits.ExportStallTimeout,
+			AgentStore: m.AgentStore, HeartbeatStore: heartbeatStore, ExportStore: exportStore, RateLimits: m.RateLimits, BodyReadTimeout: limits.BodyTimeout, ExportStallTimeout: limits.ExportStallTimeout,
 			Rollup: func(ctx context.Context) error { _, err := jobs.Rollup(ctx, m.Store, m.Store.Now()); return err }})
 		m.Server = srv
 		bg, stop := context.WithCancel(context.Background())
@@ -345,6 +361,9 @@ func (m *Main) Close() error {
 		errs = append(errs, m.http.Shutdown(ctx))
 	}
 	errs = append(errs, m.closeMetrics(ctx))
+	if m.HeartbeatPool != nil {
+		m.HeartbeatPool.Close()
+	}
 	if m.AgentPool != nil {
 		m.AgentPool.Close()
 	}

@@ -22,14 +22,15 @@ func limitFlags(fs *flag.FlagSet) func(*Config) error {
 	fs.DurationVar(&l.ExportStallTimeout, "export-stall-timeout", d.ExportStallTimeout,
 		"drop a CSV export whose client has read nothing for this long (negative: never)")
 	fs.IntVar(&l.AgentConns, "agent-db-conns", d.AgentConns, "database connections of the agent API's own pool (heartbeats, polls, lease reports)")
+	fs.IntVar(&l.HeartbeatConns, "heartbeat-db-conns", d.HeartbeatConns, "database connections of the agents' heartbeats' own pool")
 	fs.IntVar(&l.ExportConns, "export-db-conns", d.ExportConns, "database connections of the exports' own pool (chargeback and audit CSV, monthly statements)")
 	rl := web.DefaultRateLimits
 	fs.Var((*rateFlag)(&rl.Token), "api-rate", "requests per second per API token (or portal session) on /api/v1, as RATE or RATE:BURST (0: no limit)")
 	fs.Var((*rateFlag)(&rl.IP), "ip-rate", "requests per second per client IP on /api/v1 and the portal's POSTs, as RATE or RATE:BURST (0: no limit)")
 	fs.Var((*rateFlag)(&rl.Agent), "agent-rate", "requests per second per node token on /api/agent/v1 (job logs apart), as RATE or RATE:BURST (0: no limit)")
 	return func(c *Config) error {
-		if l.AgentConns < 1 || l.ExportConns < 1 {
-			return fmt.Errorf("--agent-db-conns and --export-db-conns must be at least 1")
+		if l.AgentConns < 1 || l.ExportConns < 1 || l.HeartbeatConns < 1 {
+			return fmt.Errorf("--agent-db-conns, --heartbeat-db-conns and --export-db-conns must be at least 1")
 		}
 		c.HTTP, c.RateLimits = l, rl
 		return nil

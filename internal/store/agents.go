@@ -47,10 +47,13 @@ func scanLeaseRef(r pgx.CollectableRow) (LeaseRef, error) {
 }
 
 func notify(ctx context.Context, db DBTX, nodes ...string) error {
-	for _, n := range nodes {
-		if _, err := db.Exec(ctx, `SELECT pg_notify($1, $2)`, OrdersChannel, n); err != nil {
-			return mapErr("notifying node", err)
-		}
+	if len(nodes) == 0 {
+		return nil
+	}
+	// One statement for them all (PostgreSQL folds repeats within a
+	// transaction).
+	if _, err := db.Exec(ctx, `SELECT pg_notify($1, n) FROM unnest($2::text[]) n`, OrdersChannel, nodes); err != nil {
+		return mapErr("notifying node", err)
 	}
 	return nil
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/allotlabs/allot/internal/allot"
@@ -228,51 +230,8 @@ type ApplyResult struct {
 func (s *Store) ApplyPlan(ctx context.Context, starts []StartOrder, preempts []PreemptOrder, pending []PendingUpdate) (ApplyResult, error) {
 	var res ApplyResult
 	now := s.Now()
-	for _, st := range starts {
-		bd, _ := json.Marshal(st.Breakdown)
-		var seg int
-		err := s.db.QueryRow(ctx, `
-			UPDATE jobs SET state = 'running', segment = segment + 1, started_at = coalesce(started_at, $2), pending_reason = '',
-				priority = $3, priority_breakdown = $4, run_as = $5, checkpoint_dir = $6, updated_at = $2
-			WHERE id = $1 AND state = 'pending' RETURNING segment`, st.JobID, now, st.Priority, bd, string(st.RunAs), st.CheckpointDir).Scan(&seg)
-		if err == pgx.ErrNoRows {
-			res.Skipped++
-			continue
-		}
-		if err != nil {
-			return res, mapErr("starting job", err)
-		}
-		var nodes []string
-		for _, p := range st.Parts {
-			// The node must be up, checked under a KEY SHARE lock on its row
-			// held until the cycle commits: a drain (which locks the row FOR
-			// UPDATE before it looks for leases) either ran first and this
-			// sees it, or waits for this cycle and then sees its leases.
-			// Heartbeats (plain updates of the row) do not wait for it.
-			var up bool
-			err := s.db.QueryRow(ctx, `SELECT true FROM nodes WHERE name = $1 AND state = 'up' FOR KEY SHARE`, p.Node).Scan(&up)
-			if err == pgx.ErrNoRows {
-				return res, allot.Errorf(allot.EConflict, "node %s is no longer up", p.Node)
-			}
-			if err != nil {
-				return res, mapErr("checking node "+p.Node, err)
-			}
-			if _, err := s.db.Exec(ctx, `
-				INSERT INTO allocations (job_id, segment, node, gpu_index, started_at)
-				SELECT $1, $2, $3, g, $5 FROM unnest($4::int[]) g`, st.JobID, seg, p.Node, p.GPUs, now); err != nil {
-				return res, mapErr(fmt.Sprintf("allocating GPUs %v on %s to job %d", p.GPUs, p.Node, st.JobID), err)
-			}
-			env, _ := json.Marshal(p.Env)
-			if _, err := s.db.Exec(ctx, `INSERT INTO leases (job_id, segment, node, rank, gpu_indices, env, offered_at) VALUES ($1, $2, $3, $4, $5, $6, $7)`,
-				st.JobID, seg, p.Node, p.Rank, p.GPUs, env, now); err != nil {
-				return res, mapErr("offering lease", err)
-			}
-			nodes = append(nodes, p.Node)
-		}
-		if err := notify(ctx, s.db, nodes...); err != nil {
-			return res, err
-		}
-		res.Started++
+	if err := s.applyStarts(ctx, starts, now, &res); err != nil {
+		return res, err
 	}
 	for _, p := range preempts {
 		var seg int
@@ -311,6 +270,121 @@ func (s *Store) ApplyPlan(ctx context.Context, starts []StartOrder, preempts []P
 		}
 	}
 	return res, nil
+}
+
+// applyStarts writes a plan's starts with a handful of statements, whatever
+// their number (a statement per start and part cost a cycle that started
+// hundreds of jobs seconds of round trips, holding its transaction): the
+// jobs still pending become running, every node of their parts must be up,
+// their GPUs are allocated and their leases offered, and the nodes told.
+func (s *Store) applyStarts(ctx context.Context, starts []StartOrder, now time.Time, res *ApplyResult) error {
+	if len(starts) == 0 {
+		return nil
+	}
+	ids, prio, bds, runAs, ckpt := make([]int64, len(starts)), make([]float64, len(starts)), make([]string, len(starts)),
+		make([]string, len(starts)), make([]string, len(starts))
+	for i, st := range starts {
+		b, _ := json.Marshal(st.Breakdown)
+		ids[i], prio[i], bds[i], runAs[i], ckpt[i] = st.JobID, st.Priority, string(b), string(st.RunAs), st.CheckpointDir
+	}
+	rows, err := s.db.Query(ctx, `
+		UPDATE jobs j SET state = 'running', segment = j.segment + 1, started_at = coalesce(j.started_at, $2), pending_reason = '',
+			priority = u.p, priority_breakdown = u.b::jsonb, run_as = u.r, checkpoint_dir = u.c, updated_at = $2
+		FROM unnest($1::bigint[], $3::float8[], $4::text[], $5::text[], $6::text[]) AS u(id, p, b, r, c)
+		WHERE j.id = u.id AND j.state = 'pending' RETURNING j.id, j.segment`, ids, now, prio, bds, runAs, ckpt)
+	if err != nil {
+		return mapErr("starting jobs", err)
+	}
+	segs := map[int64]int{}
+	for rows.Next() {
+		var id int64
+		var seg int
+		if err := rows.Scan(&id, &seg); err != nil {
+			rows.Close()
+			return mapErr("starting jobs", err)
+		}
+		segs[id] = seg
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return mapErr("starting jobs", err)
+	}
+	// A start whose job is no longer pending (cancelled since the
+	// snapshot) is skipped; the others' parts, flattened.
+	var (
+		aJob               []int64
+		aSeg, aGPU         []int
+		aNode              []string
+		lJob               []int64
+		lSeg, lRank        []int
+		lNode, lGPUs, lEnv []string
+		nodes              []string
+		seenNode           = map[string]bool{}
+	)
+	for _, st := range starts {
+		seg, ok := segs[st.JobID]
+		if !ok {
+			res.Skipped++
+			continue
+		}
+		res.Started++
+		for _, p := range st.Parts {
+			for _, g := range p.GPUs {
+				aJob, aSeg, aNode, aGPU = append(aJob, st.JobID), append(aSeg, seg), append(aNode, p.Node), append(aGPU, g)
+			}
+			env, _ := json.Marshal(p.Env)
+			gpus := make([]string, len(p.GPUs))
+			for i, g := range p.GPUs {
+				gpus[i] = strconv.Itoa(g)
+			}
+			lJob, lSeg, lNode, lRank = append(lJob, st.JobID), append(lSeg, seg), append(lNode, p.Node), append(lRank, p.Rank)
+			lGPUs, lEnv = append(lGPUs, "{"+strings.Join(gpus, ",")+"}"), append(lEnv, string(env))
+			if !seenNode[p.Node] {
+				seenNode[p.Node] = true
+				nodes = append(nodes, p.Node)
+			}
+		}
+	}
+	if len(nodes) == 0 {
+		return nil
+	}
+	// Every node must be up, checked under a KEY SHARE lock on its row
+	// held until the cycle commits: a drain (which locks the row FOR
+	// UPDATE before it looks for leases) either ran first and this sees
+	// it, or waits for this cycle and then sees its leases. Heartbeats
+	// (plain updates of the row) do not wait for it.
+	upRows, err := s.db.Query(ctx, `SELECT name FROM nodes WHERE name = ANY($1) AND state = 'up' ORDER BY name FOR KEY SHARE`, nodes)
+	if err != nil {
+		return mapErr("checking nodes", err)
+	}
+	up, err := pgx.CollectRows(upRows, pgx.RowTo[string])
+	if err != nil {
+		return mapErr("checking nodes", err)
+	}
+	if len(up) != len(nodes) {
+		isUp := map[string]bool{}
+		for _, n := range up {
+			isUp[n] = true
+		}
+		for _, n := range nodes {
+			if !isUp[n] {
+				return allot.Errorf(allot.EConflict, "node %s is no longer up", n)
+			}
+		}
+	}
+	if _, err := s.db.Exec(ctx, `
+		INSERT INTO allocations (job_id, segment, node, gpu_index, started_at)
+		SELECT j, sg, n, g, $5 FROM unnest($1::bigint[], $2::int[], $3::text[], $4::int[]) AS u(j, sg, n, g)`,
+		aJob, aSeg, aNode, aGPU, now); err != nil {
+		return mapErr(fmt.Sprintf("allocating the GPUs of %d starts", res.Started), err)
+	}
+	if _, err := s.db.Exec(ctx, `
+		INSERT INTO leases (job_id, segment, node, rank, gpu_indices, env, offered_at)
+		SELECT j, sg, n, r, g::int[], e::jsonb, $7 FROM unnest($1::bigint[], $2::int[], $3::text[], $4::int[], $5::text[], $6::text[]) AS u(j, sg, n, r, g, e)`,
+		lJob, lSeg, lNode, lRank, lGPUs, lEnv, now); err != nil {
+		return mapErr("offering leases", err)
+	}
+	return notify(ctx, s.db, nodes...)
 }
 
 // RecordCycle stores one cycle's figures.
