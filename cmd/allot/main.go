@@ -155,7 +155,7 @@ func cmdServe(name string, args []string, stderr io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if *maxStarts == 0 || *maxStarts < -1 {
+	if name == "worker" && (*maxStarts == 0 || *maxStarts < -1) {
 		fmt.Fprintf(stderr, "allot %s: --max-starts-per-cycle must be a positive number of jobs, or -1 for no limit\n", name)
 		return 2
 	}

@@ -215,7 +215,14 @@ type containerRT struct {
 	// global are podman's global flags for this node: cgroupfs without
 	// systemd, runc where crun cannot run (cgroup v1 and v2 both mounted).
 	global []string
+	// initPath is podman's --init-path where its default init,
+	// catatonit, is not installed but tini-static is (Debian's podman is
+	// satisfied by tini, which docker.io brings).
+	initPath string
 }
+
+// podmanCatatonit is where podman looks for its --init by default.
+const podmanCatatonit = "/usr/libexec/podman/catatonit"
 
 func newContainerRT(name, path string, extra []string) (*containerRT, error) {
 	if name != "podman" && name != "docker" {
@@ -236,6 +243,13 @@ func newContainerRT(name, path string, extra []string) (*containerRT, error) {
 		if _, err := os.Stat("/sys/fs/cgroup/unified"); err == nil {
 			if r, err := lookPathEnv("runc"); err == nil {
 				rt.global = append(rt.global, "--runtime", r)
+			}
+		}
+		if _, err := os.Stat(podmanCatatonit); err != nil {
+			// The init runs inside the image, which may have no libc: the
+			// static build.
+			if t, err := lookPathEnv("tini-static"); err == nil {
+				rt.initPath = t
 			}
 		}
 	}
@@ -312,8 +326,11 @@ func (rt *containerRT) command(j containerJob) (argv, cleanup []string, err erro
 		return nil, nil, err
 	}
 	argv = append([]string{rt.path}, rt.global...)
-	argv = append(argv, "run", "--rm", "--name", j.Name, "--init",
-		"--user", strconv.Itoa(int(j.ID.UID))+":"+strconv.Itoa(int(j.ID.GID)),
+	argv = append(argv, "run", "--rm", "--name", j.Name, "--init")
+	if rt.initPath != "" {
+		argv = append(argv, "--init-path", rt.initPath)
+	}
+	argv = append(argv, "--user", strconv.Itoa(int(j.ID.UID))+":"+strconv.Itoa(int(j.ID.GID)),
 		"--env-file", envFile, "--network", "host", "--ipc", "host",
 		"--security-opt", "no-new-privileges", "--cap-drop", "ALL",
 		"--volume", j.Tmp+":/tmp")

@@ -20,16 +20,15 @@
 // (floor(t)-floor(S)) + (floor(E)-floor(t)) = floor(E)-floor(S) seconds.
 // Rate and multiplier EffectiveFrom instants are floored the same way.
 //
-// What this rounds away: one allocation's billed seconds are its exact
-// length give or take less than a second, so a month's billed GPU-seconds
-// equal the sum of floor(released_at) − floor(started_at) over its
-// allocations (which metering's usage hours also count), not the sum of
-// released_at − started_at. An allocation that starts and ends within one
-// second bills nothing. When allocation start fractions cluster (they follow
-// the scheduling cycle) the difference is biased: issue 16 measured 1,347,903
-// GPU-s billed against 1,347,971 s allocated over 2,484 allocations. Billing
-// in microseconds (the database's precision) would make the two equal; it
-// needs GPU-microseconds on charge lines and is not done (README, Status).
+// What the allocations table holds matches: allocations are stored on
+// whole seconds (migration 0023 floors started_at and released_at as they
+// are written, as Slurm's accounting keeps whole seconds), so a month's
+// billed GPU-seconds equal the sum of released_at − started_at over its
+// allocations exactly. An allocation that starts and ends within one
+// second has length 0 in the table and bills nothing; one that crosses a
+// second boundary bills that second. (Before, instants were kept to the
+// microsecond and floored only here: issue 16 measured 1,347,903 GPU-s
+// billed against 1,347,971 s of raw allocation over 2,484 allocations.)
 //
 // # Rate card
 //
