@@ -117,6 +117,21 @@ func (s *Scheduler) Cycle(ctx context.Context) (CycleResult, error) {
 		res.Policy = st.Policy
 		snap, nodeNames := Snapshot(st)
 		plan := scheduler.Schedule(snap, st.Now, corePolicy(st.Policy, st.Tiers))
+		// The snapshot has no env (it is only needed to start): the
+		// starting jobs' is read now.
+		startIDs := make([]int64, len(plan.Starts))
+		for i, p := range plan.Starts {
+			startIDs[i] = p.JobID
+		}
+		envs, err := tx.PendingEnvs(ctx, startIDs)
+		if err != nil {
+			return err
+		}
+		for i := range st.Pending {
+			if e, ok := envs[st.Pending[i].ID]; ok {
+				st.Pending[i].Env = e
+			}
+		}
 		starts, preempts, pending := s.orders(st, plan, nodeNames)
 		starts, preempts, pending, res.Deferred = s.capStarts(starts, preempts, pending)
 		res.Pending = len(st.Pending) - len(starts)
