@@ -19,8 +19,9 @@ func TestMain(m *testing.M) {
 	// Jobs get their own /tmp: the test's directories, which its jobs
 	// write to, must live elsewhere.
 	restore := agenttest.TempDirOutsideTmp()
-	// The demo's accounts too: its people's and teams' jobs run as them.
-	cleanup, err := agenttest.EnsureAccounts(append(demo.Accounts(), testJobUser)...)
+	// The demo's accounts too: its people's and teams' jobs run as them;
+	// and allot dev's job account, which allot dev (run by tests) keeps.
+	cleanup, err := agenttest.EnsureAccounts(append(demo.Accounts(), testJobUser, DevJobAccount)...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
