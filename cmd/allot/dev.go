@@ -20,6 +20,7 @@ import (
 	"github.com/allotlabs/allot/internal/clock"
 	"github.com/allotlabs/allot/internal/demo"
 	"github.com/allotlabs/allot/internal/devdb"
+	"github.com/allotlabs/allot/internal/jobs"
 	"github.com/allotlabs/allot/internal/oidcdev"
 	"github.com/jackc/pgx/v5"
 )
@@ -185,6 +186,12 @@ func devMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case state == demo.Empty:
 		log.Info("seeding the demo organisation", "as_of", m.Store.Now().UTC().Format(time.RFC3339))
 		err = demo.SeedAll(ctx, m.Store)
+		if err == nil {
+			// Bill the seeded history now: the worker's rollup at start
+			// may have run before the seed was in (its next is an hour
+			// away), and the demo's last month is to be billed complete.
+			_, err = jobs.Rollup(ctx, m.Store, m.Store.Now())
+		}
 	case state == demo.Foreign:
 		err = fmt.Errorf("the database %s holds teams but no complete demo seed (an interrupted seed of an older version, or an organisation of its own): "+
 			"refusing to run the demo on it; start over with an empty database (stop allot dev, remove %s, or pass --database-url of another database)",
