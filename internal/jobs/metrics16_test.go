@@ -130,6 +130,8 @@ func TestRiverMiddleware(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := metric.NewRiver(reg)
 	m.Kinds("idle")
+	// River stamps a job's times on the real clock, not on Allot's business
+	// clock: the middleware measures against the same real clock.
 	now := time.Now()
 	scheduled, attempted := now.Add(-3*time.Second), now.Add(-time.Second)
 	job := &rivertype.JobRow{Kind: "k", ScheduledAt: scheduled, AttemptedAt: &attempted}

@@ -18,14 +18,22 @@ import (
 // (any team's service account, another person's mapping or claim) is
 // ignored: the provider's claim (preferred_username, say) need not be
 // unique, and people can often edit it.
+// accountSourcesSQL selects the three sources of a job's POSIX account for
+// the user and team placeholders given (allot.ResolveAccount picks): the
+// admin's mapping, the identity provider's claim (unless it names a team's
+// service account or another person's account), the team's service
+// account. The submission reads them with its other context.
+func accountSourcesSQL(user, team string) string {
+	return `coalesce((SELECT posix_user FROM users WHERE id = ` + user + `), ''),
+		coalesce((SELECT u.oidc_posix_user FROM users u WHERE u.id = ` + user + `
+			AND NOT EXISTS (SELECT 1 FROM teams t WHERE t.posix_account = u.oidc_posix_user)
+			AND NOT EXISTS (SELECT 1 FROM users o WHERE o.id <> u.id AND u.oidc_posix_user IN (o.posix_user, o.oidc_posix_user))), ''),
+		coalesce((SELECT posix_account FROM teams WHERE slug = ` + team + `), '')`
+}
+
 func (s *Store) resolveAccount(ctx context.Context, userID int64, team string) (string, string, error) {
 	var mapped, claimed, teamAccount string
-	err := s.db.QueryRow(ctx, `
-		SELECT coalesce((SELECT posix_user FROM users WHERE id = $1), ''),
-			coalesce((SELECT u.oidc_posix_user FROM users u WHERE u.id = $1
-				AND NOT EXISTS (SELECT 1 FROM teams t WHERE t.posix_account = u.oidc_posix_user)
-				AND NOT EXISTS (SELECT 1 FROM users o WHERE o.id <> u.id AND u.oidc_posix_user IN (o.posix_user, o.oidc_posix_user))), ''),
-			coalesce((SELECT posix_account FROM teams WHERE slug = $2), '')`, userID, team).Scan(&mapped, &claimed, &teamAccount)
+	err := s.db.QueryRow(ctx, `SELECT `+accountSourcesSQL("$1", "$2"), userID, team).Scan(&mapped, &claimed, &teamAccount)
 	if err != nil {
 		return "", "", mapErr("resolving the job's POSIX account", err)
 	}

@@ -202,11 +202,7 @@ func (s *Store) submitContext(ctx context.Context, u *allot.User, spec *allot.Jo
 			(SELECT max_runtime_s FROM tiers WHERE id = $2),
 			(SELECT coalesce(array_agg(name ORDER BY name), '{}') FROM gpu_types),
 			g.types, g.gangs,
-			coalesce((SELECT posix_user FROM users WHERE id = $5), ''),
-			coalesce((SELECT u.oidc_posix_user FROM users u WHERE u.id = $5
-				AND NOT EXISTS (SELECT 1 FROM teams t WHERE t.posix_account = u.oidc_posix_user)
-				AND NOT EXISTS (SELECT 1 FROM users o WHERE o.id <> u.id AND u.oidc_posix_user IN (o.posix_user, o.oidc_posix_user))), ''),
-			coalesce((SELECT posix_account FROM teams WHERE slug = $1), '')
+			`+accountSourcesSQL("$5", "$1")+`
 		FROM (SELECT last_value + is_called::int AS v FROM nodes_epoch) ne
 		-- The largest gang per GPU type, only when a node changed since
 		-- the cached one ($7).
