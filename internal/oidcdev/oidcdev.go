@@ -41,6 +41,10 @@ type User struct {
 	// NoEmailVerified leaves the email_verified claim out, as some
 	// providers do (otherwise it is true).
 	NoEmailVerified bool
+	// Claims are extra claims sent in the ID token and from userinfo, as
+	// other providers shape them: "roles" (Entra app roles), group GUIDs,
+	// or Entra's overage marker ("_claim_names"/"_claim_sources").
+	Claims map[string]any
 }
 
 // Client is a registered relying party.
@@ -58,6 +62,9 @@ type Config struct {
 	Issuer  string // the base URL, e.g. http://127.0.0.1:8081 (no trailing slash)
 	Clients []Client
 	Users   []User
+	// GroupsNeedScope sends the groups claim only when the groups scope
+	// was asked for, as Okta and Dex do (otherwise profile gives it too).
+	GroupsNeedScope bool
 	// Hint, if set, is shown under the login form (the demo passwords).
 	Hint string
 	// CodeTTL is how long an authorization code stays valid (default 1 min).
@@ -86,6 +93,7 @@ type grant struct {
 	scopes                                []string
 	user                                  User
 	authTime, expires                     time.Time
+	groupsNeedScope                       bool
 }
 
 // New makes a provider with a fresh RSA signing key.
@@ -324,7 +332,7 @@ func (p *Provider) authorize(w http.ResponseWriter, r *http.Request) {
 	p.mu.Lock()
 	p.purge(now)
 	p.codes[code] = &grant{client: a.ClientID, redirectURI: a.RedirectURI, nonce: a.Nonce, challenge: a.Challenge,
-		scopes: strings.Fields(a.Scope), user: u, authTime: now, expires: now.Add(p.cfg.CodeTTL)}
+		scopes: strings.Fields(a.Scope), user: u, authTime: now, expires: now.Add(p.cfg.CodeTTL), groupsNeedScope: p.cfg.GroupsNeedScope}
 	p.mu.Unlock()
 	p.redirectBack(w, r, a, url.Values{"code": {code}})
 }
@@ -436,9 +444,13 @@ func claims(g *grant) map[string]any {
 	if slices.Contains(g.scopes, "profile") {
 		c["name"], c["preferred_username"] = g.user.Name, g.user.Username
 	}
-	// Groups are sent with the profile or groups scope, as many providers do.
-	if slices.Contains(g.scopes, "profile") || slices.Contains(g.scopes, "groups") {
+	// Groups are sent with the profile or groups scope, as many providers
+	// do, or only with groups (Okta, Dex) when the provider says so.
+	if (slices.Contains(g.scopes, "profile") && !g.groupsNeedScope) || slices.Contains(g.scopes, "groups") {
 		c["groups"] = append([]string{}, g.user.Groups...)
+	}
+	for k, v := range g.user.Claims {
+		c[k] = v
 	}
 	return c
 }
