@@ -1,9 +1,11 @@
 // Package oidcdev is a small OpenID Connect provider for development and
 // tests: discovery, a JWKS with an RS256 key made at start, an authorize
 // endpoint with a username/password form, a token endpoint for the
-// authorization-code grant with PKCE (S256 only), userinfo and an
-// end-session endpoint. It keeps everything in memory and has no single
-// sign-on session: every authorization shows the form.
+// authorization-code grant with PKCE (S256 only), the device authorization
+// grant (RFC 8628, device.go) and refresh tokens with rotation, token
+// revocation (RFC 7009), userinfo and an end-session endpoint. It keeps
+// everything in memory and has no single sign-on session: every
+// authorization shows the form.
 //
 // `allot dev` runs one next to the portal with the demo personas as users,
 // and tests start one as a separate process (`allot oidc-provider`).
@@ -55,6 +57,10 @@ type Client struct {
 	// (127.0.0.1, [::1] or localhost) matches any port (RFC 8252 §7.3), so
 	// a test server on :0 can be registered before it listens.
 	RedirectURIs []string
+	// DeviceGrant lets the client use the device authorization grant, as
+	// Keycloak's per-client switch does. A client with no Secret is public
+	// (a CLI): it names itself with client_id and proves nothing else.
+	DeviceGrant bool
 }
 
 // Config is what a Provider serves.
@@ -71,6 +77,16 @@ type Config struct {
 	CodeTTL time.Duration
 	// TokenTTL is the lifetime of ID and access tokens (default 1 h).
 	TokenTTL time.Duration
+	// RefreshTTL is the lifetime of a refresh token (default 7 days); each
+	// use replaces it with a new one (rotation).
+	RefreshTTL time.Duration
+	// DeviceCodeTTL is how long a device code waits for its user (default
+	// 10 min); DeviceInterval is the least time between two polls of it
+	// (default 5 s, whole seconds).
+	DeviceCodeTTL  time.Duration
+	DeviceInterval time.Duration
+	// Now is the provider's clock (default time.Now).
+	Now func() time.Time
 }
 
 // Provider is the OpenID provider; Handler serves it.
@@ -81,9 +97,12 @@ type Provider struct {
 	signer jose.Signer
 	now    func() time.Time
 
-	mu     sync.Mutex
-	codes  map[string]*grant
-	tokens map[string]*grant
+	mu        sync.Mutex
+	codes     map[string]*grant
+	tokens    map[string]*grant
+	refresh   map[string]*refreshToken
+	devices   map[string]*deviceAuth // by device code
+	userCodes map[string]string      // normalized user code → device code
 }
 
 // grant is one successful authorization: first as a code, then as an
@@ -108,6 +127,19 @@ func New(cfg Config) (*Provider, error) {
 	if cfg.TokenTTL == 0 {
 		cfg.TokenTTL = time.Hour
 	}
+	if cfg.RefreshTTL == 0 {
+		cfg.RefreshTTL = 7 * 24 * time.Hour
+	}
+	if cfg.DeviceCodeTTL == 0 {
+		cfg.DeviceCodeTTL = 10 * time.Minute
+	}
+	if cfg.DeviceInterval < time.Second {
+		cfg.DeviceInterval = 5 * time.Second
+	}
+	cfg.DeviceInterval = cfg.DeviceInterval.Truncate(time.Second)
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
 	key, err := rsa.GenerateKey(rand.Reader, 2048)
 	if err != nil {
 		return nil, fmt.Errorf("oidcdev: making a signing key: %w", err)
@@ -118,8 +150,9 @@ func New(cfg Config) (*Provider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("oidcdev: making a signer: %w", err)
 	}
-	return &Provider{cfg: cfg, key: key, kid: kid, signer: signer, now: time.Now,
-		codes: map[string]*grant{}, tokens: map[string]*grant{}}, nil
+	return &Provider{cfg: cfg, key: key, kid: kid, signer: signer, now: cfg.Now,
+		codes: map[string]*grant{}, tokens: map[string]*grant{}, refresh: map[string]*refreshToken{},
+		devices: map[string]*deviceAuth{}, userCodes: map[string]string{}}, nil
 }
 
 // Issuer is the provider's issuer URL.
@@ -133,6 +166,10 @@ func (p *Provider) Handler() http.Handler {
 	mux.HandleFunc("GET /authorize", p.authorize)
 	mux.HandleFunc("POST /authorize", p.authorize)
 	mux.HandleFunc("POST /token", p.token)
+	mux.HandleFunc("POST /device_authorization", p.deviceAuthorization)
+	mux.HandleFunc("GET /device", p.device)
+	mux.HandleFunc("POST /device", p.device)
+	mux.HandleFunc("POST /revoke", p.revoke)
 	mux.HandleFunc("GET /userinfo", p.userinfo)
 	mux.HandleFunc("POST /userinfo", p.userinfo)
 	mux.HandleFunc("GET /end_session", p.endSession)
@@ -171,13 +208,15 @@ func (p *Provider) discovery(w http.ResponseWriter, _ *http.Request) {
 		"userinfo_endpoint":                     iss + "/userinfo",
 		"jwks_uri":                              iss + "/jwks",
 		"end_session_endpoint":                  iss + "/end_session",
+		"device_authorization_endpoint":         iss + "/device_authorization",
+		"revocation_endpoint":                   iss + "/revoke",
 		"response_types_supported":              []string{"code"},
 		"response_modes_supported":              []string{"query"},
-		"grant_types_supported":                 []string{"authorization_code"},
+		"grant_types_supported":                 []string{"authorization_code", grantDeviceCode, "refresh_token"},
 		"subject_types_supported":               []string{"public"},
 		"id_token_signing_alg_values_supported": []string{string(jose.RS256)},
-		"scopes_supported":                      []string{"openid", "profile", "email", "groups"},
-		"token_endpoint_auth_methods_supported": []string{"client_secret_basic", "client_secret_post"},
+		"scopes_supported":                      []string{"openid", "profile", "email", "groups", "offline_access"},
+		"token_endpoint_auth_methods_supported": []string{"client_secret_basic", "client_secret_post", "none"},
 		"code_challenge_methods_supported":      []string{"S256"},
 		"claims_supported": []string{"iss", "sub", "aud", "exp", "iat", "auth_time", "nonce", "azp",
 			"email", "email_verified", "name", "preferred_username", "groups"},
@@ -358,10 +397,24 @@ func (p *Provider) purge(now time.Time) {
 			delete(p.tokens, k)
 		}
 	}
+	for k, r := range p.refresh {
+		if !r.expires.After(now) {
+			delete(p.refresh, k)
+		}
+	}
+	// An expired device code is kept a while, so that its client hears
+	// expired_token rather than an unknown code.
+	for k, d := range p.devices {
+		if !d.expires.Add(p.cfg.DeviceCodeTTL).After(now) {
+			delete(p.devices, k)
+			delete(p.userCodes, d.userCode)
+		}
+	}
 }
 
 // clientAuth authenticates the client by HTTP Basic (RFC 6749 §2.3.1,
-// form-encoded id and secret) or by client_secret_post.
+// form-encoded id and secret) or by client_secret_post; a public client
+// (no Secret) by its client_id alone, and only without a secret.
 func (p *Provider) clientAuth(r *http.Request) (Client, bool) {
 	id, secret, basic := r.BasicAuth()
 	if basic {
@@ -391,10 +444,19 @@ func (p *Provider) token(w http.ResponseWriter, r *http.Request) {
 		oauthError(w, http.StatusUnauthorized, "invalid_client", "unknown client or wrong secret")
 		return
 	}
-	if gt := r.PostForm.Get("grant_type"); gt != "authorization_code" {
+	switch gt := r.PostForm.Get("grant_type"); gt {
+	case "authorization_code":
+		p.codeGrant(w, r, c)
+	case grantDeviceCode:
+		p.deviceGrant(w, r, c)
+	case "refresh_token":
+		p.refreshGrant(w, r, c)
+	default:
 		oauthError(w, http.StatusBadRequest, "unsupported_grant_type", fmt.Sprintf("grant type %q is not supported", gt))
-		return
 	}
+}
+
+func (p *Provider) codeGrant(w http.ResponseWriter, r *http.Request, c Client) {
 	now := p.now()
 	p.mu.Lock()
 	g, ok := p.codes[r.PostForm.Get("code")]
@@ -417,19 +479,37 @@ func (p *Provider) token(w http.ResponseWriter, r *http.Request) {
 		oauthError(w, http.StatusBadRequest, "invalid_grant", "the PKCE code_verifier does not match the code_challenge")
 		return
 	}
+	p.issue(w, g, now, "")
+}
+
+// issue answers a token request with an access token and an ID token for
+// g, and a refresh token when offline_access was granted: a new family,
+// or the next of family (rotation).
+func (p *Provider) issue(w http.ResponseWriter, g *grant, now time.Time, family string) {
 	idToken, err := p.idToken(g, now)
 	if err != nil {
 		oauthError(w, http.StatusInternalServerError, "server_error", err.Error())
 		return
 	}
 	access := random()
+	out := map[string]any{"access_token": access, "token_type": "Bearer",
+		"expires_in": int(p.cfg.TokenTTL.Seconds()), "id_token": idToken, "scope": strings.Join(g.scopes, " ")}
 	p.mu.Lock()
 	at := *g
 	at.expires = now.Add(p.cfg.TokenTTL)
 	p.tokens[access] = &at
+	if slices.Contains(g.scopes, "offline_access") {
+		if family == "" {
+			family = random()
+		}
+		rt := random()
+		rg := *g
+		rg.expires = now.Add(p.cfg.RefreshTTL)
+		p.refresh[rt] = &refreshToken{grant: rg, family: family, expires: rg.expires}
+		out["refresh_token"] = rt
+	}
 	p.mu.Unlock()
-	writeJSON(w, http.StatusOK, map[string]any{"access_token": access, "token_type": "Bearer",
-		"expires_in": int(p.cfg.TokenTTL.Seconds()), "id_token": idToken, "scope": strings.Join(g.scopes, " ")})
+	writeJSON(w, http.StatusOK, out)
 }
 
 // claims are the user's claims for the granted scopes.
@@ -521,6 +601,9 @@ type formPage struct {
 	Error    string
 	Message  string
 	Hint     string
+	// Device shows the device-verification form (device.go) instead.
+	Device   bool
+	UserCode string
 }
 
 var pageTmpl = template.Must(template.New("page").Parse(`<!DOCTYPE html>
@@ -543,6 +626,18 @@ button{margin-top:1rem;padding:.5rem 1rem;font-size:1rem}.error{color:#b91c1c}.h
 <label for="password">Password</label><input id="password" name="password" type="password" autocomplete="current-password" required>
 <button type="submit" name="action" value="login" data-testid="idp-submit">Sign in</button>
 <button type="submit" name="action" value="deny" formnovalidate data-testid="idp-cancel">Cancel</button>
+</form>
+{{if .Hint}}<p class="hint" data-testid="idp-hint">{{.Hint}}</p>{{end}}
+{{end}}
+{{if .Device}}
+{{if .Client}}<p>Sign in to let <strong>{{.Client}}</strong> on your device act as you. Check that the code is the one your device shows.</p>
+{{else}}<p>Enter the code your device shows, then sign in to allow it.</p>{{end}}
+<form method="post" action="/device" data-testid="idp-device-form">
+<label for="user_code">Code</label><input id="user_code" name="user_code" value="{{.UserCode}}" autocomplete="off" autocapitalize="characters" spellcheck="false" required{{if not .UserCode}} autofocus{{end}}>
+<label for="username">Username</label><input id="username" name="username" autocomplete="username" value="{{.Username}}" required{{if .UserCode}} autofocus{{end}}>
+<label for="password">Password</label><input id="password" name="password" type="password" autocomplete="current-password" required>
+<button type="submit" name="action" value="allow" data-testid="idp-allow">Sign in and allow</button>
+<button type="submit" name="action" value="deny" formnovalidate data-testid="idp-deny">Deny</button>
 </form>
 {{if .Hint}}<p class="hint" data-testid="idp-hint">{{.Hint}}</p>{{end}}
 {{end}}
