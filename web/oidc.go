@@ -27,6 +27,7 @@ type OIDCConfig struct {
 	Issuer       string
 	ClientID     string
 	ClientSecret string
+	CLIClientID  string // allot login's public client with the device grant (oidc_cli.go); empty: no allot login
 	// RedirectURL is this server's callback, …/oidc/callback, as
 	// registered with the provider.
 	RedirectURL string
