@@ -2,6 +2,7 @@ package cliflag
 
 import (
 	"bytes"
+	"errors"
 	"flag"
 	"io"
 	"log/slog"
@@ -54,5 +55,128 @@ func TestLogLevel(t *testing.T) {
 		if err := fs.Parse([]string{"--log-level", bad}); err == nil || !strings.Contains(err.Error(), "want debug, info, warn or error") {
 			t.Errorf("--log-level %q: %v", bad, err)
 		}
+	}
+}
+
+func TestParseReadsTheEnvironment(t *testing.T) {
+	newSet := func() (*flag.FlagSet, *string, *int, *bool, *bytes.Buffer) {
+		fs := flag.NewFlagSet("submit", flag.ContinueOnError)
+		var out bytes.Buffer
+		fs.SetOutput(&out)
+		gpuType := fs.String("gpu-type", "any", "GPU type")
+		gpus := fs.Int("gpus", 1, "GPUs")
+		pre := fs.Bool("preemptible", false, "preemptible")
+		fs.String("team", "", "team")
+		return fs, gpuType, gpus, pre, &out
+	}
+	// Default, then ALLOT_<FLAG>, then ALLOT_<CMD>_<FLAG>, then the command line.
+	fs, typ, gpus, pre, _ := newSet()
+	if err := Parse(fs, nil); err != nil || *typ != "any" || *gpus != 1 || *pre {
+		t.Fatalf("defaults: %q %d %v %v", *typ, *gpus, *pre, err)
+	}
+	t.Setenv("ALLOT_GPU_TYPE", "T4")
+	t.Setenv("ALLOT_GPUS", "4")
+	t.Setenv("ALLOT_PREEMPTIBLE", "true")
+	fs, typ, gpus, pre, _ = newSet()
+	if err := Parse(fs, []string{"rest"}); err != nil || *typ != "T4" || *gpus != 4 || !*pre || fs.Arg(0) != "rest" {
+		t.Fatalf("ALLOT_<FLAG>: %q %d %v %v", *typ, *gpus, *pre, err)
+	}
+	t.Setenv("ALLOT_SUBMIT_GPU_TYPE", "H100")
+	t.Setenv("ALLOT_SUBMIT_GPUS", "") // empty is unset
+	fs, typ, gpus, _, _ = newSet()
+	if err := Parse(fs, nil); err != nil || *typ != "H100" || *gpus != 4 {
+		t.Fatalf("ALLOT_SUBMIT_<FLAG> wins: %q %d %v", *typ, *gpus, err)
+	}
+	fs, typ, gpus, pre, _ = newSet()
+	if err := Parse(fs, []string{"--gpu-type", "A100", "--gpus=8", "--preemptible=false"}); err != nil || *typ != "A100" || *gpus != 8 || *pre {
+		t.Fatalf("the command line wins: %q %d %v %v", *typ, *gpus, *pre, err)
+	}
+	// Another command does not read ALLOT_SUBMIT_*.
+	other := flag.NewFlagSet("jobs", flag.ContinueOnError)
+	otype := other.String("gpu-type", "", "")
+	if err := Parse(other, nil); err != nil || *otype != "T4" {
+		t.Fatalf("jobs --gpu-type = %q %v", *otype, err)
+	}
+	// A job's own variables are not inputs: ALLOT_TEAM is the job's team.
+	t.Setenv("ALLOT_TEAM", "nlp")
+	fs, _, _, _, _ = newSet()
+	if err := Parse(fs, nil); err != nil || fs.Lookup("team").Value.String() != "" {
+		t.Fatalf("ALLOT_TEAM was read: %q %v", fs.Lookup("team").Value, err)
+	}
+	t.Setenv("ALLOT_SUBMIT_TEAM", "recs")
+	fs, _, _, _, _ = newSet()
+	if err := Parse(fs, nil); err != nil || fs.Lookup("team").Value.String() != "recs" {
+		t.Fatalf("ALLOT_SUBMIT_TEAM: %q %v", fs.Lookup("team").Value, err)
+	}
+	// A bad value is an error naming the variable.
+	t.Setenv("ALLOT_SUBMIT_GPUS", "eight")
+	fs, _, _, _, out := newSet()
+	if err := Parse(fs, nil); err == nil || !errors.Is(err, ErrEnv) || !strings.Contains(err.Error(), `$ALLOT_SUBMIT_GPUS="eight" for --gpus`) ||
+		!strings.Contains(out.String(), "ALLOT_SUBMIT_GPUS") {
+		t.Fatalf("bad value: %v / %q", err, out.String())
+	}
+	// ... unless the command line sets the flag.
+	fs, _, gpus, _, _ = newSet()
+	if err := Parse(fs, []string{"--gpus", "2"}); err != nil || *gpus != 2 {
+		t.Fatalf("command line over a bad variable: %d %v", *gpus, err)
+	}
+	// -h names the variables.
+	fs, _, _, _, out = newSet()
+	if err := Parse(fs, []string{"-h"}); err != flag.ErrHelp || !strings.Contains(out.String(), "ALLOT_SUBMIT_<FLAG>") {
+		t.Fatalf("-h: %v\n%s", err, out.String())
+	}
+}
+
+func TestSecretFromTheEnvironmentIsNotPrinted(t *testing.T) {
+	t.Setenv("CLIFLAG_TEST_TOKEN2", "")
+	t.Setenv("ALLOT_X_TOKEN", "from-env")
+	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	tok := Secret(fs, "token", "CLIFLAG_TEST_TOKEN2", "API `token`")
+	if err := Parse(fs, nil); err != nil || tok() != "from-env" {
+		t.Fatalf("token = %q %v", tok(), err)
+	}
+}
+
+func TestRecordAndEnvTable(t *testing.T) {
+	cmds := map[string]func(args []string) int{
+		"submit": func(args []string) int {
+			fs := flag.NewFlagSet("submit", flag.ContinueOnError)
+			fs.String("team", "", "team to submit for (required)")
+			fs.String("gpu-type", "", "GPU `type`; e.g. T4")
+			if err := Parse(fs, args); err != nil {
+				return 2
+			}
+			t.Error("Record ran the command")
+			return 0
+		},
+		"token create": func(args []string) int {
+			fs := flag.NewFlagSet("allot token create", flag.ContinueOnError)
+			fs.String("gpu-type", "", "other usage")
+			fs.String("name", "", "token name. More")
+			return map[bool]int{true: 2}[Parse(fs, args) != nil]
+		},
+	}
+	var sets []*flag.FlagSet
+	for _, c := range []string{"submit", "token create"} {
+		fs := Record(func(args []string) { cmds[c](args) })
+		if fs == nil {
+			t.Fatalf("%s: nothing recorded", c)
+		}
+		sets = append(sets, fs)
+	}
+	if Record(func([]string) {}) != nil {
+		t.Error("recorded a set that was never parsed")
+	}
+	got := Markdown(EnvTable(sets))
+	want := "| Variable | Flag | Commands | Meaning |\n|---|---|---|---|\n" +
+		"| `ALLOT_GPU_TYPE` | `--gpu-type` | submit, token create | GPU type |\n" +
+		"| `ALLOT_NAME` | `--name` | token create | token name |\n" +
+		"| `ALLOT_SUBMIT_TEAM` | `--team` | submit | team to submit for |\n"
+	if got != want {
+		t.Errorf("table:\n%s\nwant:\n%s", got, want)
+	}
+	if n := EnvNames("node", "token"); len(n) != 1 || n[0] != "ALLOT_TOKEN" {
+		t.Errorf("node --token reads %v (ALLOT_NODE_TOKEN is the agent's)", n)
 	}
 }
