@@ -61,6 +61,9 @@ func Open(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	if !strings.Contains(url, "pool_max_conns") {
 		cfg.MaxConns = 32
 	}
+	// The database's allot_now() (node state history, migration 0025) is
+	// this process's clock: the same offset from the real time.
+	cfg.ConnConfig.RuntimeParams["allot.clock_offset_us"] = strconv.FormatInt(clock.Offset().Microseconds(), 10)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to database: %w", err)
