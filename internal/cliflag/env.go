@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -45,9 +46,14 @@ func envWord(s string) string {
 // value, the first set one winning: ALLOT_<COMMAND>_<FLAG> (this command
 // only), then ALLOT_<FLAG> (every command with such a flag). Dashes and
 // spaces become underscores: --gpu-type of `allot submit` reads
-// ALLOT_SUBMIT_GPU_TYPE, then ALLOT_GPU_TYPE. Reserved names are left out.
+// ALLOT_SUBMIT_GPU_TYPE, then ALLOT_GPU_TYPE. Reserved names are left out,
+// and one-letter flags (short aliases such as -J) read none: their long
+// forms do.
 func EnvNames(cmd, name string) []string {
 	var out []string
+	if len(name) < 2 {
+		return nil
+	}
 	for _, n := range []string{EnvPrefix + envWord(cmd) + "_" + envWord(name), EnvPrefix + envWord(name)} {
 		if !IsReserved(n) {
 			out = append(out, n)
@@ -102,7 +108,7 @@ func Parse(fs *flag.FlagSet, args []string) error {
 			}
 			if e := fs.Set(f.Name, v); e != nil {
 				err = fmt.Errorf("%w: $%s=%q for --%s: %v", ErrEnv, env, v, f.Name, e)
-				if isSecret(f) {
+				if isSecret(f) || sensitive.MatchString(f.Name) {
 					err = fmt.Errorf("%w: $%s for --%s: %v", ErrEnv, env, f.Name, e)
 				}
 				fmt.Fprintln(fs.Output(), err)
@@ -112,6 +118,9 @@ func Parse(fs *flag.FlagSet, args []string) error {
 	})
 	return err
 }
+
+// sensitive flag names: a bad value of theirs is not repeated.
+var sensitive = regexp.MustCompile(`(?i)secret|token|password|key|database-url`)
 
 func isSecret(f *flag.Flag) bool {
 	_, ok := f.Value.(*secret)
@@ -172,6 +181,9 @@ func EnvTable(sets []*flag.FlagSet) []EnvVar {
 		cmd := CommandName(fs)
 		fs.VisitAll(func(f *flag.Flag) {
 			name := EnvPrefix + envWord(f.Name)
+			if len(f.Name) < 2 {
+				return
+			}
 			if IsReserved(name) {
 				name = EnvPrefix + envWord(cmd) + "_" + envWord(f.Name)
 				if IsReserved(name) {
