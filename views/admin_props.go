@@ -20,6 +20,7 @@ var AdminTabs = []AdminTab{
 	{"/admin/health", "Health rules", "health"},
 	{"/admin/users", "People", "users"},
 	{"/admin/accounts", "Accounts", "accounts"},
+	{"/admin/identity", "Identity", "identity"},
 	{"/admin/node-tokens", "Node tokens", "node-tokens"},
 	{"/admin/audit", "Audit log", "audit"},
 	{"/admin/versions", "Policy versions", "versions"},

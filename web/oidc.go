@@ -31,9 +31,24 @@ type OIDCConfig struct {
 	// RedirectURL is this server's callback, …/oidc/callback, as
 	// registered with the provider.
 	RedirectURL string
-	// Scopes asked for besides openid (default profile, email).
+	// Scopes asked for besides openid. Empty: profile and email, and
+	// groups when the provider's discovery lists it in scopes_supported
+	// (Okta and Dex send the groups claim only for that scope; Keycloak
+	// and Entra ID refuse scopes they do not know, and do not list it).
 	Scopes []string
 	Claims ClaimMapping
+	// LinkEmailIssuers are the issuers whose verified email may link a
+	// first sign-in to an account that never signed in (the bootstrap
+	// admin, people recorded before SSO). Empty: none; an admin links
+	// such sign-ins (POST /api/v1/users/{user}/oidc-link, /admin/identity).
+	LinkEmailIssuers []string
+}
+
+// linkByEmail says whether issuer may link sign-ins by verified email.
+func (c OIDCConfig) linkByEmail(issuer string) bool {
+	return issuer != "" && slices.ContainsFunc(c.LinkEmailIssuers, func(i string) bool {
+		return strings.TrimSuffix(i, "/") == strings.TrimSuffix(issuer, "/")
+	})
 }
 
 // Enabled says whether SSO is configured.
@@ -74,36 +89,19 @@ func (m ClaimMapping) WithDefaults() ClaimMapping {
 	return m
 }
 
-// Map returns the roles the groups give: admin, finance and team
-// memberships (a lead group wins over a member group of the same team).
-// Groups that mean nothing to Allot are ignored.
+// Map returns the roles the groups give with the built-in mapping
+// (DefaultRules): admin, finance and team memberships (a lead group wins
+// over a member group of the same team). Groups that mean nothing to
+// Allot are ignored.
 func (m ClaimMapping) Map(groups []string) (admin, finance bool, ms []allot.Membership) {
 	m = m.WithDefaults()
-	roles := map[string]string{}
-	for _, g := range groups {
-		switch {
-		case g == m.AdminGroup:
-			admin = true
-		case g == m.FinanceGroup:
-			finance = true
-		case strings.HasPrefix(g, m.TeamPrefix):
-			team, role := strings.TrimPrefix(g, m.TeamPrefix), allot.TeamRoleMember
-			if t, ok := strings.CutSuffix(team, m.LeadSuffix); ok {
-				team, role = t, allot.TeamRoleLead
-			}
-			if !allot.ValidSlug(team) {
-				continue
-			}
-			if roles[team] != allot.TeamRoleLead {
-				roles[team] = role
-			}
+	res := store.ApplyRules(m.DefaultRules(), func(c string) []string {
+		if c == m.GroupsClaim {
+			return groups
 		}
-	}
-	for team, role := range roles {
-		ms = append(ms, allot.Membership{Team: team, Role: role})
-	}
-	slices.SortFunc(ms, func(a, b allot.Membership) int { return strings.Compare(a.Team, b.Team) })
-	return admin, finance, ms
+		return nil
+	})
+	return res.Admin, res.Finance, res.Memberships
 }
 
 // oidcClient discovers the provider on first use (so the server starts
@@ -116,14 +114,29 @@ type oidcClient struct {
 	verifier   *oidc.IDTokenVerifier
 	oauth      *oauth2.Config
 	endSession string
+	// autoScopes: the configuration named no scopes, so groups is added
+	// when the provider lists it.
+	autoScopes bool
 }
 
 func newOIDCClient(cfg OIDCConfig) *oidcClient {
 	cfg.Claims = cfg.Claims.WithDefaults()
-	if len(cfg.Scopes) == 0 {
+	auto := len(cfg.Scopes) == 0
+	if auto {
 		cfg.Scopes = []string{"profile", "email"}
 	}
-	return &oidcClient{cfg: cfg}
+	return &oidcClient{cfg: cfg, autoScopes: auto}
+}
+
+// scopes are the scopes sign-ins ask for ("" until the provider was
+// discovered), for the admin page.
+func (o *oidcClient) scopes() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.oauth == nil {
+		return nil
+	}
+	return slices.Clone(o.oauth.Scopes)
 }
 
 // errIdP is the provider being unreachable or misconfigured.
@@ -145,15 +158,20 @@ func (o *oidcClient) get(ctx context.Context) (*oidcClient, error) {
 		return nil, fmt.Errorf("%w: %v", errIdP, err)
 	}
 	var extra struct {
-		EndSession string `json:"end_session_endpoint"`
+		EndSession string   `json:"end_session_endpoint"`
+		Scopes     []string `json:"scopes_supported"`
 	}
 	if err := p.Claims(&extra); err != nil {
 		return nil, fmt.Errorf("%w: reading discovery: %v", errIdP, err)
 	}
 	o.provider, o.endSession = p, extra.EndSession
 	o.verifier = p.Verifier(&oidc.Config{ClientID: o.cfg.ClientID})
+	scopes := append([]string{oidc.ScopeOpenID}, o.cfg.Scopes...)
+	if o.autoScopes && slices.Contains(extra.Scopes, "groups") {
+		scopes = append(scopes, "groups")
+	}
 	o.oauth = &oauth2.Config{ClientID: o.cfg.ClientID, ClientSecret: o.cfg.ClientSecret, RedirectURL: o.cfg.RedirectURL,
-		Endpoint: p.Endpoint(), Scopes: append([]string{oidc.ScopeOpenID}, o.cfg.Scopes...)}
+		Endpoint: p.Endpoint(), Scopes: scopes}
 	return o, nil
 }
 
@@ -235,7 +253,15 @@ func (s *Server) oidcCallback(c echo.Context) error {
 		if d := q.Get("error_description"); d != "" {
 			msg += ": " + d
 		}
-		return s.loginError(c, http.StatusForbidden, msg+".")
+		msg += "."
+		if e == "invalid_scope" {
+			// A provider that refuses scopes it does not know (Keycloak,
+			// Entra ID): say which were asked for and where to change them.
+			msg += " Allot asked for the scopes \"" + strings.Join(s.oidc.scopes(), " ") +
+				"\"; an admin can set the scopes with --oidc-scopes (ALLOT_OIDC_SCOPES), e.g. \"profile email\" without groups."
+			s.log.Warn("the identity provider refused the scopes Allot asked for", "scopes", s.oidc.scopes(), "description", q.Get("error_description"))
+		}
+		return s.loginError(c, http.StatusForbidden, msg)
 	}
 	code := q.Get("code")
 	if code == "" {
@@ -262,15 +288,34 @@ func (s *Server) oidcCallback(c echo.Context) error {
 	if subtle.ConstantTimeCompare([]byte(idt.Nonce), []byte(login.Nonce)) != 1 {
 		return s.loginError(c, http.StatusBadRequest, "The ID token does not belong to this sign-in (nonce mismatch). Start again.")
 	}
-	u, verified, err := s.oidcUser(ctx, o, idt, tok)
+	u, verified, report, err := s.oidcUser(ctx, o, idt, tok)
 	if err != nil {
 		return s.loginError(c, http.StatusForbidden, err.Error())
 	}
-	unknown, err := s.st.UpsertOIDCUser(ctx, u, verified)
-	if err != nil {
+	record := func(outcome, detail string) {
+		report.Outcome, report.Detail = outcome, detail
+		if err := s.st.RecordOIDCSignIn(ctx, report); err != nil {
+			s.log.Warn("recording the sign-in failed", "err", err)
+		}
+	}
+	unknown, err := s.st.SignInOIDC(ctx, u, idt.Issuer, verified, o.cfg.linkByEmail(idt.Issuer))
+	var link *store.LinkRequiredError
+	switch {
+	case errors.As(err, &link):
+		// Never link by email by itself here: the "nOAuth" takeover is a
+		// second identity-provider account claiming a known email.
+		s.log.Warn("OIDC sign-in not linked to the existing account: an admin must link it",
+			"user", u.Email, "issuer", idt.Issuer, "subject", u.OIDCSubject, "reason", link.Reason)
+		record("link_required", link.Reason)
+		return s.loginError(c, http.StatusForbidden, fmt.Sprintf(
+			"An Allot account exists for %s, but this sign-in is not linked to it (%s). An admin must link your identity to the account "+
+				"(Admin → Identity, or POST /api/v1/users/{user}/oidc-link). Give them: issuer %s, subject %s.",
+			u.Email, link.Reason, idt.Issuer, u.OIDCSubject))
+	case err != nil:
 		if allot.ErrorCode(err) == allot.EInternal || allot.ErrorCode(err) == allot.EUnavailable {
 			return err
 		}
+		record("refused", allot.ErrorMessage(err))
 		if allot.ErrorCode(err) == allot.EForbidden { // an admin disabled the account
 			s.log.Warn("OIDC sign-in of a disabled user refused", "user", u.Email, "subject", u.OIDCSubject)
 			return s.loginError(c, http.StatusForbidden, allot.ErrorMessage(err))
@@ -278,6 +323,8 @@ func (s *Server) oidcCallback(c echo.Context) error {
 		s.log.Warn("OIDC sign-in refused", "user", u.Email, "subject", u.OIDCSubject, "err", err)
 		return s.loginError(c, http.StatusConflict, "Your account could not be recorded: "+allot.ErrorMessage(err))
 	}
+	report.Roles = rolesSummary(u)
+	record("signed_in", "")
 	if len(unknown) > 0 {
 		s.log.Warn("OIDC groups name teams Allot does not know", "user", u.Email, "teams", unknown)
 	}
@@ -306,15 +353,23 @@ func exchangeError(err error) string {
 }
 
 // oidcUser maps the ID token's claims (and userinfo's, when the ID token
-// lacks the groups claim) to a user, and says whether the provider vouches
-// for the email address (email_verified explicitly true: only then may the
-// sign-in be linked by email to an account Allot already has).
-func (s *Server) oidcUser(ctx context.Context, o *oidcClient, idt *oidc.IDToken, tok *oauth2.Token) (*allot.User, bool, error) {
+// lacks a claim the mapping reads) to a user, says whether the provider
+// vouches for the email address (email_verified explicitly true: only then
+// may the sign-in be linked by email to an account Allot already has), and
+// reports what the provider sent (claim names and counts, not values).
+func (s *Server) oidcUser(ctx context.Context, o *oidcClient, idt *oidc.IDToken, tok *oauth2.Token) (*allot.User, bool, store.OIDCSignIn, error) {
+	report := store.OIDCSignIn{Issuer: idt.Issuer, Subject: idt.Subject, ClaimCounts: map[string]int{}}
 	var claims map[string]any
 	if err := idt.Claims(&claims); err != nil {
-		return nil, false, fmt.Errorf("the ID token's claims cannot be read: %v", err)
+		return nil, false, report, fmt.Errorf("the ID token's claims cannot be read: %v", err)
 	}
-	if _, ok := claims[o.cfg.Claims.GroupsClaim]; !ok {
+	rules, err := s.idpRules(ctx, o.cfg.Claims)
+	if err != nil {
+		return nil, false, report, fmt.Errorf("the identity mapping cannot be read: %v", err)
+	}
+	read := ruleClaims(rules)
+	missing := slices.ContainsFunc(read, func(c string) bool { _, ok := claimValues(claims, c); return !ok })
+	if _, ok := claims["email"]; missing || !ok {
 		info, err := o.provider.UserInfo(ctx, oauth2.StaticTokenSource(tok))
 		if err == nil && info.Subject == idt.Subject {
 			var more map[string]any
@@ -329,11 +384,12 @@ func (s *Server) oidcUser(ctx context.Context, o *oidcClient, idt *oidc.IDToken,
 	}
 	str := func(k string) string { v, _ := claims[k].(string); return strings.TrimSpace(v) }
 	email := str("email")
+	report.Email = email
 	if email == "" {
-		return nil, false, errors.New("the identity provider sent no email address: ask for the email scope")
+		return nil, false, report, errors.New("the identity provider sent no email address: ask for the email scope")
 	}
 	if v, ok := claims["email_verified"].(bool); ok && !v {
-		return nil, false, errors.New("your email address is not verified at the identity provider")
+		return nil, false, report, errors.New("your email address is not verified at the identity provider")
 	}
 	// Some providers send the claim as a string.
 	verified := claims["email_verified"] == true || claims["email_verified"] == "true"
@@ -344,26 +400,36 @@ func (s *Server) oidcUser(ctx context.Context, o *oidcClient, idt *oidc.IDToken,
 	if name == "" {
 		name = email
 	}
-	var groups []string
-	if _, ok := claims[o.cfg.Claims.GroupsClaim]; !ok {
-		// Roles still follow the provider (an IdP may leave the claim out
-		// for someone in no group), but a misconfigured claim name strips
-		// everyone's roles: say so where admins look.
-		s.log.Warn("the identity provider sent no groups claim: this person gets no admin, finance or team roles",
-			"user", email, "claim", o.cfg.Claims.GroupsClaim)
+	for k := range claims {
+		report.ClaimNames = append(report.ClaimNames, k)
 	}
-	switch g := claims[o.cfg.Claims.GroupsClaim].(type) {
-	case []any:
-		for _, x := range g {
-			if s, ok := x.(string); ok {
-				groups = append(groups, s)
-			}
+	slices.Sort(report.ClaimNames)
+	values := map[string][]string{}
+	for _, c := range read {
+		v, ok := claimValues(claims, c)
+		if ok {
+			values[c] = v
+			report.ClaimCounts[c] = len(v)
 		}
-	case string:
-		groups = strings.FieldsFunc(g, func(r rune) bool { return r == ',' || r == ' ' })
 	}
-	u := &allot.User{OIDCSubject: idt.Subject, Email: email, Name: name}
-	u.Admin, u.Finance, u.Memberships = o.cfg.Claims.Map(groups)
+	if over := overageClaims(claims, read); len(over) > 0 {
+		// Entra ID sends _claim_names.groups instead of the groups when a
+		// person is in more than 200 (150 in SAML): Allot does not fetch
+		// them from Microsoft Graph, so say so where admins look.
+		report.Overage = true
+		s.log.Warn("the identity provider sent a groups overage marker (_claim_names) instead of the groups: this person gets no roles from them; use app roles (the roles claim) or emit only the groups assigned to the application",
+			"user", email, "claims", over)
+	}
+	if len(values) == 0 {
+		// Roles still follow the provider (an IdP may leave the claim out
+		// for someone in no group), but a misconfigured claim strips
+		// everyone's roles: say so where admins look.
+		s.log.Warn("the identity provider sent none of the claims the identity mapping reads: this person gets no admin, finance or team roles",
+			"user", email, "claims", read)
+	}
+	res := store.ApplyRules(rules, func(c string) []string { return values[c] })
+	report.Matched = res.Matched
+	u := &allot.User{OIDCSubject: idt.Subject, Email: email, Name: name, Admin: res.Admin, Finance: res.Finance, Memberships: res.Memberships}
 	if claim := o.cfg.Claims.AccountClaim; claim != "" {
 		account := str(claim)
 		switch {
@@ -377,7 +443,7 @@ func (s *Server) oidcUser(ctx context.Context, o *oidcClient, idt *oidc.IDToken,
 			u.OIDCPosixUser = account
 		}
 	}
-	return u, verified, nil
+	return u, verified, report, nil
 }
 
 // startSession logs userID in on this browser, ending the session it had

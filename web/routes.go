@@ -70,6 +70,11 @@ func (s *Server) routes() {
 	r(post, "/admin/users/:user/enable", s.adminUserAccessForm(false), RuleAdmin)
 	r(get, "/admin/accounts", s.adminAccountsPage, RuleAdmin)
 	r(post, "/admin/users/:user/account", s.adminAccountForm, RuleAdmin)
+	r(get, "/admin/identity", s.adminIdentityPage, RuleAdmin)
+	r(post, "/admin/identity/rules", s.adminIdPRuleCreateForm, RuleAdmin)
+	r(post, "/admin/identity/rules/:id", s.adminIdPRuleUpdateForm, RuleAdmin)
+	r(post, "/admin/identity/rules/:id/delete", s.adminIdPRuleDeleteForm, RuleAdmin)
+	r(post, "/admin/identity/link", s.adminLinkForm, RuleAdmin)
 	r(get, "/admin/node-tokens", s.adminNodeTokensPage, RuleAdmin)
 	r(post, "/admin/node-tokens", s.adminCreateNodeTokenForm, RuleAdmin)
 	r(post, "/admin/node-tokens/rotate", s.adminRotateNodeTokenForm, RuleAdmin)
@@ -94,6 +99,9 @@ func (s *Server) routes() {
 	// JSON API.
 	const api = "/api/v1"
 	r(get, api+"/me", s.apiMe, RuleUser)
+	// API: allot login (oidc_cli.go); public, the CLI has no token yet.
+	r(get, api+"/auth/cli", s.apiCLIConfig, RulePublic)
+	r(post, api+"/auth/cli/token", s.apiCLIToken, RulePublic)
 	r(post, api+"/jobs", s.apiSubmitJob, RuleSubmitter)
 	r(get, api+"/jobs", s.apiListJobs, RuleUser)
 	r(get, api+"/jobs/:id", s.apiGetJob, RuleUser)
@@ -107,8 +115,12 @@ func (s *Server) routes() {
 	r(get, api+"/chargeback", s.apiChargeback, RuleLeadOrFinance)
 	r(get, api+"/chargeback.csv", s.apiChargebackCSV, RuleLeadOrFinance)
 	r(post, api+"/chargeback/:month/close", s.apiCloseMonth, RuleFinance)
+	r(get, api+"/capacity", s.apiCapacity, RuleFinance)
+	r(get, api+"/capacity.csv", s.apiCapacityCSV, RuleFinance)
 	r(get, api+"/cluster", s.apiCluster, RuleUser)
 	r(get, api+"/fairshare", s.apiFairShare, RuleUser)
+	r(get, api+"/priorities", s.apiPriorities, RuleUser) // the pending jobs the caller can see (api_cli.go)
+	r(get, api+"/node-usage", s.apiNodeUsage, RuleUser)  // every node's GPUs allocated and idle (api_cli.go)
 	// (API: cluster, admin, tokens, health, burst go here, grouped.)
 	r(get, api+"/burst", s.apiBurst, RuleUser)
 	r(get, api+"/tokens", s.apiListTokens, RuleUser)
@@ -140,6 +152,13 @@ func (s *Server) routes() {
 	// API: who jobs run as (the team's service account is a team field).
 	r(get, api+"/accounts", s.apiListAccounts, RuleAdmin)
 	r(put, api+"/users/:user/account", s.apiSetAccount, RuleAdmin)
+	// API: identity-provider mapping and linking (admin).
+	r(get, api+"/idp-mappings", s.apiListIdPMappings, RuleAdmin)
+	r(post, api+"/idp-mappings", s.apiCreateIdPMapping, RuleAdmin)
+	r(put, api+"/idp-mappings/:id", s.apiUpdateIdPMapping, RuleAdmin)
+	r(del, api+"/idp-mappings/:id", s.apiDeleteIdPMapping, RuleAdmin)
+	r(get, api+"/idp-sign-ins", s.apiIdPSignIns, RuleAdmin)
+	r(post, api+"/users/:user/oidc-link", s.apiLinkOIDC, RuleAdmin)
 	r(get, api+"/audit", s.apiAudit, RuleAdmin)
 	r(get, api+"/audit.csv", s.apiAuditCSV, RuleAdmin)
 	// API: nodes and health.

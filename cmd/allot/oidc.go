@@ -2,7 +2,9 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -14,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/allotlabs/allot/internal/cliflag"
 	"github.com/allotlabs/allot/internal/oidcdev"
@@ -35,9 +38,15 @@ func oidcFlags(fs *flag.FlagSet) func() (web.OIDCConfig, error) {
 	fs.StringVar(&c.Issuer, "oidc-issuer", env("ALLOT_OIDC_ISSUER", ""), "OIDC issuer URL; empty: no single sign-on (env ALLOT_OIDC_ISSUER)")
 	fs.StringVar(&c.ClientID, "oidc-client-id", env("ALLOT_OIDC_CLIENT_ID", ""), "OIDC client ID (env ALLOT_OIDC_CLIENT_ID)")
 	clientSecret := cliflag.Secret(fs, "oidc-client-secret", "ALLOT_OIDC_CLIENT_SECRET", "OIDC client `secret`; prefer the env")
+	fs.StringVar(&c.CLIClientID, "oidc-cli-client-id", env("ALLOT_OIDC_CLI_CLIENT_ID", ""),
+		"client ID of allot login at the provider: a public client (no secret) with the device authorization grant; empty: no allot login (env ALLOT_OIDC_CLI_CLIENT_ID)")
 	fs.StringVar(&c.RedirectURL, "oidc-redirect-url", env("ALLOT_OIDC_REDIRECT_URL", ""),
 		"this server's callback as registered at the provider, https://allot.example.com/oidc/callback (env ALLOT_OIDC_REDIRECT_URL; default: the listen URL)")
-	fs.StringVar(&scopes, "oidc-scopes", env("ALLOT_OIDC_SCOPES", "profile email"), "scopes besides openid, space-separated (env ALLOT_OIDC_SCOPES)")
+	fs.StringVar(&scopes, "oidc-scopes", env("ALLOT_OIDC_SCOPES", ""),
+		"scopes besides openid, space-separated (env ALLOT_OIDC_SCOPES; default: profile email, and groups when the provider's discovery lists it, as Okta and Dex do)")
+	var linkIssuers string
+	fs.StringVar(&linkIssuers, "oidc-link-email-issuers", env("ALLOT_OIDC_LINK_EMAIL_ISSUERS", ""),
+		"issuers, comma- or space-separated, whose verified email links a first sign-in to an account that never signed in (the bootstrap admin); default none: an admin links it at /admin/identity (env ALLOT_OIDC_LINK_EMAIL_ISSUERS)")
 	fs.StringVar(&c.Claims.GroupsClaim, "oidc-groups-claim", env("ALLOT_OIDC_GROUPS_CLAIM", "groups"), "claim that lists the user's groups (env ALLOT_OIDC_GROUPS_CLAIM)")
 	fs.StringVar(&c.Claims.AdminGroup, "oidc-admin-group", env("ALLOT_OIDC_ADMIN_GROUP", "allot-admins"), "group whose members are admins (env ALLOT_OIDC_ADMIN_GROUP)")
 	fs.StringVar(&c.Claims.FinanceGroup, "oidc-finance-group", env("ALLOT_OIDC_FINANCE_GROUP", "allot-finance"), "group whose members are finance (env ALLOT_OIDC_FINANCE_GROUP)")
@@ -48,6 +57,7 @@ func oidcFlags(fs *flag.FlagSet) func() (web.OIDCConfig, error) {
 	return func() (web.OIDCConfig, error) {
 		c.Scopes = strings.Fields(scopes)
 		c.ClientSecret = clientSecret()
+		c.LinkEmailIssuers = strings.FieldsFunc(linkIssuers, func(r rune) bool { return r == ',' || r == ' ' })
 		return c, checkOIDC(c)
 	}
 }
@@ -74,6 +84,11 @@ func checkOIDC(c web.OIDCConfig) error {
 	}
 	if err := checkOIDCRedirect(c); err != nil {
 		return err
+	}
+	for _, iss := range c.LinkEmailIssuers {
+		if p, err := url.Parse(iss); err != nil || p.Host == "" || (p.Scheme != "https" && p.Scheme != "http") {
+			return fmt.Errorf("--oidc-link-email-issuers: %q is not an issuer URL (http(s)://…, as in the ID token's iss claim)", iss)
+		}
 	}
 	if c.Claims.GroupsClaim == "" || c.Claims.TeamPrefix == "" {
 		return errors.New("--oidc-groups-claim and --oidc-team-prefix must not be empty")
@@ -118,10 +133,16 @@ func cmdOIDCProvider(args []string, stdout, stderr io.Writer) int {
 	secret := fs.String("client-secret", "allot-dev-secret", "the client secret Allot uses")
 	password := fs.String("password", "demo", "password of the demo users noah, nadia, finn and ada")
 	watchStdin := fs.Bool("watch-stdin", false, "exit when stdin closes (for a parent process)")
+	cliClientID := fs.String("cli-client-id", "", "also register this public client with the device authorization grant, for allot login (default: none)")
+	deviceInterval := fs.Duration("device-interval", 5*time.Second, "least time between two polls of a device code (whole seconds)")
+	deviceCodeTTL := fs.Duration("device-code-ttl", 10*time.Minute, "how long a device code waits for its user")
+	tokenTTL := fs.Duration("token-ttl", time.Hour, "lifetime of ID and access tokens")
 	var redirects multiFlag
 	fs.Var(&redirects, "redirect-uri", "allowed redirect URI, repeatable; loopback URIs match any port (default http://127.0.0.1/oidc/callback, http://localhost/oidc/callback)")
 	var extra multiFlag
 	fs.Var(&extra, "user", "one more user USERNAME:SUBJECT:EMAIL[:unverified] with the same password, repeatable; unverified: no email_verified claim")
+	usersJSON := fs.String("users-json", "", "a JSON `file` of more users [{username, subject, email, name, groups, claims, no_email_verified}] with the same password, shaped like another provider's (Keycloak group paths, Entra ID GUIDs and roles)")
+	groupsNeedScope := fs.Bool("groups-need-scope", false, "send the groups claim only for the groups scope, as Okta and Dex do")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -137,8 +158,17 @@ func cmdOIDCProvider(args []string, stdout, stderr io.Writer) int {
 		}
 		users = append(users, oidcdev.User{Username: f[0], Subject: f[1], Email: f[2], Name: f[0], Password: *password, NoEmailVerified: len(f) == 4})
 	}
-	srv, err := oidcdev.Listen(*addr, oidcdev.Config{Users: users, Hint: oidcdev.DemoHint(users),
-		Clients: []oidcdev.Client{{ID: *clientID, Secret: *secret, RedirectURIs: redirects}}})
+	if *usersJSON != "" {
+		more, err := readProviderUsers(*usersJSON, *password)
+		if err != nil {
+			fmt.Fprintf(stderr, "allot oidc-provider: --users-json: %v\n", err)
+			return 2
+		}
+		users = append(users, more...)
+	}
+	srv, err := oidcdev.Listen(*addr, oidcdev.Config{Users: users, Hint: oidcdev.DemoHint(users), GroupsNeedScope: *groupsNeedScope,
+		Clients:        providerClients(*clientID, *secret, redirects, *cliClientID),
+		DeviceInterval: *deviceInterval, DeviceCodeTTL: *deviceCodeTTL, TokenTTL: *tokenTTL})
 	if err != nil {
 		fmt.Fprintf(stderr, "allot oidc-provider: %v\n", err)
 		return 1
@@ -160,10 +190,58 @@ func cmdOIDCProvider(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// readProviderUsers reads --users-json: users shaped like another
+// provider's, all with password.
+func readProviderUsers(path, password string) ([]oidcdev.User, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var in []struct {
+		Username        string         `json:"username"`
+		Subject         string         `json:"subject"`
+		Email           string         `json:"email"`
+		Name            string         `json:"name"`
+		Groups          []string       `json:"groups"`
+		Claims          map[string]any `json:"claims"`
+		NoEmailVerified bool           `json:"no_email_verified"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&in); err != nil {
+		return nil, err
+	}
+	var out []oidcdev.User
+	for i, u := range in {
+		if u.Username == "" || u.Subject == "" || u.Email == "" {
+			return nil, fmt.Errorf("user %d: username, subject and email are required", i+1)
+		}
+		if u.Name == "" {
+			u.Name = u.Username
+		}
+		out = append(out, oidcdev.User{Username: u.Username, Subject: u.Subject, Email: u.Email, Name: u.Name, Password: password,
+			Groups: u.Groups, Claims: u.Claims, NoEmailVerified: u.NoEmailVerified})
+	}
+	return out, nil
+}
+
+// providerClients are the portal's client and, when cliID is set, allot
+// login's public client with the device grant.
+func providerClients(id, secret string, redirects []string, cliID string) []oidcdev.Client {
+	cs := []oidcdev.Client{{ID: id, Secret: secret, RedirectURIs: redirects}}
+	if cliID != "" {
+		cs = append(cs, oidcdev.Client{ID: cliID, DeviceGrant: true})
+	}
+	return cs
+}
+
 type multiFlag []string
 
 func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
 func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
+
+// devCLIClientID is allot login's client at `allot dev`'s provider.
+const devCLIClientID = "allot-cli"
 
 // defaultDevOIDCAddr is where `allot dev` starts its development OIDC
 // provider unless --oidc-addr says otherwise (a variable for one test,
@@ -197,7 +275,9 @@ func devOIDCAddr(addr string) (string, error) {
 // moved; otherwise a taken addr is an error.
 func devOIDC(addr string, fallback bool, password string) (srv *oidcdev.Server, c web.OIDCConfig, moved string, err error) {
 	users := oidcdev.DemoUsers(password)
-	cfg := oidcdev.Config{Users: users, Hint: oidcdev.DemoHint(users)}
+	// With allot login's public client (the device grant).
+	cfg := oidcdev.Config{Users: users, Hint: oidcdev.DemoHint(users), DeviceInterval: 2 * time.Second,
+		Clients: []oidcdev.Client{{ID: devCLIClientID, DeviceGrant: true}}}
 	srv, err = oidcdev.Listen(addr, cfg)
 	if err != nil {
 		if !fallback {
@@ -215,7 +295,9 @@ func devOIDC(addr string, fallback bool, password string) (srv *oidcdev.Server, 
 	}
 	// The demo users' preferred_username (noah, nadia, finn, ada) is their
 	// POSIX account, as a company's provider would send uid.
-	c = web.OIDCConfig{Issuer: srv.Issuer(), ClientID: "allot-dev", ClientSecret: "allot-dev-secret",
-		Claims: web.ClaimMapping{AccountClaim: "preferred_username"}}
+	// The demo's people never signed in: their first sign-in links them by
+	// the provider's verified email.
+	c = web.OIDCConfig{Issuer: srv.Issuer(), ClientID: "allot-dev", ClientSecret: "allot-dev-secret", CLIClientID: devCLIClientID,
+		Claims: web.ClaimMapping{AccountClaim: "preferred_username"}, LinkEmailIssuers: []string{srv.Issuer()}}
 	return srv, c, moved, nil
 }
