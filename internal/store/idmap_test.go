@@ -110,7 +110,7 @@ func TestIdPMappingsAudited(t *testing.T) {
 	audits := b.count(t, "audit_log")
 	for _, bad := range []store.IdPMapping{
 		{Claim: "groups", Match: "path", Pattern: "/teams/{team}/lead", Grant: "lead"}, // the same rule
-		{Claim: "groups", Match: "exact", Pattern: "x", Grant: "lead", Team: "ghost"},   // no such team
+		{Claim: "groups", Match: "exact", Pattern: "x", Grant: "lead", Team: "ghost"},  // no such team
 		{Claim: "groups", Match: "regex", Pattern: "(", Grant: "admin"},
 	} {
 		if _, _, err := b.st.CreateIdPMapping(b.ctx, "ada@example.com", bad, ""); allot.Fields(err) == nil {
