@@ -413,3 +413,26 @@ var (
 	bdMonthY = num(bdH - 4)
 	bdMidX   = num(bdPadL + bdPlotW/2)
 )
+
+// NiceTicks is a value axis from 0 to a round top at or above max, with
+// at most n steps of 1, 2, 2.5 or 5 times a power of ten, labelled by
+// label (nil: the number).
+func NiceTicks(max float64, n int, label func(float64) string) (top float64, ticks []ChartTick) {
+	if n < 1 {
+		n = chartYTickCount
+	}
+	if max <= 0 || math.IsNaN(max) || math.IsInf(max, 0) {
+		max = chartDefaultYMax
+	}
+	step := niceStep(max / float64(n))
+	top = math.Ceil(max/step-1e-9) * step
+	for i := 0.0; i*step <= top*(1+1e-9); i++ {
+		v := i * step
+		l := strconv.FormatFloat(v, 'f', -1, 64)
+		if label != nil {
+			l = label(v)
+		}
+		ticks = append(ticks, ChartTick{At: v, Label: l})
+	}
+	return top, ticks
+}

@@ -3,6 +3,7 @@ package views
 // GPUTypeRow is one GPU type on /admin/gpu-types with its edit form.
 type GPUTypeRow struct {
 	Name, Memory, Rate, Status string
+	CapacityCost               string // per GPU-hour of owned capacity; "" not set
 	Retired                    bool
 	Nodes                      int
 	Values                     GPUTypeFormValues
@@ -13,6 +14,7 @@ type GPUTypeRow struct {
 // GPUTypeFormValues are a GPU type form's fields as typed.
 type GPUTypeFormValues struct {
 	Name, MemoryGB, Rate, Note string
+	CapacityCost               string
 }
 
 // AdminGPUTypes is /admin/gpu-types.

@@ -28,6 +28,10 @@ type GPUTypeJSON struct {
 	Retired    bool       `json:"retired"`
 	RetiredAt  *time.Time `json:"retired_at"`
 	Nodes      int        `json:"nodes"`
+	// CapacityCost is one GPU-hour of owned capacity's cost (capacity
+	// report, unrecovered cost), decimal in the rate card's currency; "":
+	// not set.
+	CapacityCost string `json:"capacity_cost"`
 }
 
 // GPUTypeList is GET /api/v1/gpu-types.
@@ -46,11 +50,18 @@ type GPUTypeRequest struct {
 	Currency   string  `json:"currency,omitempty"`
 	Retired    *bool   `json:"retired,omitempty"`
 	Note       string  `json:"note,omitempty"`
+	// CapacityCost (PUT only) sets the cost of one GPU-hour of owned
+	// capacity, decimal; "" clears it.
+	CapacityCost *string `json:"capacity_cost,omitempty"`
 }
 
 func gpuTypeJSON(g store.GPUTypeInfo) GPUTypeJSON {
-	return GPUTypeJSON{Name: g.Name, MemoryGB: g.MemoryGB, HourlyRate: g.HourlyRate.Decimal(), Currency: g.HourlyRate.Currency,
+	out := GPUTypeJSON{Name: g.Name, MemoryGB: g.MemoryGB, HourlyRate: g.HourlyRate.Decimal(), Currency: g.HourlyRate.Currency,
 		Retired: g.Retired(), RetiredAt: optTime(g.RetiredAt), Nodes: g.Nodes}
+	if g.CapacityCost != nil {
+		out.CapacityCost = g.CapacityCost.Decimal()
+	}
+	return out
 }
 
 func (s *Server) apiListGPUTypes(c echo.Context) error {
@@ -94,6 +105,9 @@ func (s *Server) createGPUType(c echo.Context, u *allot.User, req GPUTypeRequest
 	if req.Retired != nil && *req.Retired {
 		f.Add("retired", "a new GPU type cannot be retired")
 	}
+	if req.CapacityCost != nil && strings.TrimSpace(*req.CapacityCost) != "" {
+		f.Add("capacity_cost", "set it once the type exists (allot gpu-type set %s --capacity-cost X)", g.Name)
+	}
 	if err := f.Err(); err != nil {
 		return store.AdminResult{}, err
 	}
@@ -125,8 +139,22 @@ func (s *Server) updateGPUType(c echo.Context, u *allot.User, name string, req G
 		}
 		rate = &m
 	}
-	return s.st.UpdateGPUType(ctx, policyChange(u, "", "gpu_type:"+name, req.Note), name,
-		store.GPUTypeUpdate{MemoryGB: req.MemoryGB, Retired: req.Retired, Rate: rate})
+	up := store.GPUTypeUpdate{MemoryGB: req.MemoryGB, Retired: req.Retired, Rate: rate}
+	if req.CapacityCost != nil {
+		up.SetCapacityCost = true
+		if v := strings.TrimSpace(*req.CapacityCost); v != "" {
+			cur, err := s.cardCurrency(c)
+			if err != nil {
+				return store.AdminResult{}, err
+			}
+			m, err := allot.ParseMoney(v, cur)
+			if err != nil {
+				return store.AdminResult{}, (allot.FieldErrors{"capacity_cost": err.Error()}).Err()
+			}
+			up.CapacityCost = &m
+		}
+	}
+	return s.st.UpdateGPUType(ctx, policyChange(u, "", "gpu_type:"+name, req.Note), name, up)
 }
 
 func (s *Server) apiCreateGPUType(c echo.Context) error {
@@ -188,6 +216,9 @@ func (s *Server) gpuTypesView(c echo.Context, edited, created *views.GPUTypeRow)
 	for _, g := range list {
 		row := views.GPUTypeRow{Name: g.Name, Memory: fmt.Sprintf("%d GB", g.MemoryGB), Rate: g.HourlyRate.String(), Status: "in use",
 			Retired: g.Retired(), Nodes: g.Nodes, Values: views.GPUTypeFormValues{MemoryGB: strconv.Itoa(g.MemoryGB)}, Errors: map[string]string{}}
+		if g.CapacityCost != nil {
+			row.CapacityCost, row.Values.CapacityCost = g.CapacityCost.String(), g.CapacityCost.Decimal()
+		}
 		if g.Retired() {
 			row.Status = "retired " + fmtTime(g.RetiredAt)
 		}
@@ -232,7 +263,7 @@ func (s *Server) adminGPUTypeForm(c echo.Context) error {
 		return err
 	}
 	name := c.Param("name")
-	v := views.GPUTypeFormValues{MemoryGB: c.FormValue("memory_gb"), Note: c.FormValue("note")}
+	v := views.GPUTypeFormValues{MemoryGB: c.FormValue("memory_gb"), Note: c.FormValue("note"), CapacityCost: c.FormValue("capacity_cost")}
 	req := GPUTypeRequest{Note: v.Note}
 	switch c.FormValue("action") {
 	case "retire", "reinstate":
@@ -246,6 +277,7 @@ func (s *Server) adminGPUTypeForm(c echo.Context) error {
 		} else {
 			err = (allot.FieldErrors{"memory_gb": "must be a whole number of GB, e.g. 80"}).Err()
 		}
+		req.CapacityCost = &v.CapacityCost
 	}
 	if err == nil {
 		r, err = s.updateGPUType(c, u, name, req)

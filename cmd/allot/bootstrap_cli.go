@@ -107,7 +107,8 @@ func cmdBootstrapAdmin(args []string, stdout, stderr io.Writer) int {
 const gpuTypeUsage = `usage:
   allot gpu-type list                                         the GPU types, with memory, rate in force, nodes
   allot gpu-type create NAME --memory-gb 80 --rate 4.10 [--currency USD] [--note TEXT]
-  allot gpu-type set NAME [--memory-gb N] [--rate R] [--note TEXT]   edit (a rate applies from now on)
+  allot gpu-type set NAME [--memory-gb N] [--rate R] [--capacity-cost C] [--note TEXT]   edit (a rate applies from now on;
+                                                             C: one GPU-hour of owned capacity's cost, "" clears it)
   allot gpu-type retire NAME [--note TEXT]                   no new nodes of it; its nodes and history stay
   allot gpu-type reinstate NAME [--note TEXT]
 flags: --server URL (env ALLOT_URL)  --token T (env ALLOT_TOKEN; an admin's for all but list)
@@ -128,6 +129,7 @@ func cmdGPUType(args []string, stdout, stderr io.Writer) int {
 	rate := fs.String("rate", "", "price of one GPU-hour at multiplier 1, decimal (e.g. 4.10)")
 	currency := fs.String("currency", "", "currency of the rate (default: the rate card's, else USD)")
 	note := fs.String("note", "", "why, for the audit log")
+	capCost := fs.String("capacity-cost", "", `cost of one GPU-hour of owned capacity, decimal, for the capacity report's unrecovered cost ("" clears it)`)
 	pos, ok := parseInterleaved(fs, args[1:])
 	if !ok {
 		return 2
@@ -178,15 +180,18 @@ func cmdGPUType(args []string, stdout, stderr io.Writer) int {
 			r.Value.Name, r.Value.MemoryGB, r.Value.HourlyRate, r.Value.Currency, r.PolicyVersion, r.AuditID)
 		return 0
 	case "set", "retire", "reinstate":
-		if len(pos) != 1 || verb != "set" && (set["memory-gb"] || set["rate"]) {
+		if len(pos) != 1 || verb != "set" && (set["memory-gb"] || set["rate"] || set["capacity-cost"]) {
 			return usage()
 		}
 		req := web.GPUTypeRequest{Currency: *currency, Note: *note}
 		switch verb {
 		case "set":
-			if !set["memory-gb"] && !set["rate"] {
-				fmt.Fprintln(stderr, "allot gpu-type set: give --memory-gb or --rate (or both)")
+			if !set["memory-gb"] && !set["rate"] && !set["capacity-cost"] {
+				fmt.Fprintln(stderr, "allot gpu-type set: give --memory-gb, --rate or --capacity-cost")
 				return 2
+			}
+			if set["capacity-cost"] {
+				req.CapacityCost = capCost
 			}
 			if set["memory-gb"] {
 				req.MemoryGB = mem
@@ -209,6 +214,9 @@ func cmdGPUType(args []string, stdout, stderr io.Writer) int {
 		if !r.Changed {
 			fmt.Fprintf(stdout, "no change: GPU type %s is already %d GB, %s %s per GPU-hour%s\n", r.Value.Name, r.Value.MemoryGB, r.Value.HourlyRate, r.Value.Currency, status)
 			return 0
+		}
+		if r.Value.CapacityCost != "" {
+			status += ", owned capacity " + r.Value.CapacityCost + " " + r.Value.Currency + " per GPU-hour"
 		}
 		fmt.Fprintf(stdout, "GPU type %s: %d GB, %s %s per GPU-hour%s (policy version %d, audit entry %d)\n",
 			r.Value.Name, r.Value.MemoryGB, r.Value.HourlyRate, r.Value.Currency, status, r.PolicyVersion, r.AuditID)

@@ -25,6 +25,9 @@ type GPUTypeInfo struct {
 	allot.GPUType
 	RetiredAt time.Time // zero: in use
 	Nodes     int
+	// CapacityCost is one GPU-hour of owned capacity's cost, in the rate
+	// card's currency (capacity report); nil: not set.
+	CapacityCost *allot.Money
 }
 
 // Retired says whether the type is retired.
@@ -37,13 +40,15 @@ type GPUTypeValues struct {
 	Rate     string `json:"hourly_rate,omitempty"` // per GPU-hour at multiplier 1, decimal (creation only)
 	Currency string `json:"currency,omitempty"`
 	Retired  bool   `json:"retired"`
+	// CapacityCost per GPU-hour of owned capacity, decimal; "" not set.
+	CapacityCost string `json:"capacity_cost,omitempty"`
 }
 
 // GPUTypeInfos lists every GPU type by name, retired ones too.
 func (s *Store) GPUTypeInfos(ctx context.Context) ([]GPUTypeInfo, error) {
 	rows, err := s.db.Query(ctx, `
 		SELECT g.name, g.memory_gb, coalesce(r.rate_micros, 0), coalesce(r.currency, 'USD'), g.retired_at,
-			(SELECT count(*) FROM nodes n WHERE n.gpu_type = g.name)
+			(SELECT count(*) FROM nodes n WHERE n.gpu_type = g.name), g.capacity_cost_micros
 		FROM gpu_types g
 		LEFT JOIN LATERAL (
 			SELECT rate_micros, currency FROM gpu_rates
@@ -56,9 +61,13 @@ func (s *Store) GPUTypeInfos(ctx context.Context) ([]GPUTypeInfo, error) {
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (GPUTypeInfo, error) {
 		var g GPUTypeInfo
 		var retired *time.Time
-		err := r.Scan(&g.Name, &g.MemoryGB, &g.HourlyRate.Micros, &g.HourlyRate.Currency, &retired, &g.Nodes)
+		var capCost *int64
+		err := r.Scan(&g.Name, &g.MemoryGB, &g.HourlyRate.Micros, &g.HourlyRate.Currency, &retired, &g.Nodes, &capCost)
 		if retired != nil {
 			g.RetiredAt = retired.UTC()
+		}
+		if capCost != nil {
+			g.CapacityCost = &allot.Money{Micros: *capCost, Currency: g.HourlyRate.Currency}
 		}
 		return g, err
 	})
@@ -136,6 +145,10 @@ type GPUTypeUpdate struct {
 	// Rate is a new hourly rate, in force from now on (from the second
 	// after the newest rate's start, when that is now).
 	Rate *allot.Money
+	// SetCapacityCost sets the cost of one GPU-hour of owned capacity to
+	// CapacityCost (nil: not set any more), in the rate card's currency.
+	SetCapacityCost bool
+	CapacityCost    *allot.Money
 }
 
 // UpdateGPUType edits a GPU type's memory or retires (or reinstates) it,
@@ -149,6 +162,9 @@ func (s *Store) UpdateGPUType(ctx context.Context, c PolicyChange, name string, 
 	if u.Rate != nil && (u.Rate.Micros < 0 || u.Rate.Micros > billing.MaxRateMicros) {
 		return AdminResult{}, (allot.FieldErrors{"hourly_rate": "must be between 0 and 1000000 per GPU-hour"}).Err()
 	}
+	if u.SetCapacityCost && u.CapacityCost != nil && (u.CapacityCost.Micros < 0 || u.CapacityCost.Micros > billing.MaxRateMicros) {
+		return AdminResult{}, (allot.FieldErrors{"capacity_cost": "must be between 0 and 1000000 per GPU-hour"}).Err()
+	}
 	if c.Action == "" {
 		c.Action = "gpu_type.update"
 		if u.Retired != nil && *u.Retired && u.MemoryGB == nil {
@@ -161,8 +177,9 @@ func (s *Store) UpdateGPUType(ctx context.Context, c PolicyChange, name string, 
 	return s.changeIfAny(ctx, c, func(tx *Store, _ *allot.Policy) (any, any, error) {
 		var before GPUTypeValues
 		var retired *time.Time
-		err := tx.db.QueryRow(ctx, `SELECT name, memory_gb, retired_at FROM gpu_types WHERE name = $1 FOR UPDATE`, name).
-			Scan(&before.Name, &before.MemoryGB, &retired)
+		var capCost *int64
+		err := tx.db.QueryRow(ctx, `SELECT name, memory_gb, retired_at, capacity_cost_micros FROM gpu_types WHERE name = $1 FOR UPDATE`, name).
+			Scan(&before.Name, &before.MemoryGB, &retired, &capCost)
 		if err == pgx.ErrNoRows {
 			return nil, nil, allot.Errorf(allot.ENotFound, "no GPU type %q", name)
 		}
@@ -178,7 +195,19 @@ func (s *Store) UpdateGPUType(ctx context.Context, c PolicyChange, name string, 
 			return nil, nil, mapErr("loading rate", err)
 		}
 		before.Rate = allot.Money{Micros: micros, Currency: before.Currency}.Decimal()
+		if capCost != nil {
+			before.CapacityCost = allot.Money{Micros: *capCost}.Decimal()
+		}
 		after := before
+		if u.SetCapacityCost {
+			after.CapacityCost, capCost = "", nil
+			if u.CapacityCost != nil {
+				if before.Currency != "" && u.CapacityCost.Currency != before.Currency {
+					return nil, nil, (allot.FieldErrors{"capacity_cost": fmt.Sprintf("costs are in the rate card's currency, %s, not %s", before.Currency, u.CapacityCost.Currency)}).Err()
+				}
+				after.CapacityCost, capCost = u.CapacityCost.Decimal(), &u.CapacityCost.Micros
+			}
+		}
 		if u.MemoryGB != nil {
 			after.MemoryGB = *u.MemoryGB
 		}
@@ -211,7 +240,7 @@ func (s *Store) UpdateGPUType(ctx context.Context, c PolicyChange, name string, 
 				at = retired
 			}
 		}
-		if _, err := tx.db.Exec(ctx, `UPDATE gpu_types SET memory_gb = $2, retired_at = $3 WHERE name = $1`, name, after.MemoryGB, at); err != nil {
+		if _, err := tx.db.Exec(ctx, `UPDATE gpu_types SET memory_gb = $2, retired_at = $3, capacity_cost_micros = $4 WHERE name = $1`, name, after.MemoryGB, at, capCost); err != nil {
 			return nil, nil, mapErr("updating GPU type", err)
 		}
 		return before, after, nil
