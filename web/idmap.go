@@ -118,15 +118,13 @@ func claimValues(claims map[string]any, name string) (vals []string, ok bool) {
 }
 
 // overageClaims are the claims the rules read that the token names in
-// _claim_names (Entra ID's "too many groups to send, ask Graph") and does
-// not carry. "groups" counts even when no rule reads it by that name.
+// _claim_names (Entra ID's "too many to send, ask Microsoft Graph"; the
+// claim itself is then left out). "groups" counts even when no rule reads
+// it by that name.
 func overageClaims(claims map[string]any, read []string) []string {
 	names, _ := claims["_claim_names"].(map[string]any)
 	var out []string
 	for k := range names {
-		if _, have := claims[k]; have {
-			continue
-		}
 		if k == "groups" || slices.Contains(read, k) {
 			out = append(out, k)
 		}

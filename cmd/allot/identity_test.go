@@ -336,7 +336,7 @@ func TestJobSpecFieldsThreeWays(t *testing.T) {
 func TestOIDCAccountClaimStoredAtSignIn(t *testing.T) {
 	issuer := startProvider(t)
 	e := bootMain(t, &Main{Config: Config{Worker: true, RequirePOSIXAccount: true,
-		OIDC: web.OIDCConfig{Issuer: issuer, ClientID: testClientID, ClientSecret: testClientSecret,
+		OIDC: web.OIDCConfig{Issuer: issuer, ClientID: testClientID, ClientSecret: testClientSecret, LinkEmailIssuers: []string{issuer},
 			Claims: web.ClaimMapping{AccountClaim: "preferred_username"}}}})
 	ctx := context.Background()
 	if _, err := e.m.Pool.Exec(ctx, `UPDATE users SET posix_user = '' WHERE email = 'noah@example.com'; UPDATE teams SET posix_account = ''`); err != nil {

@@ -94,7 +94,9 @@ func startProcess(t *testing.T, cmd *exec.Cmd, name string) string {
 func bootSSO(t *testing.T, issuer string) *env {
 	t.Helper()
 	return bootMain(t, &Main{Config: Config{Worker: true,
-		OIDC: web.OIDCConfig{Issuer: issuer, ClientID: testClientID, ClientSecret: testClientSecret}}})
+		OIDC: web.OIDCConfig{Issuer: issuer, ClientID: testClientID, ClientSecret: testClientSecret,
+			// The demo's people never signed in: link them by verified email.
+			LinkEmailIssuers: []string{issuer}}}})
 }
 
 // ssoBrowser is a cookie-keeping client that does not follow redirects,
@@ -421,7 +423,7 @@ func TestOIDCRefusals(t *testing.T) {
 // TestOIDCEmailLinking: a first SSO sign-in links the account Allot
 // created for the person by email; a second provider account with the same
 // email, or one whose provider does not say the email is verified, is
-// refused (409, no session) and changes nothing.
+// refused (403: an admin must link it, no session) and changes nothing.
 func TestOIDCEmailLinking(t *testing.T) {
 	nadiaEmail, finnEmail := demo.PersonaEmail[demo.Lead], demo.PersonaEmail[demo.Finance]
 	issuer := startProvider(t, "--user", "mallory:idp-mallory:"+nadiaEmail, "--user", "zed:idp-zed:"+finnEmail+":unverified")
@@ -441,8 +443,9 @@ func TestOIDCEmailLinking(t *testing.T) {
 		before := sessionCount(t, e)
 		b := newSSOBrowser(t)
 		s := b.do("GET", b.authorize(b.start(e, ""), username, testPassword, "login"), nil)
-		if s.status != http.StatusConflict || !strings.Contains(s.body, msg) || !strings.Contains(s.body, `data-testid="login-error"`) {
-			t.Errorf("%s: %d, want 409 with %q\n%s", name, s.status, msg, s.body)
+		if s.status != http.StatusForbidden || !strings.Contains(s.body, msg) || !strings.Contains(s.body, "An admin must link") ||
+			!strings.Contains(s.body, `data-testid="login-error"`) {
+			t.Errorf("%s: %d, want 403 with %q\n%s", name, s.status, msg, s.body)
 		}
 		for _, c := range s.cookies {
 			if c.Name == "allot_session" && c.Value != "" {
@@ -459,12 +462,12 @@ func TestOIDCEmailLinking(t *testing.T) {
 		t.Fatalf("nadia's first sign-in: landed on %q, subject %q", to, subject(nadiaEmail))
 	}
 	// Another account at the provider with nadia's (verified) email.
-	refused("second account", "mallory", "already belongs to an Allot account")
+	refused("second account", "mallory", "signs in with another identity-provider account")
 	if s := subject(nadiaEmail); s != "dev-nadia" {
 		t.Errorf("nadia's subject is now %q", s)
 	}
 	// No email_verified claim: finn's account, never signed in, is not linked.
-	refused("unverified email", "zed", "not say this email address is verified")
+	refused("unverified email", "zed", "does not say this email address is verified")
 	if s := subject(finnEmail); !strings.HasPrefix(s, "demo|") {
 		t.Errorf("finn's subject is now %q", s)
 	}
@@ -559,7 +562,7 @@ func TestOIDCFlags(t *testing.T) {
 	c, err := parse("--oidc-redirect-url", "https://allot.example.com/oidc/callback", "--oidc-admin-group", "gpu-admins")
 	if err != nil || c.Issuer != "https://idp.example.com/realms/acme" || c.ClientID != "allot" || c.ClientSecret != "s" ||
 		c.Claims.GroupsClaim != "roles" || c.Claims.AdminGroup != "gpu-admins" || c.Claims.FinanceGroup != "allot-finance" ||
-		strings.Join(c.Scopes, " ") != "profile email" {
+		len(c.Scopes) != 0 || len(c.LinkEmailIssuers) != 0 {
 		t.Errorf("from env and flags: %+v %v", c, err)
 	}
 	for _, args := range [][]string{
