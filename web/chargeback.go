@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"sort"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/allotlabs/allot/internal/allot"
@@ -54,6 +53,40 @@ func (s *Server) chargebackMonth(c echo.Context) (billing.YearMonth, error) {
 	return m, nil
 }
 
+// chargebackPeriod parses what a statement or export covers: ?month=
+// (default: this month; see chargebackMonth) or ?from=&to=, a half-open
+// UTC period of whole hours, at most billing.MaxPeriod long, that may not
+// start in the future (billing.CheckPeriod). Empty from and to are as if
+// absent; month together with from or to is refused.
+func (s *Server) chargebackPeriod(c echo.Context) (billing.Period, error) {
+	from, to := c.QueryParam("from"), c.QueryParam("to")
+	if from == "" && to == "" {
+		m, err := s.chargebackMonth(c)
+		return billing.MonthPeriod(m), err
+	}
+	if c.QueryParam("month") != "" {
+		return billing.Period{}, (allot.FieldErrors{"month": "give either month or from and to, not both"}).Err()
+	}
+	return billing.CheckPeriod(from, to, s.st.Now())
+}
+
+// periodName names p in messages and file names: the month, or
+// FROM–TO in RFC 3339.
+func periodName(p billing.Period) string {
+	if m, ok := p.Month(); ok {
+		return m.String()
+	}
+	return p.From.Format(time.RFC3339) + " to " + p.To.Format(time.RFC3339)
+}
+
+func noCharges(p billing.Period) error {
+	if m, ok := p.Month(); ok {
+		return allot.Errorf(allot.ENotFound, "no charges for %s: no usage was recorded then, or the hourly rollup has not run yet", m)
+	}
+	return allot.Errorf(allot.ENotFound, "no charges from %s to %s: no usage was recorded then, or the hourly rollup has not run yet",
+		p.From.Format(time.RFC3339), p.To.Format(time.RFC3339))
+}
+
 func gpuHours(seconds int64) string {
 	return new(big.Rat).SetFrac64(seconds, 3600).FloatString(4)
 }
@@ -85,30 +118,40 @@ type ChargeGroupJSON struct {
 
 // ChargeLineJSON is one line: the CSV's columns.
 type ChargeLineJSON struct {
-	Month       string   `json:"month"`
-	Kind        string   `json:"kind"`
-	Team        string   `json:"team"`
-	CostCenter  string   `json:"cost_center"`
-	JobID       int64    `json:"job_id"`
-	JobName     string   `json:"job_name"`
-	User        string   `json:"user"`
-	Tier        string   `json:"tier"`
-	GPUType     string   `json:"gpu_type"`
-	GPUs        int64    `json:"gpus"`
-	StartedAt   string   `json:"started_at"`
-	EndedAt     string   `json:"ended_at"`
-	GPUHours    string   `json:"gpu_hours"`
-	Rate        string   `json:"rate"`
-	Multiplier  string   `json:"multiplier"`
-	Amount      string   `json:"amount"`
-	Currency    string   `json:"currency"`
-	MeanGPUUtil *float64 `json:"mean_gpu_util"`
+	Month string `json:"month"`
+	Kind  string `json:"kind"`
+	// ChargeCategory is usage, credit, usage_correction or
+	// credit_correction (billing.Category).
+	ChargeCategory string   `json:"charge_category"`
+	Team           string   `json:"team"`
+	CostCenter     string   `json:"cost_center"`
+	JobID          int64    `json:"job_id"`
+	JobName        string   `json:"job_name"`
+	User           string   `json:"user"`
+	Tier           string   `json:"tier"`
+	GPUType        string   `json:"gpu_type"`
+	GPUs           int64    `json:"gpus"`
+	StartedAt      string   `json:"started_at"`
+	EndedAt        string   `json:"ended_at"`
+	GPUHours       string   `json:"gpu_hours"`
+	Rate           string   `json:"rate"`
+	Multiplier     string   `json:"multiplier"`
+	Amount         string   `json:"amount"`
+	Currency       string   `json:"currency"`
+	MeanGPUUtil    *float64 `json:"mean_gpu_util"`
 }
 
 // ChargebackJSON is the body of GET /api/v1/chargeback.
 type ChargebackJSON struct {
-	Month    string            `json:"month"`
-	Currency string            `json:"currency"`
+	// Month is the statement's month; "" for a period of ?from=&to=
+	// that is not exactly one month.
+	Month string `json:"month"`
+	// From and To bound the period, [From, To), in RFC 3339 UTC.
+	From     string `json:"from"`
+	To       string `json:"to"`
+	Currency string `json:"currency"`
+	// Closed: every month the period touches is closed (ClosedAt: the
+	// latest close).
 	Closed   bool              `json:"closed"`
 	ClosedAt *time.Time        `json:"closed_at"`
 	Total    ChargeTotalJSON   `json:"total"`
@@ -121,13 +164,14 @@ type ChargebackJSON struct {
 
 func lineJSON(r *store.ChargeRow) ChargeLineJSON {
 	cur := r.Amount.Currency
-	return ChargeLineJSON{Month: r.Month, Kind: r.Kind, Team: r.Team, CostCenter: r.CostCenter, JobID: r.JobID, JobName: r.JobName, User: r.User,
+	return ChargeLineJSON{Month: r.Month, Kind: r.Kind, ChargeCategory: string(billing.CategoryOf(billing.Kind(r.Kind), billing.Kind(r.Adjusts))), Team: r.Team, CostCenter: r.CostCenter, JobID: r.JobID, JobName: r.JobName, User: r.User,
 		Tier: r.Tier, GPUType: r.GPUType, GPUs: r.GPUs, StartedAt: r.From.Format(time.RFC3339), EndedAt: r.To.Format(time.RFC3339),
 		GPUHours: gpuHours(r.GPUSeconds), Rate: allot.Money{Micros: r.RateMicros, Currency: cur}.Decimal(), Multiplier: multiplier(r.MultiplierBP),
 		Amount: r.Amount.Decimal(), Currency: cur, MeanGPUUtil: r.MeanGPUUtil}
 }
 
-// chargeback loads a month's statement for the caller.
+// chargeback loads the caller's statement for ?month= or ?from=&to=
+// (chargebackPeriod).
 func (s *Server) chargeback(c echo.Context, withLines bool) (ChargebackJSON, error) {
 	u, err := currentUser(c)
 	if err != nil {
@@ -137,19 +181,36 @@ func (s *Server) chargeback(c echo.Context, withLines bool) (ChargebackJSON, err
 	if err != nil {
 		return ChargebackJSON{}, err
 	}
-	m, err := s.chargebackMonth(c)
+	p, err := s.chargebackPeriod(c)
 	if err != nil {
 		return ChargebackJSON{}, err
 	}
 	ctx := c.Request().Context()
-	out := ChargebackJSON{Month: m.String(), Teams: []ChargeGroupJSON{}, ByTier: []ChargeGroupJSON{}, ByUser: []ChargeGroupJSON{},
-		ByJob: []ChargeGroupJSON{}, Lines: []ChargeLineJSON{}}
-	if at, _, err := s.st.MonthClosed(ctx, m); err != nil {
-		return out, err
-	} else if !at.IsZero() {
-		out.Closed, out.ClosedAt = true, &at
+	out := ChargebackJSON{From: p.From.Format(time.RFC3339), To: p.To.Format(time.RFC3339), Teams: []ChargeGroupJSON{}, ByTier: []ChargeGroupJSON{},
+		ByUser: []ChargeGroupJSON{}, ByJob: []ChargeGroupJSON{}, Lines: []ChargeLineJSON{}}
+	if m, ok := p.Month(); ok {
+		out.Month = m.String()
 	}
-	lines, err := s.exportSt.ChargeLinesOfTeams(ctx, m, teams)
+	out.Closed = true
+	for _, m := range p.Months() {
+		at, _, err := s.st.MonthClosed(ctx, m)
+		if err != nil {
+			return out, err
+		}
+		if at.IsZero() {
+			out.Closed, out.ClosedAt = false, nil
+			break
+		}
+		if out.ClosedAt == nil || at.After(*out.ClosedAt) {
+			out.ClosedAt = &at
+		}
+	}
+	var lines []billing.Line
+	if m, ok := p.Month(); ok {
+		lines, err = s.exportSt.ChargeLinesOfTeams(ctx, m, teams)
+	} else {
+		lines, err = s.exportSt.ChargeLinesIn(ctx, p, teams)
+	}
 	if err != nil {
 		return out, err
 	}
@@ -192,13 +253,18 @@ func (s *Server) chargeback(c echo.Context, withLines bool) (ChargebackJSON, err
 	}
 	sort.Slice(out.ByJob, func(i, j int) bool { return out.ByJob[i].JobID < out.ByJob[j].JobID })
 	if len(lines) == 0 {
-		return out, allot.Errorf(allot.ENotFound, "no charges for %s: no usage was recorded then, or the hourly rollup has not run yet", m)
+		return out, noCharges(p)
 	}
 	if withLines {
-		err = s.exportSt.EachChargeRow(ctx, m, teams, func(r *store.ChargeRow) error {
-			out.Lines = append(out.Lines, lineJSON(r))
-			return nil
-		})
+		for _, m := range p.Months() {
+			err = s.exportSt.EachChargeRowIn(ctx, m, p, teams, func(r *store.ChargeRow) error {
+				out.Lines = append(out.Lines, lineJSON(r))
+				return nil
+			})
+			if err != nil {
+				break
+			}
+		}
 	}
 	return out, err
 }
@@ -211,16 +277,31 @@ func (s *Server) apiChargeback(c echo.Context) error {
 	return writeJSON(c, http.StatusOK, out)
 }
 
-// CSVColumns are the chargeback CSV's columns, in order.
+// CSVColumns are the chargeback CSV's columns, in order. charge_category
+// (billing.Category) says what the line is; tier is the plain tier.
 var CSVColumns = []string{"month", "team", "cost_center", "job_id", "job_name", "user", "tier", "gpu_type", "gpus", "started_at", "ended_at",
-	"gpu_hours", "rate", "multiplier", "amount", "currency", "mean_gpu_util"}
+	"gpu_hours", "rate", "multiplier", "amount", "currency", "mean_gpu_util", "charge_category"}
+
+// allotCSVRecord is a line as a row of CSVColumns.
+func allotCSVRecord(r *store.ChargeRow) []string {
+	l := lineJSON(r)
+	util := ""
+	if l.MeanGPUUtil != nil {
+		util = strconv.FormatFloat(*l.MeanGPUUtil, 'f', 1, 64)
+	}
+	return []string{l.Month, l.Team, csvText(l.CostCenter), strconv.FormatInt(l.JobID, 10), csvText(l.JobName), csvText(l.User), l.Tier, l.GPUType,
+		strconv.FormatInt(l.GPUs, 10), l.StartedAt, l.EndedAt, l.GPUHours, l.Rate, l.Multiplier, l.Amount, l.Currency, util, l.ChargeCategory}
+}
 
 // apiChargebackCSV streams RFC 4180 CSV in constant memory: a page of
-// lines per short query (store.EachChargeRow), no database connection held
-// while the client reads, and a client that takes nothing for
-// ExportStallTimeout is dropped (exportWriter). A failure before the first
-// line answers a problem; after it, the download is cut off, never ended
-// short as if complete.
+// lines per short query (store.EachChargeRowIn), no database connection
+// held while the client reads, and a client that takes nothing for
+// ExportStallTimeout is dropped (exportWriter). ?format= picks the
+// columns: allot (the default, CSVColumns) or focus (FOCUS 1.2,
+// FOCUSColumns); ?month= or ?from=&to= the period (chargebackPeriod),
+// read a month at a time. A failure before the first line answers a
+// problem; after it, the download is cut off, never ended short as if
+// complete.
 func (s *Server) apiChargebackCSV(c echo.Context) error {
 	u, err := currentUser(c)
 	if err != nil {
@@ -230,46 +311,54 @@ func (s *Server) apiChargebackCSV(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	m, err := s.chargebackMonth(c)
+	header, record, prefix := CSVColumns, allotCSVRecord, "allot-chargeback"
+	switch c.QueryParam("format") {
+	case "", "allot":
+	case "focus":
+		header, record, prefix = FOCUSColumns, focusRecord, "allot-focus"
+	default:
+		return (allot.FieldErrors{"format": fmt.Sprintf(`%q: must be "allot" (Allot's columns, the default) or "focus" (FOCUS 1.2)`,
+			c.QueryParam("format"))}).Err()
+	}
+	p, err := s.chargebackPeriod(c)
 	if err != nil {
 		return err
+	}
+	name := prefix + "-" + p.From.Format("2006-01-02T15") + "_" + p.To.Format("2006-01-02T15") + ".csv"
+	if m, ok := p.Month(); ok {
+		name = prefix + "-" + m.String() + ".csv"
 	}
 	h := c.Response().Header()
 	w := csv.NewWriter(c.Response())
 	w.UseCRLF = true // RFC 4180
 	out := s.exportWriter(c, w)
 	started := false
-	err = s.exportSt.EachChargeRow(c.Request().Context(), m, teams, func(r *store.ChargeRow) error {
+	each := func(r *store.ChargeRow) error {
 		if !started {
 			h.Set(echo.HeaderContentType, "text/csv; charset=utf-8")
-			h.Set(echo.HeaderContentDisposition, fmt.Sprintf(`attachment; filename="allot-chargeback-%s.csv"`, m))
+			h.Set(echo.HeaderContentDisposition, fmt.Sprintf(`attachment; filename="%s"`, name))
 			c.Response().WriteHeader(http.StatusOK)
 			started = true
-			if err := out.write(CSVColumns); err != nil {
+			if err := out.write(header); err != nil {
 				return err
 			}
 		}
-		l := lineJSON(r)
-		util := ""
-		if l.MeanGPUUtil != nil {
-			util = strconv.FormatFloat(*l.MeanGPUUtil, 'f', 1, 64)
+		return out.write(record(r))
+	}
+	for _, m := range p.Months() {
+		if err = s.exportSt.EachChargeRowIn(c.Request().Context(), m, p, teams, each); err != nil {
+			break
 		}
-		tier := l.Tier
-		if l.Kind != string(billing.KindCharge) {
-			tier += " (" + strings.ReplaceAll(l.Kind, "_", " ") + ")"
-		}
-		return out.write([]string{l.Month, l.Team, csvText(l.CostCenter), strconv.FormatInt(l.JobID, 10), csvText(l.JobName), csvText(l.User), tier, l.GPUType,
-			strconv.FormatInt(l.GPUs, 10), l.StartedAt, l.EndedAt, l.GPUHours, l.Rate, l.Multiplier, l.Amount, l.Currency, util})
-	})
+	}
 	if err != nil {
 		if !started {
 			return err
 		}
-		s.log.Error("chargeback CSV export broke off", "month", m, "err", err)
+		s.log.Error("chargeback CSV export broke off", "period", periodName(p), "err", err)
 		panic(http.ErrAbortHandler) // the client sees a cut download, not a short file
 	}
 	if !started {
-		return allot.Errorf(allot.ENotFound, "no charges for %s: no usage was recorded then, or the hourly rollup has not run yet", m)
+		return noCharges(p)
 	}
 	return out.flush()
 }

@@ -130,6 +130,26 @@ func (s *Store) ChargeLinesOfTeams(ctx context.Context, month billing.YearMonth,
 	return s.chargeLines(ctx, `WHERE month = $1 AND team = ANY($2)`, month.Start(), teams)
 }
 
+// ChargeLinesIn returns the lines (of teams only, nil: all) whose billing
+// instant lies in p (see billing.Period): the charges and credits of its
+// usage hours and the adjustments of the months whose first instant it
+// holds.
+func (s *Store) ChargeLinesIn(ctx context.Context, p billing.Period, teams []string) ([]billing.Line, error) {
+	months := p.Months()
+	if len(months) == 0 {
+		return nil, nil
+	}
+	adj := []time.Time{}
+	for _, m := range months {
+		if p.HoldsAdjustmentsOf(m) {
+			adj = append(adj, m.Start())
+		}
+	}
+	return s.chargeLines(ctx, `WHERE month >= $1 AND month < $2 AND ($3::text[] IS NULL OR team = ANY($3))
+		AND (kind <> 'adjustment' AND usage_hour >= $4 AND usage_hour < $5 OR kind = 'adjustment' AND month = ANY($6::date[]))`,
+		months[0].Start(), months[len(months)-1].End(), teams, p.From, p.To, adj)
+}
+
 // ChargeLinesForUsage returns every line about usage in month, wherever it
 // is billed (its own lines and adjustments dated later).
 func (s *Store) ChargeLinesForUsage(ctx context.Context, month billing.YearMonth) ([]billing.Line, error) {
@@ -257,6 +277,15 @@ type ChargeRow struct {
 	MultiplierBP int
 	Amount       allot.Money
 	MeanGPUUtil  *float64 // mean utilization of the job's GPUs over the line's span; nil without samples
+	// Adjusts is, on an adjustment, the kind of line it corrects.
+	Adjusts string
+	// Hour is the UTC hour the usage happened in (for an adjustment, in
+	// the closed month it corrects).
+	Hour time.Time
+	// RateFrom and MultiplierFrom are the rate and multiplier versions.
+	RateFrom, MultiplierFrom time.Time
+	// TeamName is the team's display name (its slug if it is gone).
+	TeamName string
 }
 
 // ExportPageRows is how many rows one statement of a streamed export
@@ -283,9 +312,24 @@ const ExportPageRows = 2000
 // rollups' lines into totals no statement ever had. A closed month never
 // changes (the database refuses it), so its export never stops so.
 func (s *Store) EachChargeRow(ctx context.Context, month billing.YearMonth, teams []string, fn func(*ChargeRow) error) error {
+	return s.EachChargeRowIn(ctx, month, billing.MonthPeriod(month), teams, fn)
+}
+
+// EachChargeRowIn is EachChargeRow for the lines billed in month whose
+// billing instant (billing.Period) lies in p: the charges and credits of
+// the usage hours in p, and the month's adjustments if p holds its first
+// instant.
+func (s *Store) EachChargeRowIn(ctx context.Context, month billing.YearMonth, p billing.Period, teams []string, fn func(*ChargeRow) error) error {
+	p = p.Within(month)
+	if !p.From.Before(p.To) {
+		return nil
+	}
+	adj := p.HoldsAdjustmentsOf(month)
 	var bound *time.Time
-	err := s.db.QueryRow(ctx, `SELECT max(usage_hour) FROM charge_lines WHERE month = $1 AND ($2::text[] IS NULL OR team = ANY($2))`,
-		month.Start(), teams).Scan(&bound)
+	err := s.db.QueryRow(ctx, `SELECT max(usage_hour) FROM charge_lines
+		WHERE month = $1 AND ($2::text[] IS NULL OR team = ANY($2))
+			AND (kind <> 'adjustment' AND usage_hour >= $3 AND usage_hour < $4 OR $5 AND kind = 'adjustment')`,
+		month.Start(), teams, p.From, p.To, adj).Scan(&bound)
 	if err != nil || bound == nil {
 		return mapErr("loading charge lines", err)
 	}
@@ -300,10 +344,10 @@ func (s *Store) EachChargeRow(ctx context.Context, month billing.YearMonth, team
 		var seen *string
 		// The first page has no keyset condition (an OR with a flag would
 		// keep the planner off the index for every page).
-		args := []any{month.Start(), teams, *bound, sentinel, ExportPageRows}
+		args := []any{month.Start(), teams, *bound, sentinel, ExportPageRows, p.From, p.To, adj}
 		keyset := ""
 		if !first {
-			keyset = ` AND (l.team, l.job_id, l.usage_hour, l.kind, l.line_key) > ($6, $7, $8, $9, $10)`
+			keyset = ` AND (l.team, l.job_id, l.usage_hour, l.kind, l.line_key) > ($9, $10, $11, $12, $13)`
 			args = append(args, after.team, after.jobID, after.hour, after.kind, after.lineKey)
 		}
 		rows, err := s.db.Query(ctx, `
@@ -311,9 +355,11 @@ func (s *Store) EachChargeRow(ctx context.Context, month billing.YearMonth, team
 				CASE WHEN l.to_at > l.from_at THEN round(abs(l.gpu_seconds) / extract(epoch FROM l.to_at - l.from_at))::bigint ELSE 0 END,
 				l.from_at, l.to_at, l.gpu_seconds, l.rate_micros, l.multiplier_bp, l.amount_micros, l.currency,
 				(SELECT avg(g.util_pct)::float8 FROM gpu_samples g WHERE g.job_id = l.job_id AND g.at >= l.from_at AND g.at < l.to_at),
-				l.usage_hour, l.line_key, l.xmin::text, (SELECT s.xmin::text FROM charge_lines s WHERE s.line_key = $4)
-			FROM charge_lines l JOIN jobs j ON j.id = l.job_id
-			WHERE l.month = $1 AND ($2::text[] IS NULL OR l.team = ANY($2)) AND l.usage_hour <= $3`+keyset+`
+				l.usage_hour, l.line_key, l.xmin::text, (SELECT s.xmin::text FROM charge_lines s WHERE s.line_key = $4),
+				l.adjusts, l.rate_from, l.multiplier_from, COALESCE(t.name, l.team)
+			FROM charge_lines l JOIN jobs j ON j.id = l.job_id LEFT JOIN teams t ON t.slug = l.team
+			WHERE l.month = $1 AND ($2::text[] IS NULL OR l.team = ANY($2)) AND l.usage_hour <= $3
+				AND (l.kind <> 'adjustment' AND l.usage_hour >= $6 AND l.usage_hour < $7 OR $8 AND l.kind = 'adjustment')`+keyset+`
 			ORDER BY l.team, l.job_id, l.usage_hour, l.kind, l.line_key
 			LIMIT $5`, args...)
 		if err != nil {
@@ -325,11 +371,12 @@ func (s *Store) EachChargeRow(ctx context.Context, month billing.YearMonth, team
 			var xmin string
 			if err := rows.Scan(&r.Month, &r.Kind, &r.Team, &r.CostCenter, &r.JobID, &r.JobName, &r.User, &r.Tier, &r.GPUType, &r.GPUs,
 				&r.From, &r.To, &r.GPUSeconds, &r.RateMicros, &r.MultiplierBP, &r.Amount.Micros, &r.Amount.Currency, &r.MeanGPUUtil,
-				&k.hour, &k.lineKey, &xmin, &seen); err != nil {
+				&k.hour, &k.lineKey, &xmin, &seen, &r.Adjusts, &r.RateFrom, &r.MultiplierFrom, &r.TeamName); err != nil {
 				rows.Close()
 				return mapErr("reading charge lines", err)
 			}
 			r.From, r.To = r.From.UTC(), r.To.UTC()
+			r.Hour, r.RateFrom, r.MultiplierFrom = k.hour.UTC(), r.RateFrom.UTC(), r.MultiplierFrom.UTC()
 			k.team, k.jobID, k.kind = r.Team, r.JobID, r.Kind
 			if first && len(page) == 0 {
 				sentinel, sentinelXmin = k.lineKey, xmin
