@@ -117,8 +117,6 @@ func (s *Server) routes() {
 	r(post, api+"/chargeback/:month/close", s.apiCloseMonth, RuleFinance)
 	r(get, api+"/capacity", s.apiCapacity, RuleFinance)
 	r(get, api+"/capacity.csv", s.apiCapacityCSV, RuleFinance)
-	r(get, api+"/capacity", s.apiCapacity, RuleFinance)
-	r(get, api+"/capacity.csv", s.apiCapacityCSV, RuleFinance)
 	r(get, api+"/cluster", s.apiCluster, RuleUser)
 	r(get, api+"/fairshare", s.apiFairShare, RuleUser)
 	r(get, api+"/priorities", s.apiPriorities, RuleUser) // the pending jobs the caller can see (api_cli.go)
