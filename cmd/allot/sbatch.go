@@ -156,11 +156,19 @@ type directive struct {
 	line    int
 }
 
-func (d directive) where() string {
-	if d.line == 0 {
-		return d.written
+func (d directive) where() string { return d.whereValue("") }
+
+// whereValue is where with the option's value (or part of it) shown:
+// "#SBATCH --mem=lots (line 4)", "--mem=lots".
+func (d directive) whereValue(v string) string {
+	w := d.written
+	if v != "" {
+		w += "=" + v
 	}
-	return fmt.Sprintf("#SBATCH %s (line %d)", d.written, d.line)
+	if d.line == 0 {
+		return w
+	}
+	return fmt.Sprintf("#SBATCH %s (line %d)", w, d.line)
 }
 
 // batchScript is what allot submit reads from a batch script.
@@ -315,6 +323,7 @@ func parseSbatchArgs(words []string, line int) ([]directive, []string, error) {
 type batchJob struct {
 	name, team, timeLimit, workdir, memory, cpus, image string
 	qos, partition                                      string // tier names, resolved against the server's tiers
+	qosAt, partitionAt                                  string // where they were given
 	gpus, gpusPerNode                                   int
 	gpuType                                             string
 	requeue                                             *bool
@@ -356,7 +365,7 @@ func applyDirectives(ds []directive, lookupEnv func(string) (string, bool), cwd 
 		last[key] = d
 	}
 	bad := func(d directive, format string, a ...any) error {
-		return fmt.Errorf("%s=%s: %s", d.where(), d.value, fmt.Sprintf(format, a...))
+		return fmt.Errorf("%s: %s", d.whereValue(d.value), fmt.Sprintf(format, a...))
 	}
 	// GPUs: per node (gres, gpus-per-node, gpus-per-task × tasks per
 	// node), in all (gpus, gpus-per-task × tasks), nodes.
@@ -378,9 +387,9 @@ func applyDirectives(ds []directive, lookupEnv func(string) (string, bool), cwd 
 		case "time":
 			j.timeLimit = v
 		case "qos":
-			j.qos = v
+			j.qos, j.qosAt = v, d.whereValue(v)
 		case "partition":
-			j.partition = v
+			j.partition, j.partitionAt = v, d.whereValue(v)
 		case "chdir":
 			if v == "" {
 				return j, nil, bad(d, "an empty directory")
@@ -413,7 +422,7 @@ func applyDirectives(ds []directive, lookupEnv func(string) (string, bool), cwd 
 			for _, g := range strings.Split(v, ",") {
 				parts := strings.Split(strings.TrimSpace(g), ":")
 				if strings.TrimPrefix(parts[0], "gres/") != "gpu" {
-					warns = append(warns, fmt.Sprintf("%s=%s ignored: Allot schedules GPUs only", d.where(), g))
+					warns = append(warns, fmt.Sprintf("%s ignored: Allot schedules GPUs only", d.whereValue(g)))
 					continue
 				}
 				if found {
@@ -535,11 +544,11 @@ func applyDirectives(ds []directive, lookupEnv func(string) (string, bool), cwd 
 			case item == "":
 			case !hasValue && (strings.EqualFold(item, "NONE") || strings.EqualFold(item, "NIL")):
 			case !hasValue && strings.EqualFold(item, "ALL"):
-				warns = append(warns, fmt.Sprintf("%s=ALL ignored: the job does not get this shell's environment on the node; name the variables (--export=KEY or KEY=value)", d.where()))
+				warns = append(warns, fmt.Sprintf("%s ignored: the job does not get this shell's environment on the node; name the variables (--export=KEY or KEY=value)", d.whereValue(item)))
 			case !hasValue:
 				val, ok := lookupEnv(k)
 				if !ok {
-					warns = append(warns, fmt.Sprintf("%s=%s ignored: $%s is not set here", d.where(), k, k))
+					warns = append(warns, fmt.Sprintf("%s ignored: $%s is not set here", d.whereValue(k), k))
 					continue
 				}
 				j.setEnv(k, val)

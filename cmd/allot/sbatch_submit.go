@@ -277,11 +277,11 @@ func cmdSubmit(args []string, stdout, stderr io.Writer) int {
 			if id, ok := resolveTier(bj.qos, tiers); bj.qos != "" && ok {
 				tierValue = id
 			} else if bj.qos != "" {
-				return fail("#SBATCH --qos=%s: no such tier; the tiers are %s", bj.qos, tierNames(tiers))
+				return fail("%s: no such tier; the tiers are %s", bj.qosAt, tierNames(tiers))
 			} else if id, ok := resolveTier(bj.partition, tiers); ok {
 				tierValue = id
 			} else {
-				fmt.Fprintf(stderr, "allot submit: warning: #SBATCH --partition=%s ignored: it names no tier (the tiers are %s); the job is tier %s\n", bj.partition, tierNames(tiers), tierValue)
+				fmt.Fprintf(stderr, "allot submit: warning: %s ignored: it names no tier (the tiers are %s); the job is tier %s\n", bj.partitionAt, tierNames(tiers), tierValue)
 			}
 		}
 	}
