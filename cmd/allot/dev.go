@@ -259,6 +259,7 @@ func devMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		for _, u := range oidcdev.DemoUsers(*oidcPassword) {
 			fmt.Fprintf(stdout, "  %-6s password %-6s groups %s\n", u.Username, u.Password, strings.Join(u.Groups, ", "))
 		}
+		fmt.Fprintf(stdout, "  From a shell, bin/allot login --server %s signs in through it too (unset ALLOT_TOKEN, which comes first).\n", m.URL())
 	case m.OIDC.Enabled():
 		fmt.Fprintf(stdout, ", or \"Sign in with SSO\" through %s.\n", m.OIDC.Issuer)
 	default:

@@ -42,6 +42,8 @@ Use it:
   submit    submit a job:  allot submit --team nlp --tier 3 --gpus 8 --time 4h -- python train.py
   jobs      list jobs
   cancel    cancel a job:  allot cancel 42
+  login     sign in through the server's single sign-on (a link and a code for any browser); stores a token that renews itself
+  logout    sign out: revoke the stored token and remove it
   token     personal API tokens: allot token create --name laptop | list | revoke ID
   user      who jobs run as (admin): allot user accounts | set-account noah@example.com noah | disable EMAIL | enable EMAIL
   team      a team's service account (admin): allot team set-account nlp svc-nlp
@@ -81,6 +83,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return cmdJobs(args[1:], stdout, stderr)
 	case "cancel":
 		return cmdCancel(args[1:], stdout, stderr)
+	case "login":
+		return cmdLogin(args[1:], stdout, stderr)
+	case "logout":
+		return cmdLogout(args[1:], stdout, stderr)
 	case "token":
 		return cmdToken(args[1:], stdout, stderr)
 	case "user":

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -22,6 +23,10 @@ type Client struct {
 	BaseURL string
 	Token   string
 	HTTP    *http.Client
+	// Renew, when set, gives a new token when the server refuses Token
+	// (401): allot login's stored sign-in (credentials.go). The request
+	// is then sent once more with it.
+	Renew func(ctx context.Context) (string, error)
 }
 
 // New returns a client for baseURL (e.g. http://localhost:8080).
@@ -52,6 +57,22 @@ func (e *Error) Error() string {
 }
 
 func (c *Client) do(ctx context.Context, method, path string, body, out any) error {
+	err := c.send(ctx, method, path, body, out)
+	var p *Error
+	if c.Renew != nil && errors.As(err, &p) && p.Status == http.StatusUnauthorized {
+		renew := c.Renew
+		c.Renew = nil // once
+		tok, rerr := renew(ctx)
+		if rerr != nil {
+			return rerr
+		}
+		c.Token = tok
+		return c.send(ctx, method, path, body, out)
+	}
+	return err
+}
+
+func (c *Client) send(ctx context.Context, method, path string, body, out any) error {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
