@@ -1022,7 +1022,7 @@ func capacitySection(c FinanceCapacity) templ.Component {
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 100, " GPU-hours were allocated on GPUs no registered capacity covered (a lost node's jobs still held, or history from before capacity was recorded); they are billed, but not in the table.</p>")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 100, " GPU-hours were allocated on GPUs no registered capacity covered (a burst node after its release started, a node before its first registration, or history from before capacity was recorded); they are billed, but not in the table.</p>")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}

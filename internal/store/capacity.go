@@ -45,8 +45,9 @@ type Capacity struct {
 	Rows     []CapacityRow
 	Total    CapacityRow // sums of the rows (GPUType, Site empty)
 	// AllocatedOutsideGPUSeconds are allocations in the month on GPUs no
-	// registered capacity covered (a node down with an orphan still held,
-	// history from before migration 0025): billed, but not in Rows.
+	// registered capacity covered (a burst node after its release started,
+	// a node before its first registration, a GPU index beyond the node's
+	// count, history from before migration 0025): billed, but not in Rows.
 	AllocatedOutsideGPUSeconds int64
 }
 
