@@ -425,15 +425,30 @@ type JobList struct {
 func parseJobFilter(c echo.Context, u *allot.User) (store.JobFilter, error) {
 	f := store.JobFilter{Teams: visibleTeams(u), Team: c.QueryParam("team")}
 	errs := allot.FieldErrors{}
-	if st := c.QueryParam("state"); st != "" {
-		state, ok := allot.ParseJobState(st)
-		switch {
-		case st == "preempted" || st == "lost":
-			errs.Add("state", "no job is ever %s: a preempted job, or one whose node stopped answering, goes back to pending (or fails, with end reason node_lost); its page shows each preemption and lost node", st)
-		case !ok:
-			errs.Add("state", "unknown state %q: use pending, running, completed, failed or cancelled", st)
+	// state: one state, or several (state=pending,running or state
+	// repeated): jobs in any of them.
+	var states []allot.JobState
+	for _, v := range c.QueryParams()["state"] {
+		for _, st := range strings.Split(v, ",") {
+			if st = strings.TrimSpace(st); st == "" {
+				continue
+			}
+			state, ok := allot.ParseJobState(st)
+			switch {
+			case st == "preempted" || st == "lost":
+				errs.Add("state", "no job is ever %s: a preempted job, or one whose node stopped answering, goes back to pending (or fails, with end reason node_lost); its page shows each preemption and lost node", st)
+			case !ok:
+				errs.Add("state", "unknown state %q: use pending, running, completed, failed or cancelled", st)
+			}
+			if !slices.Contains(states, state) {
+				states = append(states, state)
+			}
 		}
-		f.State = state
+	}
+	if len(states) == 1 {
+		f.State = states[0]
+	} else {
+		f.States = states
 	}
 	if t := c.QueryParam("tier"); t != "" {
 		tier, ok := allot.ParseTier(t)
@@ -446,8 +461,27 @@ func parseJobFilter(c echo.Context, u *allot.User) (store.JobFilter, error) {
 	if len(f.NameContains) > 128 {
 		errs.Add("q", "must be at most 128 characters")
 	}
-	if mine := c.QueryParam("mine"); mine == "1" || mine == "true" || c.QueryParam("user") == "me" {
+	if mine := c.QueryParam("mine"); mine == "1" || mine == "true" {
 		f.UserID = u.ID
+	}
+	// user: the submitter's email (several: user=a,b or user repeated);
+	// "me" is the caller.
+	if users := c.QueryParams()["user"]; len(users) == 1 && strings.TrimSpace(users[0]) == "me" {
+		f.UserID = u.ID
+	} else {
+		for _, v := range users {
+			for _, e := range strings.Split(v, ",") {
+				switch e = strings.TrimSpace(e); {
+				case e == "":
+				case e == "me":
+					f.UserEmails = append(f.UserEmails, u.Email)
+				case len(e) > 254 || !strings.Contains(e, "@"):
+					errs.Add("user", "must be a person's email (or me), not %q", e)
+				default:
+					f.UserEmails = append(f.UserEmails, e)
+				}
+			}
+		}
 	}
 	for name, dst := range map[string]*int64{"before": &f.BeforeID} {
 		if v := c.QueryParam(name); v != "" {

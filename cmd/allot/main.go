@@ -40,8 +40,13 @@ Run the system:
 
 Use it:
   submit    submit a job:  allot submit --team nlp --tier 3 --gpus 8 --time 4h -- python train.py
-  jobs      list jobs
-  cancel    cancel a job:  allot cancel 42
+  jobs      list jobs, like squeue:  allot jobs --me --state PD,R --format id,name,st,time,reason
+  cancel    cancel jobs, like scancel:  allot cancel 42 43, or by filter: allot cancel --team nlp --state PD --me --yes
+  show      a job as Key=Value lines, like scontrol show job:  allot show 42
+  share     each team's fair share and budget use, like sshare
+  prio      pending jobs in queue order with their priority factors, like sprio
+  nodes     nodes by GPU type and state, like sinfo:  allot nodes -N
+  completion  shell completion: allot completion bash | zsh | fish  (e.g. source <(allot completion bash))
   login     sign in through the server's single sign-on (a link and a code for any browser); stores a token that renews itself
   logout    sign out: revoke the stored token and remove it
   token     personal API tokens: allot token create --name laptop | list | revoke ID
@@ -83,6 +88,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return cmdJobs(args[1:], stdout, stderr)
 	case "cancel":
 		return cmdCancel(args[1:], stdout, stderr)
+	case "show":
+		return cmdShow(args[1:], stdout, stderr)
+	case "share":
+		return cmdShare(args[1:], stdout, stderr)
+	case "prio":
+		return cmdPrio(args[1:], stdout, stderr)
+	case "nodes":
+		return cmdNodes(args[1:], stdout, stderr)
+	case "completion":
+		return cmdCompletion(args[1:], stdout, stderr)
+	case completeCommand: // hidden: what shell completion asks for
+		return cmdComplete(args[1:], stdout)
 	case "login":
 		return cmdLogin(args[1:], stdout, stderr)
 	case "logout":

@@ -422,8 +422,11 @@ type JobFilter struct {
 	Teams  []string // restrict to these teams; nil = all teams
 	Team   string
 	State  allot.JobState
+	States []allot.JobState // any of these (with State: State too)
 	UserID int64
-	Tier   allot.TierID // as submitted
+	// UserEmails: jobs submitted by any of these people (case-insensitive).
+	UserEmails []string
+	Tier       allot.TierID // as submitted
 	// NameContains matches a substring of the name, case-insensitively.
 	NameContains string
 	BeforeID     int64 // for paging: only jobs after job BeforeID in the list's order (none if there is no such job)
@@ -450,8 +453,22 @@ func (s *Store) ListJobs(ctx context.Context, f JobFilter) ([]allot.Job, error) 
 	if f.State != "" {
 		add("j.state = $%d", string(f.State))
 	}
+	if len(f.States) > 0 {
+		states := make([]string, len(f.States))
+		for i, st := range f.States {
+			states[i] = string(st)
+		}
+		add("j.state = ANY($%d)", states)
+	}
 	if f.UserID != 0 {
 		add("j.user_id = $%d", f.UserID)
+	}
+	if len(f.UserEmails) > 0 {
+		emails := make([]string, len(f.UserEmails))
+		for i, e := range f.UserEmails {
+			emails[i] = strings.ToLower(e)
+		}
+		add("lower(u.email) = ANY($%d)", emails)
 	}
 	if f.Tier != "" {
 		add("j.tier = $%d", string(f.Tier))

@@ -1,0 +1,185 @@
+package web
+
+import (
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/store"
+	"github.com/labstack/echo/v4"
+)
+
+// Read-only views for the Slurm-like CLI (`allot prio`, `allot nodes`):
+// the pending queue with each job's priority factors, like sprio, and
+// every node's GPUs allocated and idle, like sinfo.
+
+// PrioritiesJSON is the body of GET /api/v1/priorities.
+type PrioritiesJSON struct {
+	// Weights are the policy's multifactor weights the priorities were
+	// computed with.
+	Weights PriorityWeightsJSON `json:"weights"`
+	MaxAgeS int64               `json:"max_age_s"`
+	Method  string              `json:"method"`
+	Jobs    []JobPriorityJSON   `json:"jobs"`
+}
+
+// PriorityWeightsJSON is the policy's weights.
+type PriorityWeightsJSON struct {
+	FairShare int `json:"fair_share"`
+	Size      int `json:"size"`
+	Age       int `json:"age"`
+}
+
+// JobPriorityJSON is one pending job's priority as the last scheduling
+// cycle computed it.
+type JobPriorityJSON struct {
+	ID    int64  `json:"id"`
+	Name  string `json:"name"`
+	Team  string `json:"team"`
+	User  string `json:"user"`
+	Tier  string `json:"tier"`
+	GPUs  int    `json:"gpus"`
+	Class string `json:"class"` // the tier the job competes in (preemptible when demoted or preemptible)
+	// ClassOrder ranks the class (lower first), as admins set it.
+	ClassOrder int `json:"class_order"`
+	// Priority is the stored total: W_fs·fair_share + W_size·size + W_age·age.
+	Priority    float64                 `json:"priority"`
+	Factors     allot.PriorityBreakdown `json:"factors"`
+	Points      PriorityPointsJSON      `json:"points"`
+	SubmittedAt time.Time               `json:"submitted_at"`
+	Reason      string                  `json:"pending_reason"`
+}
+
+// PriorityPointsJSON is each factor times its weight (0.1 rounded).
+type PriorityPointsJSON struct {
+	FairShare float64 `json:"fair_share"`
+	Size      float64 `json:"size"`
+	Age       float64 `json:"age"`
+}
+
+const prioritiesMethod = "Pending jobs in the scheduler's order: class (tier 1 first; a preemptible or budget-demoted job competes as preemptible), " +
+	"then priority, highest first, then submission. Priority = W_fs·F + W_size·S + W_age·A, with F = the team's fair-share factor 2^(−U/S), " +
+	"S = GPUs ÷ cluster GPUs, A = wait ÷ max age (at most 1), as the last scheduling cycle computed them (a job not yet seen by a cycle shows 0). " +
+	"A job that has waited past the starvation guard (20 minutes) is served first in its class."
+
+// jobClass is the tier a pending job competes in: the last cycle's class,
+// else its tier's (preemptible when submitted so).
+func jobClass(j *allot.Job) allot.TierID {
+	switch c := j.Breakdown.Class; {
+	case c == 5:
+		return allot.TierPreemptible
+	case c >= 1 && c <= 4:
+		return allot.TierID(strconv.Itoa(c))
+	case j.Preemptible:
+		return allot.TierPreemptible
+	}
+	return j.Tier
+}
+
+// apiPriorities is GET /api/v1/priorities: the pending jobs the caller can
+// see, in the scheduler's order, with their factors. Filters: team,
+// mine=1 (or user=me), limit (1–1000, default 100).
+func (s *Server) apiPriorities(c echo.Context) error {
+	u, err := currentUser(c)
+	if err != nil {
+		return err
+	}
+	ctx := c.Request().Context()
+	f := store.PriorityFilter{Teams: visibleTeams(u), Team: c.QueryParam("team")}
+	errs := allot.FieldErrors{}
+	if m := c.QueryParam("mine"); m == "1" || m == "true" || c.QueryParam("user") == "me" {
+		f.UserID = u.ID
+	} else if v := c.QueryParam("user"); v != "" {
+		errs.Add("user", "only user=me is supported here")
+	}
+	if v := c.QueryParam("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1000 {
+			errs.Add("limit", "must be between 1 and 1000")
+		}
+		f.Limit = n
+	}
+	if err := errs.Err(); err != nil {
+		return err
+	}
+	p, err := s.st.CurrentPolicy(ctx)
+	if err != nil {
+		return err
+	}
+	tiers, err := s.st.ListTiers(ctx)
+	if err != nil {
+		return err
+	}
+	order := map[allot.TierID]int{}
+	for _, t := range tiers {
+		order[t.ID] = t.ClassOrder
+	}
+	jobs, err := s.st.PendingByPriority(ctx, f)
+	if err != nil {
+		return err
+	}
+	pts := func(w int, x float64) float64 { return math.Round(float64(w)*x*10) / 10 }
+	out := PrioritiesJSON{Weights: PriorityWeightsJSON{FairShare: p.WeightFairShare, Size: p.WeightSize, Age: p.WeightAge},
+		MaxAgeS: int64(p.MaxAge / time.Second), Method: prioritiesMethod, Jobs: make([]JobPriorityJSON, 0, len(jobs))}
+	for i := range jobs {
+		j := &jobs[i]
+		cl := jobClass(j)
+		b := j.Breakdown
+		out.Jobs = append(out.Jobs, JobPriorityJSON{ID: j.ID, Name: j.Name, Team: j.Team, User: j.User, Tier: string(j.Tier), GPUs: j.GPUs,
+			Class: string(cl), ClassOrder: order[cl], Priority: j.Priority, Factors: b,
+			Points:      PriorityPointsJSON{FairShare: pts(p.WeightFairShare, b.FairShare), Size: pts(p.WeightSize, b.Size), Age: pts(p.WeightAge, b.Age)},
+			SubmittedAt: j.SubmittedAt.UTC(), Reason: j.PendingReason})
+	}
+	return writeJSON(c, http.StatusOK, out)
+}
+
+// NodeUsageJSON is the body of GET /api/v1/node-usage.
+type NodeUsageJSON struct {
+	AsOf  time.Time          `json:"as_of"`
+	Nodes []NodeUsageRowJSON `json:"nodes"`
+}
+
+// NodeUsageRowJSON is one node's GPUs now. Idle counts free GPUs of a
+// node that takes jobs (up); a draining, drained or down node's free GPUs
+// are out of service ("other").
+type NodeUsageRowJSON struct {
+	Name        string `json:"name"`
+	GPUType     string `json:"gpu_type"`
+	State       string `json:"state"` // up, draining, drained, down
+	Reason      string `json:"reason"`
+	Site        string `json:"site"`
+	Domain      string `json:"domain"`
+	GPUs        int    `json:"gpus"`
+	Allocated   int    `json:"allocated"`
+	Idle        int    `json:"idle"`
+	Other       int    `json:"other"`
+	RunningJobs int    `json:"running_jobs"`
+}
+
+// apiNodeUsage is GET /api/v1/node-usage, for every signed-in person.
+func (s *Server) apiNodeUsage(c echo.Context) error {
+	ctx := c.Request().Context()
+	ns, err := s.st.NodeInfos(ctx)
+	if err != nil {
+		return err
+	}
+	alloc, err := s.st.NodeAllocatedGPUs(ctx)
+	if err != nil {
+		return err
+	}
+	out := NodeUsageJSON{AsOf: s.st.Now().UTC(), Nodes: make([]NodeUsageRowJSON, 0, len(ns))}
+	for _, n := range ns {
+		a := min(alloc[n.Name], n.GPUCount)
+		r := NodeUsageRowJSON{Name: n.Name, GPUType: n.GPUType, State: n.State, Reason: n.StateReason, Site: n.Site, Domain: n.Domain,
+			GPUs: n.GPUCount, Allocated: a, RunningJobs: n.RunningJobs}
+		if n.State == allot.NodeUp {
+			r.Idle = n.GPUCount - a
+		} else {
+			r.Other = n.GPUCount - a
+		}
+		out.Nodes = append(out.Nodes, r)
+	}
+	return writeJSON(c, http.StatusOK, out)
+}
