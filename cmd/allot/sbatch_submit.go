@@ -99,6 +99,9 @@ func cmdSubmit(args []string, stdout, stderr io.Writer) int {
 			names = append(names, string(o.short))
 		}
 		for _, n := range names {
+			if fs.Lookup(n) != nil {
+				continue // Allot's own flag of that name
+			}
 			o, written := lookupSbatch(o.long, false), "--"+n
 			if len(n) == 1 {
 				written = "-" + n

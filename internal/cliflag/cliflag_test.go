@@ -170,8 +170,8 @@ func TestRecordAndEnvTable(t *testing.T) {
 	}
 	got := Markdown(EnvTable(sets))
 	want := "| Variable | Flag | Commands | Meaning |\n|---|---|---|---|\n" +
-		"| `ALLOT_GPU_TYPE` | `--gpu-type` | submit, token create | GPU type |\n" +
-		"| `ALLOT_NAME` | `--name` | token create | token name |\n" +
+		"| `ALLOT_GPU_TYPE` | `--gpu-type` | submit, token | GPU type |\n" +
+		"| `ALLOT_NAME` | `--name` | token | token name |\n" +
 		"| `ALLOT_SUBMIT_TEAM` | `--team` | submit | team to submit for |\n"
 	if got != want {
 		t.Errorf("table:\n%s\nwant:\n%s", got, want)

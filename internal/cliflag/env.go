@@ -177,6 +177,19 @@ type EnvVar struct {
 // sorted by variable.
 func EnvTable(sets []*flag.FlagSet) []EnvVar {
 	rows := map[string]*EnvVar{}
+	add := func(name string, f *flag.Flag, cmd string) {
+		if name == EnvPrefix+envWord(f.Name) || !strings.HasPrefix(name, EnvPrefix+envWord(cmd)+"_") {
+			cmd, _, _ = strings.Cut(cmd, " ") // a shared variable lists commands, not subcommands
+		}
+		r := rows[name]
+		if r == nil {
+			r = &EnvVar{Name: name, Flag: f.Name, Usage: firstClause(f.Usage)}
+			rows[name] = r
+		}
+		if !slices.Contains(r.Commands, cmd) {
+			r.Commands = append(r.Commands, cmd)
+		}
+	}
 	for _, fs := range sets {
 		cmd := CommandName(fs)
 		fs.VisitAll(func(f *flag.Flag) {
@@ -190,13 +203,13 @@ func EnvTable(sets []*flag.FlagSet) []EnvVar {
 					return // the command line only
 				}
 			}
-			r := rows[name]
-			if r == nil {
-				r = &EnvVar{Name: name, Flag: f.Name, Usage: firstClause(f.Usage)}
-				rows[name] = r
-			}
-			if !slices.Contains(r.Commands, cmd) {
-				r.Commands = append(r.Commands, cmd)
+			add(name, f, cmd)
+			// Older variables a flag takes its default from ("(default:
+			// env DATABASE_URL)") are rows too.
+			for _, m := range envInUsage.FindAllStringSubmatch(f.Usage, -1) {
+				if !IsReserved(m[1]) {
+					add(m[1], f, cmd)
+				}
 			}
 		})
 	}
@@ -209,17 +222,20 @@ func EnvTable(sets []*flag.FlagSet) []EnvVar {
 	return out
 }
 
+var envInUsage = regexp.MustCompile(`\benv ([A-Z][A-Z0-9_]+)`)
+
 // firstClause is usage up to its first parenthesis, semicolon or
 // sentence end, without backquotes (flag's placeholder marks): a short
 // description that does not depend on the environment.
 func firstClause(u string) string {
 	u = strings.ReplaceAll(u, "`", "")
+	u = strings.NewReplacer("e.g. ", "e.g.\x00", "i.e. ", "i.e.\x00").Replace(u)
 	for _, sep := range []string{" (", "; ", ". ", "\n"} {
 		if i := strings.Index(u, sep); i > 0 {
 			u = u[:i]
 		}
 	}
-	return strings.TrimSpace(u)
+	return strings.TrimSpace(strings.ReplaceAll(u, "\x00", " "))
 }
 
 // Markdown is the table as a Markdown table.
