@@ -59,7 +59,7 @@ Use it:
 Measure it:
   sim       replay a job trace through the scheduler and baselines
 
-Run 'allot <command> -h' for a command's flags.
+Run 'allot <command> -h' for a command's flags, 'allot help env' for the ALLOT_* variables they read.
 `
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -130,6 +130,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "loadtest":
 		return cmdLoadtest(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
+		if len(args) > 1 && args[1] == "env" {
+			return cmdHelpEnv(stdout)
+		}
 		fmt.Fprint(stdout, usage)
 		return 0
 	default:
