@@ -99,6 +99,16 @@
 // and in all. [CheckEffective] rejects a rate or multiplier change backdated
 // into a closed month.
 //
+// # Periods
+//
+// A statement or export may cover any [Period] [From, To) of whole UTC
+// hours, not only a month ([CheckPeriod]). Lines are hourly, so a period
+// selects whole lines by their billing instant ([BillingInstant]: the
+// usage hour, or for an adjustment the first instant of its billing
+// month) and nothing is prorated or rounded again: periods that split a
+// month, or months that make a quarter, add up exactly. The month stays
+// the unit that closes.
+//
 // # Idempotency
 //
 // Output never depends on input order or map iteration order: lines are
