@@ -13,8 +13,9 @@ import (
 // asks the binary itself what fits: `allot __complete WORD...` (the words
 // after "allot", the last one being completed) prints one candidate a line.
 // Nothing is kept by hand: the commands and their subcommands come from the
-// usage text, each command's flags from its own flag set (its -h output),
-// so a flag added to a command completes without touching this file.
+// usage text, each command's flags from its own flag set (what its -h
+// prints), so a flag added to a command completes without touching this
+// file.
 
 // completeCommand is the hidden command the scripts call.
 const completeCommand = "__complete"
@@ -59,7 +60,9 @@ func subcommands(cmd string) []string {
 }
 
 // commandFlags runs `allot CMD [SUB] -h` in-process and reads the flags
-// its flag set prints: name → whether it takes a value.
+// its flag set prints (flag.PrintDefaults): name → whether it takes a
+// value. (Not cliflag.Record: a command that does not parse with
+// cliflag.Parse, or a subcommand that takes a name first, would run.)
 func commandFlags(cmdline ...string) map[string]bool {
 	var out, errb bytes.Buffer
 	func() {

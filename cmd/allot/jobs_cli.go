@@ -14,6 +14,7 @@ import (
 
 	"github.com/allotlabs/allot/internal/allot"
 	"github.com/allotlabs/allot/internal/client"
+	"github.com/allotlabs/allot/internal/cliflag"
 	"github.com/allotlabs/allot/internal/clock"
 	"github.com/allotlabs/allot/web"
 )
@@ -284,7 +285,7 @@ type jobsCmd struct {
 
 func cmdJobs(args []string, stdout, stderr io.Writer) int {
 	fs, newClient, c := jobsFlags(stderr)
-	if err := fs.Parse(args); err != nil {
+	if err := cliflag.Parse(fs, args); err != nil {
 		return 2
 	}
 	if fs.NArg() > 0 {
@@ -384,7 +385,7 @@ func (c *cancelCmd) filtered() bool {
 
 func cmdCancel(args []string, stdout, stderr io.Writer) int {
 	fs, newClient, c := cancelFlags(stderr)
-	if err := fs.Parse(args); err != nil {
+	if err := cliflag.Parse(fs, args); err != nil {
 		return 2
 	}
 	// Ids, then maybe flags after them (allot cancel 1 2 --server URL).

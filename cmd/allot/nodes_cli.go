@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/allotlabs/allot/internal/client"
+	"github.com/allotlabs/allot/internal/cliflag"
 	"github.com/allotlabs/allot/web"
 )
 
@@ -69,7 +70,7 @@ var nodeStateNames = map[string]string{"idle": "idle", "mix": "mix", "mixed": "m
 
 func cmdNodes(args []string, stdout, stderr io.Writer) int {
 	fs, newClient, c := nodesFlags(stderr)
-	if err := fs.Parse(args); err != nil {
+	if err := cliflag.Parse(fs, args); err != nil {
 		return 2
 	}
 	if fs.NArg() > 0 {

@@ -8,6 +8,7 @@ import (
 	"strconv"
 
 	"github.com/allotlabs/allot/internal/client"
+	"github.com/allotlabs/allot/internal/cliflag"
 )
 
 // `allot prio` (like sprio): the pending jobs the caller can see in the
@@ -48,7 +49,7 @@ func prioFlags(stderr io.Writer) (*flag.FlagSet, func() *client.Client, *prioCmd
 
 func cmdPrio(args []string, stdout, stderr io.Writer) int {
 	fs, newClient, c := prioFlags(stderr)
-	if err := fs.Parse(args); err != nil {
+	if err := cliflag.Parse(fs, args); err != nil {
 		return 2
 	}
 	if fs.NArg() > 0 {

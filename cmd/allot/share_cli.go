@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/allotlabs/allot/internal/client"
+	"github.com/allotlabs/allot/internal/cliflag"
 	"github.com/allotlabs/allot/web"
 )
 
@@ -52,7 +53,7 @@ type ShareRow struct {
 
 func cmdShare(args []string, stdout, stderr io.Writer) int {
 	fs, newClient, c := shareFlags(stderr)
-	if err := fs.Parse(args); err != nil {
+	if err := cliflag.Parse(fs, args); err != nil {
 		return 2
 	}
 	if fs.NArg() > 0 {

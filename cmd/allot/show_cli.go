@@ -12,6 +12,7 @@ import (
 
 	"github.com/allotlabs/allot/internal/allot"
 	"github.com/allotlabs/allot/internal/client"
+	"github.com/allotlabs/allot/internal/cliflag"
 	"github.com/allotlabs/allot/internal/clock"
 	"github.com/allotlabs/allot/web"
 )
@@ -34,7 +35,7 @@ func showFlags(stderr io.Writer) (*flag.FlagSet, func() *client.Client, *bool) {
 
 func cmdShow(args []string, stdout, stderr io.Writer) int {
 	fs, newClient, asJSON := showFlags(stderr)
-	if err := fs.Parse(args); err != nil {
+	if err := cliflag.Parse(fs, args); err != nil {
 		return 2
 	}
 	rest := fs.Args()
