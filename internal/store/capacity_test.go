@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -283,5 +284,57 @@ func TestCapacityHistoryRecorded(t *testing.T) {
 		if got[i] != want[i] {
 			t.Fatalf("history %v, want %v", got, want)
 		}
+	}
+}
+
+// TestCapacityBurstRelease: a burst node leaves registered capacity when
+// its release starts, and a provider that reuses its name brings a new
+// machine that counts once it registers.
+func TestCapacityBurstRelease(t *testing.T) {
+	f := newCapacityFixture(t, at("2029-01-01T00:10:00Z"))
+	ctx := context.Background()
+	event := func(kind string) int64 {
+		var id int64
+		if err := f.pool.QueryRow(ctx, `INSERT INTO burst_events (at, kind, status, provider, reason, pending_gpu_seconds, mean_wait_s, pending_jobs,
+			nodes_wanted, gpu_type, gpus_per_node) VALUES (now(), $1, 'done', 'local', 'test', 0, 0, 0, 1, 'L4', 1) RETURNING id`, kind).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	req := event("request")
+	f.exec(`INSERT INTO nodes (name, gpu_type, gpu_count, site, state) VALUES ('burst-0', 'L4', 1, 'cloud', 'down')`)
+	f.exec(`INSERT INTO burst_nodes (event_id, node, provider, gpus, rate_micros, currency, provisioned_at) VALUES ($1, 'burst-0', 'local', 1, 1000000, 'EUR', now())`, req)
+	f.exec(`UPDATE nodes SET state = 'up', registered_at = now() WHERE name = 'burst-0'`)
+	rel := event("release")
+	f.exec(`UPDATE nodes SET state = 'down' WHERE name = 'burst-0'`)
+	f.exec(`UPDATE burst_nodes SET release_event_id = $1 WHERE node = 'burst-0'`, rel)
+	f.exec(`UPDATE burst_nodes SET released_at = now() WHERE node = 'burst-0'`)
+	// Reused: not registered, a new request, then registered.
+	f.exec(`UPDATE nodes SET state = 'down', registered_at = NULL WHERE name = 'burst-0'`)
+	req2 := event("request")
+	f.exec(`INSERT INTO burst_nodes (event_id, node, provider, gpus, rate_micros, currency, provisioned_at) VALUES ($1, 'burst-0', 'local', 1, 1000000, 'EUR', now() + interval '1 second')`, req2)
+	f.exec(`UPDATE nodes SET state = 'up', registered_at = now() WHERE name = 'burst-0'`)
+	rows, err := f.pool.Query(ctx, `SELECT state, registered FROM node_state_history WHERE node = 'burst-0' ORDER BY at, id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var got []string
+	for rows.Next() {
+		var state string
+		var registered bool
+		if err := rows.Scan(&state, &registered); err != nil {
+			t.Fatal(err)
+		}
+		if registered {
+			state += "+registered"
+		}
+		got = append(got, state)
+	}
+	// down (created), up (registered), down (release starts: still
+	// registered a moment), released, down (new machine), up (registered).
+	want := "down up+registered down+registered down down up+registered"
+	if g := strings.Join(got, " "); g != want {
+		t.Errorf("burst node history %q, want %q", g, want)
 	}
 }
