@@ -321,6 +321,9 @@ func cmdJobs(args []string, stdout, stderr io.Writer) int {
 		return reportErr(stderr, "jobs", err)
 	}
 	if c.json {
+		if jobs == nil {
+			jobs = []web.JobJSON{}
+		}
 		return printJSON(stdout, jobs)
 	}
 	rows := make([]*jobLine, len(jobs))

@@ -121,6 +121,9 @@ func TestSlurmJobsList(t *testing.T) {
 	if got := cli(demo.Engineer, "jobs", "-n", "e3-", "--state", "R,CD", "-o", "%i", "--noheader"); got != "" {
 		t.Errorf("--state R,CD: %q", got)
 	}
+	if got := cli(demo.Engineer, "jobs", "-n", "e3-", "--state", "R", "--json"); got != "[]\n" {
+		t.Errorf("--json of no job: %q", got)
+	}
 	if got, want := cli(demo.Engineer, "jobs", "-n", "e3-noah", "--state", "all", "--json"), fmt.Sprint(a); !strings.Contains(got, `"id": `+want) {
 		t.Errorf("--json: %s", got)
 	}
