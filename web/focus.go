@@ -79,9 +79,9 @@ const (
 func focusTime(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05Z") }
 
 // focusHours writes GPU-seconds as GPU-hours, to 6 decimals (rounded half
-// away from zero).
+// away from zero), without trailing zeros.
 func focusHours(seconds int64) string {
-	return new(big.Rat).SetFrac64(seconds, 3600).FloatString(6)
+	return trimDecimal(new(big.Rat).SetFrac64(seconds, 3600).FloatString(6))
 }
 
 // unitPrice is rate × multiplier per GPU-hour, exact: rateMicros ×
