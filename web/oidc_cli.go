@@ -51,6 +51,10 @@ type CLITokenRequest struct {
 	AccessToken string `json:"access_token"`
 	// Host names the machine the token is for (the token's name).
 	Host string `json:"host"`
+	// PreviousToken, on a renewal, is the API token being renewed: one
+	// that was revoked before it expired ends the sign-in (the person, or
+	// an admin, revoked it on purpose).
+	PreviousToken string `json:"previous_token,omitempty"`
 }
 
 // CLITokenJSON is the answer: the API token (its secret in Token) and who
@@ -207,6 +211,13 @@ func (s *Server) apiCLIToken(c echo.Context) error {
 	}
 	if err := s.st.SetOIDCPosixUser(ctx, u.ID, u.OIDCPosixUser); err != nil {
 		return err
+	}
+	if prev := strings.TrimSpace(req.PreviousToken); prev != "" {
+		t, err := s.st.APITokenBySecret(ctx, prev)
+		if err == nil && t.UserID == u.ID && !t.RevokedAt.IsZero() && (t.ExpiresAt.IsZero() || t.RevokedAt.Before(t.ExpiresAt)) {
+			s.log.Warn("allot login renewal of a revoked token refused", "user", u.Email, "token", t.ID)
+			return allot.Errorf(allot.EUnauthorized, "the API token of this allot login (%s…) was revoked: run allot login again", t.Prefix)
+		}
 	}
 	name := CLITokenNamePrefix + host
 	if n := len([]rune(name)); n > store.MaxTokenNameLen {

@@ -83,7 +83,7 @@ func cmdLogin(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(err)
 	}
-	tok, err := client.Exchange(ctx, srv, t)
+	tok, err := client.Exchange(ctx, srv, t, "")
 	if err != nil {
 		return fail(fmt.Errorf("the server refused the sign-in: %w", err))
 	}

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -296,15 +297,27 @@ func TestCLILogin(t *testing.T) {
 		t.Errorf("%d token.cli_login audit entries, want 2", n)
 	}
 
-	// The sign-in ends at the provider (its refresh token revoked): once
-	// the token expires, the command says to log in again.
-	resp, err := http.PostForm(issuer+"/revoke", url.Values{"client_id": {testCLIClientID}, "token": {second.RefreshToken}})
+	// Revoked on the tokens page (here: the API): refused now, and not
+	// renewed once it expires either.
+	if err := client.New(e.url, second.Token).RevokeToken(ctx, second.TokenID); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errOut = u.run("jobs"); code != 1 || !strings.Contains(errOut, "refused the token allot login stored") {
+		t.Errorf("a revoked token: %d %s", code, errOut)
+	}
+	shift.Store(int64(26 * time.Hour))
+	u.ahead = 26 * time.Hour
+	if code, _, errOut = u.run("jobs"); code != 1 || !strings.Contains(errOut, "was revoked: run allot login again") {
+		t.Errorf("renewing a revoked token: %d %s", code, errOut)
+	}
+
+	// The sign-in ends at the provider (its refresh token revoked): the
+	// command says to log in again.
+	resp, err := http.PostForm(issuer+"/revoke", url.Values{"client_id": {testCLIClientID}, "token": {u.creds().RefreshToken}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	shift.Store(int64(26 * time.Hour))
-	u.ahead = 26 * time.Hour
 	if code, _, errOut = u.run("jobs"); code != 1 || !strings.Contains(errOut, "session has ended") || !strings.Contains(errOut, "run allot login again") {
 		t.Errorf("expired with a revoked refresh token: %d %s", code, errOut)
 	}
@@ -522,5 +535,30 @@ func TestCLILoginRefusals(t *testing.T) {
 	}
 	if n := e.actionCount("token.cli_login"); n != 0 {
 		t.Errorf("%d token.cli_login audit entries", n)
+	}
+}
+
+// TestDevLogin: allot login works against `allot dev` (make run) out of
+// the box, through its development provider's CLI client.
+func TestDevLogin(t *testing.T) {
+	t.Parallel()
+	free, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := free.Addr().String()
+	free.Close()
+	args, _ := devArgs(t, "--no-agents", "--oidc-addr", addr, "--oidc-password", testPassword)
+	d := startDev(t, args...)
+	m := regexp.MustCompile(`Allot is running at (http://\S+)`).FindStringSubmatch(d.Stdout.String())
+	if m == nil || !strings.Contains(d.Stdout.String(), "bin/allot login --server "+m[1]) {
+		t.Fatalf("allot dev does not say how to allot login:\n%s", d.Stdout)
+	}
+	u := newCLIUser(t)
+	if code, out, errOut := u.login(m[1], "nadia", "allow"); code != 0 || !strings.Contains(out, "as "+demo.PersonaEmail[demo.Lead]) {
+		t.Fatalf("allot login against allot dev: %d\n%s\n%s", code, out, errOut)
+	}
+	if code, out, errOut := u.run("jobs"); code != 0 || !strings.Contains(out, "nlp") {
+		t.Errorf("allot jobs: %d\n%s\n%s", code, out, errOut)
 	}
 }

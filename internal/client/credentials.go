@@ -149,11 +149,12 @@ func SameServer(a, b string) bool {
 
 // Exchange trades the provider's tokens for an Allot API token at server
 // (POST /api/v1/auth/cli/token).
-func Exchange(ctx context.Context, server string, t *Tokens) (web.CLITokenJSON, error) {
+// previous is the API token a renewal replaces ("" at a login).
+func Exchange(ctx context.Context, server string, t *Tokens, previous string) (web.CLITokenJSON, error) {
 	host, _ := os.Hostname()
 	var out web.CLITokenJSON
 	err := New(server, "").do(ctx, http.MethodPost, "/api/v1/auth/cli/token",
-		web.CLITokenRequest{IDToken: t.IDToken, AccessToken: t.AccessToken, Host: host}, &out)
+		web.CLITokenRequest{IDToken: t.IDToken, AccessToken: t.AccessToken, Host: host, PreviousToken: previous}, &out)
 	return out, err
 }
 
@@ -215,7 +216,7 @@ func renew(ctx context.Context, path string, hc *http.Client, c *Credentials) (s
 			return "", err
 		}
 	}
-	tok, err := Exchange(ctx, c.Server, t)
+	tok, err := Exchange(ctx, c.Server, t, c.Token)
 	if err != nil {
 		return "", fmt.Errorf("renewing your allot login token: %w", err)
 	}
