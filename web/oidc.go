@@ -289,14 +289,16 @@ func (s *Server) oidcCallback(c echo.Context) error {
 		return s.loginError(c, http.StatusBadRequest, "The ID token does not belong to this sign-in (nonce mismatch). Start again.")
 	}
 	u, verified, report, err := s.oidcUser(ctx, o, idt, tok)
-	if err != nil {
-		return s.loginError(c, http.StatusForbidden, err.Error())
-	}
 	record := func(outcome, detail string) {
 		report.Outcome, report.Detail = outcome, detail
 		if err := s.st.RecordOIDCSignIn(ctx, report); err != nil {
 			s.log.Warn("recording the sign-in failed", "err", err)
 		}
+	}
+	if err != nil {
+		// Shown on the admin page too (a provider that sends no email).
+		record("refused", err.Error())
+		return s.loginError(c, http.StatusForbidden, err.Error())
 	}
 	unknown, err := s.st.SignInOIDC(ctx, u, idt.Issuer, verified, o.cfg.linkByEmail(idt.Issuer))
 	var link *store.LinkRequiredError
@@ -382,6 +384,10 @@ func (s *Server) oidcUser(ctx context.Context, o *oidcClient, idt *oidc.IDToken,
 			}
 		}
 	}
+	for k := range claims {
+		report.ClaimNames = append(report.ClaimNames, k)
+	}
+	slices.Sort(report.ClaimNames)
 	str := func(k string) string { v, _ := claims[k].(string); return strings.TrimSpace(v) }
 	email := str("email")
 	report.Email = email
@@ -400,10 +406,6 @@ func (s *Server) oidcUser(ctx context.Context, o *oidcClient, idt *oidc.IDToken,
 	if name == "" {
 		name = email
 	}
-	for k := range claims {
-		report.ClaimNames = append(report.ClaimNames, k)
-	}
-	slices.Sort(report.ClaimNames)
 	values := map[string][]string{}
 	for _, c := range read {
 		v, ok := claimValues(claims, c)
