@@ -349,6 +349,9 @@ func TestBadInputEverywhere(t *testing.T) {
 			if tt.field == "command" {
 				wantCLI = "the command is missing"
 			}
+			if tt.name == "zero time limit" { // the CLI refuses it itself, as Slurm's "no limit"
+				wantCLI = "--time: Allot jobs need a time limit"
+			}
 			if rc == 0 || !strings.Contains(errOut, wantCLI) {
 				t.Errorf("CLI: rc=%d stderr=%q, want non-zero and %q", rc, errOut, wantCLI)
 			}

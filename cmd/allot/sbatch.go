@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode"
@@ -147,13 +148,26 @@ func lookupSbatch(name string, short bool) *sbatchOpt {
 	return nil
 }
 
-// directive is one sbatch option as written: in a script (line ≥ 1) or
-// on the command line (line 0).
+// directive is one sbatch option as written: in a script (line ≥ 1), on
+// the command line (line 0) or in an ALLOT_* variable (line -1, env).
 type directive struct {
 	opt     *sbatchOpt
 	written string // as the user wrote the option's name: "--gres", "-J"
 	value   string
 	line    int
+	env     string // the variable, for line -1
+}
+
+// rank orders the sources: the command line (2) over the environment (1)
+// over the script (0).
+func (d directive) rank() int {
+	switch {
+	case d.line == 0:
+		return 2
+	case d.line < 0:
+		return 1
+	}
+	return 0
 }
 
 func (d directive) where() string { return d.whereValue("") }
@@ -167,6 +181,9 @@ func (d directive) whereValue(v string) string {
 	}
 	if d.line == 0 {
 		return w
+	}
+	if d.line < 0 {
+		return fmt.Sprintf("$%s (%s)", d.env, w)
 	}
 	return fmt.Sprintf("#SBATCH %s (line %d)", w, d.line)
 }
@@ -330,6 +347,17 @@ type batchJob struct {
 	env                                                 map[string]string
 	envOrder                                            []string
 	parsable                                            bool
+	// rank is where each option came from (directive.rank), by sbatch
+	// option ("job-name"; "gpus" for all the GPU and node counts).
+	rank map[string]int
+}
+
+// rankOf is the rank of option key, -1 if no directive gave it.
+func (j batchJob) rankOf(key string) int {
+	if r, ok := j.rank[key]; ok {
+		return r
+	}
+	return -1
 }
 
 // applyDirectives turns directives (script ones first, then the command
@@ -376,9 +404,16 @@ func applyDirectives(ds []directive, lookupEnv func(string) (string, bool), cwd 
 			types = append(types, t)
 		}
 	}
+	j.rank = map[string]int{}
+	gpuKeys := []string{"gres", "gpus", "gpus-per-node", "gpus-per-task", "nodes", "ntasks", "ntasks-per-node"}
 	for _, key := range order {
 		d := last[key]
 		v := strings.TrimSpace(d.value)
+		rk := key
+		if slices.Contains(gpuKeys, key) {
+			rk = "gpus"
+		}
+		j.rank[rk] = max(j.rankOf(rk), d.rank())
 		switch key {
 		case "job-name":
 			j.name = v

@@ -34,6 +34,10 @@ func (g *gpusValue) String() string {
 }
 
 func (g *gpusValue) Set(s string) error {
+	if n, err := strconv.Atoi(s); err == nil {
+		g.n, g.typ = n, "" // the server checks the count (at least 1)
+		return nil
+	}
 	typ, n, err := typedCount(s)
 	if err != nil {
 		return err
@@ -90,6 +94,7 @@ func cmdSubmit(args []string, stdout, stderr io.Writer) int {
 	cpus := fs.String("cpus", "", "CPUs per node, e.g. 8 or 0.5 (default: the node's; sbatch: --cpus-per-task)")
 	// sbatch's own spellings, read like #SBATCH lines but winning over them.
 	var cmdline []directive
+	var cmdlineFlag []string // the flag each came from
 	for _, o := range sbatchOpts {
 		if o.act != actHonour || fs.Lookup(o.long) != nil {
 			continue
@@ -109,13 +114,13 @@ func cmdSubmit(args []string, stdout, stderr io.Writer) int {
 			usage := "sbatch's " + written + ": " + o.note
 			if o.arg == argNone {
 				fs.BoolFunc(n, usage, func(string) error {
-					cmdline = append(cmdline, directive{opt: o, written: written})
+					cmdline, cmdlineFlag = append(cmdline, directive{opt: o, written: written}), append(cmdlineFlag, n)
 					return nil
 				})
 				continue
 			}
 			fs.Func(n, usage, func(v string) error {
-				cmdline = append(cmdline, directive{opt: o, written: written, value: v})
+				cmdline, cmdlineFlag = append(cmdline, directive{opt: o, written: written, value: v}), append(cmdlineFlag, n)
 				return nil
 			})
 		}
@@ -124,11 +129,25 @@ func cmdSubmit(args []string, stdout, stderr io.Writer) int {
 		f := fs.Lookup(short.long)
 		fs.Var(f.Value, short.short, "sbatch's -"+short.short+": --"+short.long)
 	}
-	if err := cliflag.Parse(fs, args); err != nil {
+	fromEnv, err := cliflag.ParseEnv(fs, args)
+	if err != nil {
 		return 2
 	}
-	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	for i, n := range cmdlineFlag {
+		if v, ok := fromEnv[n]; ok {
+			cmdline[i].line, cmdline[i].env = -1, v
+		}
+	}
+	// given: the rank of each Allot flag set, as directive.rank: 2 on the
+	// command line, 1 from the environment.
+	given := map[string]int{}
+	fs.Visit(func(f *flag.Flag) {
+		given[f.Name] = 2
+		if _, ok := fromEnv[f.Name]; ok {
+			given[f.Name] = 1
+		}
+	})
+
 	fail := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "allot submit: "+format+"\n", a...)
 		return 2
@@ -189,32 +208,42 @@ func cmdSubmit(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "allot submit: warning: %s\n", w)
 	}
 
-	// The command line and ALLOT_* variables win over the directives.
-	pick := func(flagName, flagValue, fromDirective string) string {
-		if given[flagName] || fromDirective == "" {
+	// Precedence: the command line, then ALLOT_* variables, then #SBATCH
+	// lines; Allot's flag wins over the sbatch option from the same place.
+	// wins says whether Allot's flag wins over sbatch option key: it is
+	// set, from a place as high as the option's, or higher.
+	wins := func(flagName, key string) bool {
+		r, ok := given[flagName]
+		return ok && r >= bj.rankOf(key)
+	}
+	pick := func(flagName, flagValue, key, fromDirective string) string {
+		if fromDirective == "" || wins(flagName, key) {
 			return flagValue
 		}
 		return fromDirective
 	}
-	req := web.JobRequest{Name: pick("name", *name, bj.name), Team: pick("team", *team, bj.team), WorkDir: pick("workdir", *workdir, bj.workdir),
-		Preemptible: *preemptible, Checkpointable: *checkpointable}
+	req := web.JobRequest{Name: pick("name", *name, "job-name", bj.name), Team: pick("team", *team, "account", bj.team),
+		WorkDir: pick("workdir", *workdir, "chdir", bj.workdir), Preemptible: *preemptible, Checkpointable: *checkpointable}
 	if req.Name == "" {
 		req.Name = defaultName
 	}
-	if !given["checkpointable"] && bj.requeue != nil {
+	if bj.requeue != nil && !wins("checkpointable", "requeue") {
 		req.Checkpointable = *bj.requeue
 	}
-	n, typ, pn := gpus.n, gpus.typ, *perNode
-	if given["gpu-type"] {
-		typ = *gpuType
-	}
-	if !given["gpus"] && bj.gpus > 0 {
+	n, pn := gpus.n, *perNode
+	if bj.gpus > 0 && !wins("gpus", "gpus") {
 		n = bj.gpus
 	}
-	if typ == "" && bj.gpuType != "" {
-		typ = bj.gpuType
+	// The GPU type from the highest place: --gpu-type, --gpus TYPE:N, the
+	// directives (--gres=gpu:TYPE:N ...).
+	typ, typRank := bj.gpuType, bj.rankOf("gpus")
+	if gpus.typ != "" && given["gpus"] >= typRank {
+		typ, typRank = gpus.typ, given["gpus"]
 	}
-	if !given["gpus-per-node"] && bj.gpusPerNode > 0 && n%bj.gpusPerNode == 0 {
+	if *gpuType != "" && given["gpu-type"] >= typRank {
+		typ = *gpuType
+	}
+	if bj.gpusPerNode > 0 && !wins("gpus-per-node", "gpus") && n%bj.gpusPerNode == 0 {
 		pn = bj.gpusPerNode
 	}
 	req.GPUs, req.GPUType, req.GPUsPerNode = &n, typ, pn
@@ -223,9 +252,12 @@ func cmdSubmit(args []string, stdout, stderr io.Writer) int {
 	if req.Team == "" {
 		problems = append(problems, "--team is required (or #SBATCH --account)")
 	}
-	timeLimit := pick("time", *limit, bj.timeLimit)
+	timeLimit := pick("time", *limit, "time", bj.timeLimit)
 	timeFlag := "--time"
-	if !given["time"] && bj.timeLimit != "" {
+	if fromEnv["time"] != "" {
+		timeFlag = "$" + fromEnv["time"]
+	}
+	if bj.timeLimit != "" && !wins("time", "time") {
 		timeFlag = "#SBATCH --time"
 		for _, d := range ds {
 			if d.opt.long == "time" {
@@ -263,15 +295,21 @@ func cmdSubmit(args []string, stdout, stderr io.Writer) int {
 		req.SecretEnv = secretEnv
 	}
 	// Memory and CPUs go as typed: the server parses them (one rule set).
-	req.Image, req.Memory = pick("image", *image, bj.image), pick("memory", *memory, bj.memory)
-	if c := pick("cpus", *cpus, bj.cpus); c != "" {
+	req.Image, req.Memory = pick("image", *image, "container-image", bj.image), pick("memory", *memory, "mem", bj.memory)
+	if c := pick("cpus", *cpus, "cpus-per-task", bj.cpus); c != "" {
 		req.CPUs, _ = json.Marshal(c)
 	}
 
 	c := newClient()
 	ctx := context.Background()
 	tierValue := *tier
-	if !given["tier"] {
+	if !wins("tier", "qos") || !wins("tier", "partition") {
+		if bj.qos != "" && wins("tier", "qos") {
+			bj.qos = ""
+		}
+		if bj.partition != "" && wins("tier", "partition") {
+			bj.partition = ""
+		}
 		if bj.qos != "" || bj.partition != "" {
 			tiers, err := lazyTiers(ctx, c, bj.qos, bj.partition)
 			if err != nil {
@@ -289,7 +327,7 @@ func cmdSubmit(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	req.Tier, _ = json.Marshal(tierValue)
-	if req.GPUType != "" && !given["gpu-type"] {
+	if req.GPUType != "" && req.GPUType != *gpuType {
 		types, err := c.GPUTypes(ctx)
 		if err != nil {
 			return reportErr(stderr, "submit", err)

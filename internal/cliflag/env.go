@@ -73,9 +73,16 @@ var ErrEnv = errors.New("bad environment variable")
 // value is an error that names it, printed to fs.Output() like a bad flag.
 // Repeatable flags take one value from their variable.
 func Parse(fs *flag.FlagSet, args []string) error {
+	_, err := ParseEnv(fs, args)
+	return err
+}
+
+// ParseEnv is Parse, and also says which flags took their value from the
+// environment: flag name → variable.
+func ParseEnv(fs *flag.FlagSet, args []string) (map[string]string, error) {
 	if len(args) == 1 && strings.HasPrefix(args[0], recordPrefix) {
 		recorded.Store(args[0], fs)
-		return flag.ErrHelp
+		return nil, flag.ErrHelp
 	}
 	cmd := CommandName(fs)
 	usage := fs.Usage
@@ -92,8 +99,9 @@ func Parse(fs *flag.FlagSet, args []string) error {
 	}
 	defer func() { fs.Usage = usage }()
 	if err := fs.Parse(args); err != nil {
-		return err
+		return nil, err
 	}
+	fromEnv := map[string]string{}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	var err error
@@ -113,10 +121,11 @@ func Parse(fs *flag.FlagSet, args []string) error {
 				}
 				fmt.Fprintln(fs.Output(), err)
 			}
+			fromEnv[f.Name] = env
 			return
 		}
 	})
-	return err
+	return fromEnv, err
 }
 
 // sensitive flag names: a bad value of theirs is not repeated.
