@@ -62,7 +62,8 @@ type PriorityPointsJSON struct {
 const prioritiesMethod = "Pending jobs in the scheduler's order: class (tier 1 first; a preemptible or budget-demoted job competes as preemptible), " +
 	"then priority, highest first, then submission. Priority = W_fs·F + W_size·S + W_age·A, with F = the team's fair-share factor 2^(−U/S), " +
 	"S = GPUs ÷ cluster GPUs, A = wait ÷ max age (at most 1), as the last scheduling cycle computed them (a job not yet seen by a cycle shows 0). " +
-	"A job that has waited past the starvation guard (20 minutes) is served first in its class."
+	"The live scheduler's starvation guard also serves tier 3-4 jobs that have waited 20 minutes right after the production classes, oldest first, " +
+	"whatever their priority; this list, like a job's queue position, does not reorder them."
 
 // jobClass is the tier a pending job competes in: the last cycle's class,
 // else its tier's (preemptible when submitted so).

@@ -117,6 +117,15 @@ func (j *jobLine) nodes() string {
 	return strconv.Itoa((j.GPUs + m - 1) / m)
 }
 
+// memoryText is a memory size as the portal writes it ("64GiB"); 0 (the
+// node's default) is "0".
+func memoryText(b int64) string {
+	if b == 0 {
+		return "0"
+	}
+	return allot.FormatMemory(b)
+}
+
 func ptrText(p *string) string {
 	if p == nil {
 		return ""
@@ -185,7 +194,7 @@ var jobFields = []field[jobLine]{
 	{'o', []string{"command"}, "COMMAND", "command", func(j *jobLine) string { return strings.Join(j.Command, " ") }},
 	{'C', []string{"cpus", "numcpus"}, "CPUS", "CPUs per node (0: the node's default)", func(j *jobLine) string { return strconv.FormatFloat(j.CPUs, 'f', -1, 64) }},
 	{'m', []string{"min_memory", "minmemory", "memory"}, "MIN_MEMORY", "memory per node (0: the node's default)", func(j *jobLine) string {
-		return allot.FormatMemory(j.MemoryBytes)
+		return memoryText(j.MemoryBytes)
 	}},
 	{0, []string{"run_as", "run_as_user"}, "RUN_AS", "POSIX account the job runs as", func(j *jobLine) string { return j.RunAsUser }},
 	{0, []string{"exit_code", "exitcode"}, "EXIT_CODE", "exit code", func(j *jobLine) string {

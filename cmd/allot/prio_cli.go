@@ -40,8 +40,9 @@ func prioFlags(stderr io.Writer) (*flag.FlagSet, func() *client.Client, *prioCmd
 	aliasFlags(fs, map[string]string{"account": "team", "A": "team", "n": "norm", "w": "weights"})
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: allot prio [--team T] [--me] [--norm] [--weights] [--parsable] [--noheader] [--json]")
-		fmt.Fprintln(stderr, "Pending jobs in the order the scheduler serves them, like sprio: class (CLASS, tier 1 first), then PRIORITY =")
-		fmt.Fprintln(stderr, "AGE + FAIRSHARE + JOBSIZE, each its factor times the policy's weight, as the last scheduling cycle computed them.")
+		fmt.Fprintln(stderr, "Pending jobs in queue order, like sprio: class (CLASS, tier 1 first), then PRIORITY = AGE + FAIRSHARE + JOBSIZE,")
+		fmt.Fprintln(stderr, "each its factor times the policy's weight, as the last scheduling cycle computed them. (The starvation guard")
+		fmt.Fprintln(stderr, "also serves tier 3-4 jobs that have waited 20 minutes right after the production classes, oldest first.)")
 		fs.PrintDefaults()
 	}
 	return fs, newClient, c

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/allotlabs/allot/internal/allot"
 	"github.com/allotlabs/allot/internal/client"
 	"github.com/allotlabs/allot/internal/cliflag"
 	"github.com/allotlabs/allot/internal/clock"
@@ -171,7 +170,7 @@ func writeJobKV(w io.Writer, j *web.JobDetailJSON, now time.Time) {
 			{"TimeLeft", jobFieldValue('L', r)}},
 		[]kv{{"NumNodes", strconv.Itoa(max(len(nodes), 1))}, {"NodeList", null(strings.Join(nodes, ","))}, {"GPUs", strconv.Itoa(j.GPUs)},
 			{"GPUType", gpuType}, {"GPUsPerNode", gpn}, {"TRES", r.gres()}},
-		[]kv{{"MinCPUsNode", strconv.FormatFloat(j.CPUs, 'f', -1, 64)}, {"MinMemoryNode", allot.FormatMemory(j.MemoryBytes)},
+		[]kv{{"MinCPUsNode", strconv.FormatFloat(j.CPUs, 'f', -1, 64)}, {"MinMemoryNode", memoryText(j.MemoryBytes)},
 			{"Image", null(j.Image)}},
 		[]kv{{"WorkDir", null(j.WorkDir)}},
 		[]kv{{"Command", null(strings.Join(j.Command, " "))}},

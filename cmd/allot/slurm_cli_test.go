@@ -252,7 +252,7 @@ func TestSlurmShowSharePrio(t *testing.T) {
 	for _, s := range []string{fmt.Sprintf("JobId=%d JobName=e3-noah-a\n", a), "   UserId=noah@example.com Account=nlp RunAsUser=",
 		"JobState=PENDING AllotState=pending", "\n   Reason=", "TimeLimit=4:00:00 RunTime=0:00 TimeLeft=4:00:00",
 		"GPUs=8 GPUType=A100-80GB GPUsPerNode=(null) TRES=gpu:A100-80GB:8", "\n   Command=python train.py\n", "QueuePosition=",
-		"PriorityFactors=fair-share:", "StartTime=N/A"} {
+		"PriorityFactors=fair-share:", "StartTime=N/A", "MinCPUsNode=0 MinMemoryNode=0 Image=(null)"} {
 		if !strings.Contains(out, s) {
 			t.Errorf("show lacks %q:\n%s", s, out)
 		}
