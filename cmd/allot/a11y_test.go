@@ -33,7 +33,7 @@ func TestPagesAreLabelled(t *testing.T) {
 		demo.Lead:    {"/teams/nlp", "/finance", "/rightsizing"},
 		demo.Finance: {"/finance"},
 		demo.Admin: {"/admin", "/admin/tiers", "/admin/rates", "/admin/teams", "/admin/policy", "/admin/health", "/admin/audit",
-			"/admin/versions", "/admin/accounts", "/nodes/gpu01", "/cluster"},
+			"/admin/versions", "/admin/accounts", "/admin/gpu-types", "/nodes/gpu01", "/cluster", "/finance"},
 	}
 	for persona, paths := range pages {
 		var get func(string) (int, string)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/allotlabs/allot/internal/agent"
 	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/billing"
 	"github.com/allotlabs/allot/internal/clock"
 	"github.com/allotlabs/allot/internal/demo"
 	"github.com/allotlabs/allot/internal/store"
@@ -254,6 +255,13 @@ func TestFromZeroToFirstJob(t *testing.T) {
 	if list := z.must("gpu-type", "list"); !regexp.MustCompile(`H100\s+80 GB\s+4\.10 USD\s+0\s+in use`).MatchString(list) {
 		t.Errorf("list:\n%s", list)
 	}
+	// Owned capacity's cost per GPU-hour, for the capacity report.
+	if code, _, errs := z.allot("gpu-type", "set", "H100", "--capacity-cost", "-1"); code != 1 || !strings.Contains(errs, "capacity_cost: must be between 0 and 1000000") {
+		t.Errorf("negative capacity cost: exit %d, %q", code, errs)
+	}
+	if out := z.must("gpu-type", "set", "H100", "--capacity-cost", "1.80", "--note", "depreciation"); !strings.Contains(out, "owned capacity 1.80 USD per GPU-hour") {
+		t.Errorf("set capacity cost: %q", out)
+	}
 
 	// 5. A team (the JSON API, as the README's curl does).
 	if code := z.api("POST", "/api/v1/teams", `{"slug":"ml","name":"Machine Learning","cost_center":"CC-1000","monthly_budget_gpu_hours":1000}`, &struct{}{}); code != http.StatusCreated {
@@ -346,6 +354,37 @@ func TestFromZeroToFirstJob(t *testing.T) {
 		bill.Total.Amount != bill.Lines[0].Amount || bill.Teams[0].Amount != bill.Lines[0].Amount {
 		t.Errorf("billed %s for %d GPU-seconds at 4.10/GPU-hour (want about %s); total %s, team %s", bill.Lines[0].Amount, gpuSeconds,
 			allot.Money{Micros: want, Currency: "USD"}.Decimal(), bill.Total.Amount, bill.Teams[0].Amount)
+	}
+
+	// 10. Capacity: gpu01 has been registered capacity since its agent
+	// registered (the database recorded it), and the job's GPU-seconds are
+	// its allocated ones, in the month(s) the job ran.
+	var allocated int64
+	months := []string{month}
+	if end := job.EndedAt.UTC().Format("2006-01"); end != month {
+		months = append(months, end)
+	}
+	for _, mo := range months {
+		var cp web.CapacityJSON
+		if code := z.api("GET", "/api/v1/capacity?month="+mo, "", &cp); code != http.StatusOK {
+			t.Fatalf("capacity %s: %d", mo, code)
+		}
+		for _, r := range cp.Rows {
+			if r.GPUType != "H100" || r.Site != allot.SiteOnPrem || r.CostPerGPUHour != "1.80" ||
+				r.RegisteredGPUSeconds != r.AllocatedGPUSeconds+r.IdleGPUSeconds+r.DrainedDownGPUSeconds {
+				t.Errorf("capacity %s row %+v", mo, r)
+			}
+			if want, err := billing.LineAmount(r.RegisteredGPUSeconds-r.AllocatedGPUSeconds, 1_800_000, 10000, "USD"); err != nil || r.UnrecoveredCost != want.Decimal() {
+				t.Errorf("capacity %s: unrecovered %s, want %s", mo, r.UnrecoveredCost, want.Decimal())
+			}
+			allocated += r.AllocatedGPUSeconds
+		}
+		if len(cp.Rows) != 1 && mo == month {
+			t.Errorf("capacity %s: rows %+v", mo, cp.Rows)
+		}
+	}
+	if allocated != gpuSeconds {
+		t.Errorf("capacity: %d GPU-seconds allocated, the job's allocations held %d", allocated, gpuSeconds)
 	}
 }
 
