@@ -9,12 +9,15 @@ import (
 	"io/fs"
 	"net/http"
 	"os"
+	"os/exec"
 	"os/signal"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/allotlabs/allot/internal/client"
+	"github.com/allotlabs/allot/web"
 )
 
 // cmdLogin is `allot login`: the OAuth device authorization grant (RFC
@@ -26,10 +29,11 @@ func cmdLogin(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("login", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: allot login [--server URL]\n\nSigns in through the server's single sign-on from any shell (the OAuth device flow):\nit shows a link and a code to enter in a browser on any device.\n\n")
+		fmt.Fprintf(stderr, "usage: allot login [--server URL] [--browser]\n\nSigns in through the server's single sign-on from any shell (the OAuth device flow):\nit shows a link and a code to enter in a browser on any device.\n\n")
 		fs.PrintDefaults()
 	}
 	server := fs.String("server", os.Getenv("ALLOT_URL"), "Allot server URL (env ALLOT_URL; default: the one you signed in to last, else "+defaultServer+")")
+	browser := fs.Bool("browser", false, "sign in with a browser on this machine instead (a loopback redirect, RFC 8252; opens $BROWSER or xdg-open)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -68,18 +72,20 @@ func cmdLogin(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(err)
 	}
-	d, err := p.DeviceAuth(ctx, hc, cfg.ClientID, cfg.Scopes)
-	if err != nil {
-		return fail(err)
+	var t *client.Tokens
+	if *browser {
+		bctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+		t, err = p.BrowserLogin(bctx, hc, cfg.ClientID, cfg.Scopes, func(u string) {
+			fmt.Fprintf(stdout, "To sign in to %s, open this address in a browser on this machine (opening it now):\n    %s\nWaiting for the sign-in…\n", srv, u)
+			openBrowser(u)
+		})
+		cancel()
+		if errors.Is(err, context.DeadlineExceeded) {
+			err = errors.New("the browser did not come back within 10 minutes: run allot login again")
+		}
+	} else {
+		t, err = deviceLogin(ctx, p, hc, cfg, srv, stdout)
 	}
-	fmt.Fprintf(stdout, "To sign in to %s, open\n    %s\nin a browser (on any device) and enter the code\n    %s\n", srv, d.VerificationURI, d.UserCode)
-	if d.VerificationURIComplete != "" {
-		fmt.Fprintf(stdout, "or open %s\n", d.VerificationURIComplete)
-	}
-	if d.ExpiresIn > 0 {
-		fmt.Fprintf(stdout, "Waiting for the sign-in (the code expires in %s)…\n", (time.Duration(d.ExpiresIn) * time.Second).String())
-	}
-	t, err := p.PollDevice(ctx, hc, cfg.ClientID, d, client.Sleep)
 	if err != nil {
 		return fail(err)
 	}
@@ -105,6 +111,40 @@ func cmdLogin(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "allot login: the identity provider gave no refresh token (the offline_access scope), so run allot login again after %s\n", until)
 	}
 	return 0
+}
+
+// deviceLogin is the device authorization grant: it shows the address
+// and the code, and polls until the person answers.
+func deviceLogin(ctx context.Context, p *client.Provider, hc *http.Client, cfg web.CLIConfigJSON, srv string, stdout io.Writer) (*client.Tokens, error) {
+	d, err := p.DeviceAuth(ctx, hc, cfg.ClientID, cfg.Scopes)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(stdout, "To sign in to %s, open\n    %s\nin a browser (on any device) and enter the code\n    %s\n", srv, d.VerificationURI, d.UserCode)
+	if d.VerificationURIComplete != "" {
+		fmt.Fprintf(stdout, "or open %s\n", d.VerificationURIComplete)
+	}
+	if d.ExpiresIn > 0 {
+		fmt.Fprintf(stdout, "Waiting for the sign-in (the code expires in %s)…\n", (time.Duration(d.ExpiresIn) * time.Second).String())
+	}
+	return p.PollDevice(ctx, hc, cfg.ClientID, d, client.Sleep)
+}
+
+// openBrowser opens u with $BROWSER, else xdg-open (open on macOS), if
+// there is one; the address is printed anyway.
+func openBrowser(u string) {
+	name := os.Getenv("BROWSER")
+	if name == "" {
+		name = "xdg-open"
+		if runtime.GOOS == "darwin" {
+			name = "open"
+		}
+	}
+	cmd := exec.Command(name, u)
+	cmd.Stdout, cmd.Stderr = nil, nil
+	if cmd.Start() == nil {
+		go cmd.Wait() //nolint:errcheck // whatever the browser says
+	}
 }
 
 // signOut revokes the stored Allot token at its server and the refresh

@@ -63,7 +63,7 @@ func (u *cliUser) command(args ...string) *exec.Cmd {
 	u.t.Helper()
 	a, _ := json.Marshal(args)
 	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), cliEnv+"="+string(a), "XDG_CONFIG_HOME="+u.config, "ALLOT_TOKEN=", "ALLOT_URL=",
+	cmd.Env = append(os.Environ(), cliEnv+"="+string(a), "XDG_CONFIG_HOME="+u.config, "ALLOT_TOKEN=", "ALLOT_URL=", "BROWSER=true",
 		clock.EnvOffset+"="+(clock.Offset()+u.ahead).String())
 	return cmd
 }
@@ -560,5 +560,74 @@ func TestDevLogin(t *testing.T) {
 	}
 	if code, out, errOut := u.run("jobs"); code != 0 || !strings.Contains(out, "nlp") {
 		t.Errorf("allot jobs: %d\n%s\n%s", code, out, errOut)
+	}
+}
+
+// TestCLILoginBrowser: allot login --browser, the authorization-code flow
+// with PKCE through a loopback redirect (RFC 8252), with the test as the
+// browser; a forged return is turned away, a denial ends it.
+func TestCLILoginBrowser(t *testing.T) {
+	issuer := startProvider(t, "--cli-client-id", testCLIClientID)
+	var shift atomic.Int64
+	e := bootCLISSO(t, issuer, testCLIClientID, &shift)
+	u := newCLIUser(t)
+	login := func(action string, forge bool) (int, string, string) {
+		t.Helper()
+		cmd := u.command("login", "--server", e.url, "--browser")
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var errb bytes.Buffer
+		cmd.Stderr = &errb
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer cmd.Process.Kill() //nolint:errcheck // if it is still waiting
+		var out strings.Builder
+		r := bufio.NewReader(stdout)
+		var authURL string
+		for authURL == "" {
+			line, err := r.ReadString('\n')
+			out.WriteString(line)
+			if err != nil {
+				t.Fatalf("allot login --browser printed no address:\n%s\n%s", out.String(), errb.String())
+			}
+			if l := strings.TrimSpace(line); strings.HasPrefix(l, issuer+"/authorize?") {
+				authURL = l
+			}
+		}
+		au, _ := url.Parse(authURL)
+		q := au.Query()
+		if q.Get("code_challenge_method") != "S256" || q.Get("state") == "" || q.Get("nonce") == "" || !strings.HasPrefix(q.Get("redirect_uri"), "http://127.0.0.1:") {
+			t.Errorf("authorization request: %v", q)
+		}
+		b := newSSOBrowser(t)
+		if forge {
+			fake := q.Get("redirect_uri") + "?code=forged&state=other"
+			if s := b.do("GET", fake, nil); s.status != http.StatusBadRequest {
+				t.Errorf("a forged return: %d %s", s.status, s.body)
+			}
+		}
+		cb := b.authorize(authURL, "noah", testPassword, action)
+		if s := b.do("GET", cb, nil); s.status != http.StatusOK {
+			t.Errorf("the return to allot login: %d %s", s.status, s.body)
+		}
+		rest, _ := io.ReadAll(r)
+		out.Write(rest)
+		cmd.Wait() //nolint:errcheck
+		return cliExitCode(cmd), out.String(), errb.String()
+	}
+	if code, out, errOut := login("login", true); code != 0 || !strings.Contains(out, "Signed in to "+e.url+" as "+demo.PersonaEmail[demo.Engineer]) {
+		t.Fatalf("allot login --browser: %d\n%s\n%s", code, out, errOut)
+	}
+	if c := u.creds(); c.RefreshToken == "" || !strings.HasPrefix(c.Token, "allot_") {
+		t.Errorf("stored: %+v", c)
+	}
+	if code, out, errOut := u.run("jobs"); code != 0 || !strings.Contains(out, "nlp") {
+		t.Errorf("allot jobs: %d %s %s", code, out, errOut)
+	}
+	if code, _, errOut := login("deny", false); code != 1 || !strings.Contains(errOut, "denied") {
+		t.Errorf("denied: %d %s", code, errOut)
 	}
 }

@@ -230,7 +230,7 @@ func readProviderUsers(path, password string) ([]oidcdev.User, error) {
 func providerClients(id, secret string, redirects []string, cliID string) []oidcdev.Client {
 	cs := []oidcdev.Client{{ID: id, Secret: secret, RedirectURIs: redirects}}
 	if cliID != "" {
-		cs = append(cs, oidcdev.Client{ID: cliID, DeviceGrant: true})
+		cs = append(cs, oidcdev.Client{ID: cliID, DeviceGrant: true, RedirectURIs: []string{cliRedirectURI}})
 	}
 	return cs
 }
@@ -240,8 +240,12 @@ type multiFlag []string
 func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
 func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 
-// devCLIClientID is allot login's client at `allot dev`'s provider.
-const devCLIClientID = "allot-cli"
+// devCLIClientID is allot login's client at `allot dev`'s provider;
+// cliRedirectURI is where `allot login --browser` listens (any port).
+const (
+	devCLIClientID = "allot-cli"
+	cliRedirectURI = "http://127.0.0.1/callback"
+)
 
 // defaultDevOIDCAddr is where `allot dev` starts its development OIDC
 // provider unless --oidc-addr says otherwise (a variable for one test,
@@ -277,7 +281,7 @@ func devOIDC(addr string, fallback bool, password string) (srv *oidcdev.Server, 
 	users := oidcdev.DemoUsers(password)
 	// With allot login's public client (the device grant).
 	cfg := oidcdev.Config{Users: users, Hint: oidcdev.DemoHint(users), DeviceInterval: 2 * time.Second,
-		Clients: []oidcdev.Client{{ID: devCLIClientID, DeviceGrant: true}}}
+		Clients: []oidcdev.Client{{ID: devCLIClientID, DeviceGrant: true, RedirectURIs: []string{cliRedirectURI}}}}
 	srv, err = oidcdev.Listen(addr, cfg)
 	if err != nil {
 		if !fallback {

@@ -2,10 +2,15 @@ package client
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -19,6 +24,7 @@ import (
 // Provider is what discovery says about an OpenID provider.
 type Provider struct {
 	Issuer              string `json:"issuer"`
+	Authorization       string `json:"authorization_endpoint"`
 	Token               string `json:"token_endpoint"`
 	DeviceAuthorization string `json:"device_authorization_endpoint"`
 	Revocation          string `json:"revocation_endpoint"`
@@ -238,4 +244,117 @@ func (p *Provider) Revoke(ctx context.Context, hc *http.Client, clientID, token 
 		return nil
 	}
 	return p.post(ctx, hc, p.Revocation, url.Values{"token": {token}, "token_type_hint": {"refresh_token"}, "client_id": {clientID}}, nil)
+}
+
+// BrowserLogin is the authorization-code flow with PKCE through a
+// loopback redirect (RFC 8252 §7.3): it listens on 127.0.0.1 on a free
+// port, calls show with the address to open in a browser on this machine,
+// waits for the provider to send the browser back with a code (state
+// checked), and trades the code for tokens with the PKCE verifier. The ID
+// token's nonce must be the one sent.
+func (p *Provider) BrowserLogin(ctx context.Context, hc *http.Client, clientID string, scopes []string, show func(authURL string)) (*Tokens, error) {
+	if p.Authorization == "" {
+		return nil, fmt.Errorf("the identity provider %s has no authorization endpoint", p.Issuer)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("listening for the browser's return: %w", err)
+	}
+	defer ln.Close()
+	redirect := fmt.Sprintf("http://127.0.0.1:%d/callback", ln.Addr().(*net.TCPAddr).Port)
+	state, nonce, verifier := randomString(), randomString(), randomString()
+	sum := sha256.Sum256([]byte(verifier))
+	q := url.Values{"response_type": {"code"}, "client_id": {clientID}, "redirect_uri": {redirect}, "scope": {strings.Join(scopes, " ")},
+		"state": {state}, "nonce": {nonce}, "code_challenge": {base64.RawURLEncoding.EncodeToString(sum[:])}, "code_challenge_method": {"S256"}}
+	sep := "?"
+	if strings.Contains(p.Authorization, "?") {
+		sep = "&"
+	}
+	type result struct {
+		code string
+		err  error
+	}
+	got := make(chan result, 1)
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /callback", func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		var res result
+		switch {
+		case subtle.ConstantTimeCompare([]byte(q.Get("state")), []byte(state)) != 1:
+			http.Error(w, "This sign-in was not started by this allot login.", http.StatusBadRequest)
+			return // not ours: keep waiting for the real one
+		case q.Get("error") == "access_denied":
+			res.err = ErrDeviceDenied
+		case q.Get("error") != "":
+			res.err = fmt.Errorf("the identity provider refused the sign-in: %w", &OAuthError{Code: q.Get("error"), Description: q.Get("error_description")})
+		case q.Get("code") == "":
+			res.err = errors.New("the identity provider sent the browser back without a code")
+		default:
+			res.code = q.Get("code")
+		}
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if res.err != nil {
+			fmt.Fprintf(w, "allot login failed: %v\n", res.err)
+		} else {
+			fmt.Fprintln(w, "Signed in: you can close this tab and go back to your shell.")
+		}
+		select {
+		case got <- res:
+		default: // answered already
+		}
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(ln) //nolint:errcheck // ends with Close
+	defer srv.Close()
+	show(p.Authorization + sep + q.Encode())
+	var res result
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case res = <-got:
+	}
+	if res.err != nil {
+		return nil, res.err
+	}
+	var t Tokens
+	if err := p.post(ctx, hc, p.Token, url.Values{"grant_type": {"authorization_code"}, "code": {res.code}, "redirect_uri": {redirect},
+		"client_id": {clientID}, "code_verifier": {verifier}}, &t); err != nil {
+		return nil, fmt.Errorf("trading the sign-in code: %w", err)
+	}
+	if t.IDToken == "" {
+		return nil, errors.New("the identity provider sent no ID token: the CLI's client must ask for the openid scope")
+	}
+	// The server verifies the token's signature; the nonce ties it to this
+	// sign-in.
+	if n, err := idTokenNonce(t.IDToken); err != nil || subtle.ConstantTimeCompare([]byte(n), []byte(nonce)) != 1 {
+		return nil, errors.New("the ID token does not belong to this sign-in (nonce mismatch)")
+	}
+	return &t, nil
+}
+
+func randomString() string {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		panic(err) // crypto/rand does not fail on supported platforms
+	}
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+// idTokenNonce reads the nonce claim of a JWT without verifying it.
+func idTokenNonce(jwt string) (string, error) {
+	parts := strings.Split(jwt, ".")
+	if len(parts) != 3 {
+		return "", errors.New("not a JWT")
+	}
+	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		return "", err
+	}
+	var c struct {
+		Nonce string `json:"nonce"`
+	}
+	if err := json.Unmarshal(payload, &c); err != nil {
+		return "", err
+	}
+	return c.Nonce, nil
 }
