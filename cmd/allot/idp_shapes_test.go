@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -518,5 +520,38 @@ func TestOIDCTakeoverNeedsAdminLink(t *testing.T) {
 	e.m.Pool.QueryRow(ctx, "SELECT count(*) FROM users").Scan(&after) //nolint:errcheck
 	if after != users {
 		t.Errorf("users %d → %d", users, after)
+	}
+}
+
+// TestOIDCLinkIssuersFlag: --oidc-link-email-issuers (or its env) takes
+// issuer URLs separated by commas or spaces and refuses anything else;
+// `allot oidc-provider --users-json` refuses a bad file.
+func TestOIDCLinkIssuersFlag(t *testing.T) {
+	parse := func(args ...string) (web.OIDCConfig, error) {
+		fs := flag.NewFlagSet("server", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		get := oidcFlags(fs)
+		if err := fs.Parse(args); err != nil {
+			return web.OIDCConfig{}, err
+		}
+		return get()
+	}
+	t.Setenv("ALLOT_OIDC_ISSUER", "http://127.0.0.1:8081")
+	t.Setenv("ALLOT_OIDC_CLIENT_ID", "allot")
+	t.Setenv("ALLOT_OIDC_LINK_EMAIL_ISSUERS", "http://127.0.0.1:8081, https://kc.example.com/realms/acme")
+	c, err := parse()
+	if err != nil || !slices.Equal(c.LinkEmailIssuers, []string{"http://127.0.0.1:8081", "https://kc.example.com/realms/acme"}) {
+		t.Errorf("from the env: %v %v", c.LinkEmailIssuers, err)
+	}
+	if _, err := parse("--oidc-link-email-issuers", "kc.example.com"); err == nil || !strings.Contains(err.Error(), "--oidc-link-email-issuers") {
+		t.Errorf("a bad issuer: %v", err)
+	}
+	bad := filepath.Join(t.TempDir(), "users.json")
+	if err := os.WriteFile(bad, []byte(`[{"username":"x","subject":"","email":"x@example.com"}]`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	if rc := run([]string{"oidc-provider", "--users-json", bad}, io.Discard, &stderr); rc != 2 || !strings.Contains(stderr.String(), "subject") {
+		t.Errorf("bad --users-json: exit %d, %s", rc, stderr.String())
 	}
 }
