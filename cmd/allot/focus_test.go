@@ -177,6 +177,11 @@ func testFOCUSExport(t *testing.T, now func() time.Time) {
 		t.Fatal(err)
 	}
 
+	// A job name a spreadsheet would run as a formula.
+	if _, err := e.m.Pool.Exec(ctx, `UPDATE jobs SET name = '=ckpt;@x' WHERE name = 'ckpt'`); err != nil {
+		t.Fatal(err)
+	}
+
 	month := prev.String()
 	var cb web.ChargebackJSON
 	e.getJSON("/api/v1/chargeback?month="+month, demo.Finance, &cb)
@@ -229,6 +234,19 @@ func testFOCUSExport(t *testing.T, now func() time.Time) {
 		t.Fatalf("FOCUS header\n%q\nwant the FOCUS 1.2 columns\n%q", focus[0], names)
 	}
 	checkFOCUSRows(t, cols, focus, prev)
+	formulas := 0
+	for _, r := range focus[1:] {
+		name := r[slices.Index(web.FOCUSColumns, "ResourceName")]
+		if strings.HasPrefix(name, "=") {
+			t.Errorf("ResourceName %q would run as a formula", name)
+		}
+		if name == "'=ckpt;'@x" {
+			formulas++
+		}
+	}
+	if formulas == 0 {
+		t.Error("the job named like a formula is not in the FOCUS export, neutralised")
+	}
 	if got := column(t, focus, "BilledCost"); got.Cmp(total) != 0 {
 		t.Errorf("FOCUS BilledCost total %s, statement %s", got.FloatString(2), cb.Total.Amount)
 	}
