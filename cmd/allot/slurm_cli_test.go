@@ -343,20 +343,29 @@ func TestSlurmShowSharePrio(t *testing.T) {
 func TestSlurmNodes(t *testing.T) {
 	stdinIsTTY = func() bool { return false }
 	e := boot(t)
-	// The demo's 16 nodes are down (no agents); one is drained.
-	if _, err := e.m.Pool.Exec(context.Background(), `UPDATE nodes SET state = 'drained', state_reason = 'fan' WHERE name = 'gpu03'`); err != nil {
+	// The demo's 16 nodes are down (no agents); one is drained and holds
+	// three GPUs of a job.
+	ctx := context.Background()
+	if _, err := e.m.Pool.Exec(ctx, `UPDATE nodes SET state = 'drained', state_reason = 'fan' WHERE name = 'gpu03'`); err != nil {
+		t.Fatal(err)
+	}
+	var job int64
+	if err := e.m.Pool.QueryRow(ctx, `SELECT min(id) FROM jobs WHERE state = 'pending'`).Scan(&job); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.Store.Allocate(ctx, job, "gpu03", []int{0, 1, 5}, e.m.Store.Now()); err != nil {
 		t.Fatal(err)
 	}
 	rc, out, errOut := e.cli(demo.Engineer, "nodes", "--parsable")
 	want := "GPUTYPE|STATE|NODES|GPUS|ALLOC|IDLE|OTHER|NODELIST\n" +
-		"A100-80GB|drain|1|8|0|0|8|gpu03\n" +
+		"A100-80GB|drain|1|8|3|0|5|gpu03\n" +
 		"A100-80GB|down|11|88|0|0|88|gpu[01-02,04-12]\n" +
 		"T4|down|4|32|0|0|32|gpu[13-16]\n"
 	if rc != 0 || out != want {
 		t.Errorf("nodes: %d %s\n%s\nwant:\n%s", rc, errOut, out, want)
 	}
 	rc, out, _ = e.cli(demo.Engineer, "nodes", "-N", "--state", "drain", "--parsable", "--noheader")
-	if rc != 0 || out != "gpu03|1|A100-80GB|drain|8|0|0|8|0|onprem|fan\n" {
+	if rc != 0 || out != "gpu03|1|A100-80GB|drain|8|3|0|5|0|onprem|fan\n" {
 		t.Errorf("nodes -N --state drain: %d %q", rc, out)
 	}
 	rc, out, _ = e.cli(demo.Engineer, "nodes", "-p", "T4", "--noheader")
