@@ -204,12 +204,23 @@ func TestCapacityAPI(t *testing.T) {
 			t.Errorf("capacity cost %s: %d %s, want 422 on capacity_cost", bad, code, body)
 		}
 	}
+	code, body, _ = r.do("POST", "/api/v1/gpu-types", "admin", `{"name": "B200", "memory_gb": 192, "hourly_rate": "6", "capacity_cost": "3"}`)
+	if code != http.StatusUnprocessableEntity || !strings.Contains(body, "capacity_cost") {
+		t.Errorf("create with a capacity cost: %d %s, want 422 on capacity_cost", code, body)
+	}
 	if code, _, _ := r.do("PUT", "/api/v1/gpu-types/H100", "finance", `{"capacity_cost": "1"}`); code != http.StatusForbidden {
 		t.Errorf("finance sets a capacity cost: %d, want 403", code)
 	}
 	code, body, _ = r.do("GET", "/api/v1/gpu-types", "admin", "")
-	if code != http.StatusOK || !strings.Contains(body, `"capacity_cost":"2.50"`) {
-		t.Errorf("bad input changed the cost: %s", body)
+	if code != http.StatusOK || !strings.Contains(body, `"capacity_cost":"2.50"`) || strings.Contains(body, "B200") {
+		t.Errorf("bad input changed the cost or made a type: %s", body)
+	}
+	// "" clears the cost; setting it again is one more audited change.
+	if code, body, _ := r.do("PUT", "/api/v1/gpu-types/H100", "admin", `{"capacity_cost": ""}`); code != http.StatusOK || !strings.Contains(body, `"capacity_cost":""`) {
+		t.Errorf("clear capacity cost: %d %s", code, body)
+	}
+	if code, body, _ := r.do("PUT", "/api/v1/gpu-types/H100", "admin", `{"capacity_cost": "2.5"}`); code != http.StatusOK || !strings.Contains(body, `"capacity_cost":"2.50"`) {
+		t.Errorf("set capacity cost again: %d %s", code, body)
 	}
 
 	code, body, _ = r.do("GET", "/api/v1/capacity?month=2028-02", "finance", "")
