@@ -45,7 +45,9 @@ func TestCapacitySectionView(t *testing.T) {
 		t.Errorf("capacity chart svg: role %q label %q", svg.AttrOr("role", ""), svg.AttrOr("aria-label", ""))
 	}
 	var parts []string
-	svg.Find("rect.chart-bar").Each(func(_ int, s *goquery.Selection) { parts = append(parts, s.AttrOr("class", "")+"@"+s.AttrOr("width", "")) })
+	svg.Find("rect.chart-bar").Each(func(_ int, s *goquery.Selection) {
+		parts = append(parts, s.AttrOr("class", "")+"@"+s.AttrOr("width", ""))
+	})
 	if strings.Join(parts, " ") != "chart-bar b-alloc@95 chart-bar b-idle@190 chart-bar b-out@95" {
 		t.Errorf("bars %q", parts)
 	}
