@@ -188,8 +188,10 @@ compdef _allot allot
 
 const fishCompletion = `# fish completion for allot: allot completion fish | source
 function __allot_complete
-	set -l words (commandline -opc) (commandline -ct)
-	set -l cands (allot ` + completeCommand + ` $words[2..-1] 2>/dev/null)
+	set -l words (commandline -opc)
+	set -l cur (commandline -ct)
+	# "$cur": one word even when empty (a command substitution would drop it)
+	set -l cands (allot ` + completeCommand + ` $words[2..-1] "$cur" 2>/dev/null)
 	if test (count $cands) -gt 0
 		printf '%s\n' $cands
 	else

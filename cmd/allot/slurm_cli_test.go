@@ -513,15 +513,37 @@ func TestCompletion(t *testing.T) {
 			}
 		}
 	}
-	script := `source "$1"; args_file="$2"
-allot() { printf '%s\n' "$*" > "$args_file"; printf '%s\n' --me --me-too; }
-COMP_WORDS=(allot jobs --m); COMP_CWORD=2; _allot
-printf '%s,' "${COMPREPLY[@]}"`
-	b, err := exec.Command("bash", "-c", script, "bash", filepath.Join(dir, "bash"), filepath.Join(dir, "args")).CombinedOutput()
-	if err != nil || string(b) != "--me,--me-too," {
-		t.Errorf("bash completion: %v %q", err, b)
+	// Each shell's script passes the words to `allot __complete` (a fake
+	// allot here, which records them) and offers what it prints.
+	fake := filepath.Join(dir, "bin")
+	if err := os.MkdirAll(fake, 0o755); err != nil {
+		t.Fatal(err)
 	}
-	if args, _ := os.ReadFile(filepath.Join(dir, "args")); string(args) != completeCommand+"\njobs\n--m\n" { // "$*" joined by IFS: three words
-		t.Errorf("the bash function called allot with %q", args)
+	if err := os.WriteFile(filepath.Join(fake, "allot"), []byte("#!/bin/sh\nprintf '%s\\n' \"$@\" > \"$ARGS_FILE\"\nprintf '%s\\n' --me --me-too\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ sh, script string }{
+		{"bash", `source "$SCRIPT"; COMP_WORDS=(allot jobs --m); COMP_CWORD=2; _allot; printf '%s,' "${COMPREPLY[@]}"`},
+		{"zsh", `compdef() { :; }; _files() { print FILES }; compadd() { shift; print -rn -- "${(j:,:)@},"; }
+			source "$SCRIPT"; words=(allot jobs --m); CURRENT=3; _allot`},
+		{"fish", `source "$SCRIPT"; for c in (complete -C 'allot jobs --m'); printf '%s,' $c; end`},
+	} {
+		if _, err := exec.LookPath(c.sh); err != nil {
+			t.Logf("%s is not installed: its script is not run", c.sh)
+			continue
+		}
+		args := filepath.Join(dir, c.sh+".args")
+		cmd := exec.Command(c.sh, "-c", c.script)
+		if c.sh == "zsh" {
+			cmd = exec.Command(c.sh, "-f", "-c", c.script)
+		}
+		cmd.Env = append(os.Environ(), "PATH="+fake+":"+os.Getenv("PATH"), "ARGS_FILE="+args, "SCRIPT="+filepath.Join(dir, c.sh))
+		b, err := cmd.CombinedOutput()
+		if err != nil || string(b) != "--me,--me-too," {
+			t.Errorf("%s completion offers %q (%v), want --me,--me-too,", c.sh, b, err)
+		}
+		if got, _ := os.ReadFile(args); string(got) != completeCommand+"\njobs\n--m\n" {
+			t.Errorf("%s's script called allot with %q", c.sh, got)
+		}
 	}
 }
