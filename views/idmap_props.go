@@ -17,6 +17,7 @@ type AdminIdentity struct {
 	New          IdPRuleRow
 	Edit         *IdPRuleRow   // the rule whose form had errors
 	Link         *IdPSignInRow // the link form that had errors
+	Try          IdPTry
 	Warnings     []IdPWarningRow
 	SignIns      []IdPSignInRow
 	Saved        string
@@ -51,4 +52,10 @@ func (a AdminIdentity) linkForm() IdPSignInRow {
 		return *a.Link
 	}
 	return IdPSignInRow{Issuer: a.Issuer, Errors: map[string]string{}}
+}
+
+// IdPTry is the form that shows what the rules give pasted claims.
+type IdPTry struct {
+	Claims, Result string
+	Errors         map[string]string
 }

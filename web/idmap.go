@@ -2,6 +2,7 @@ package web
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -131,6 +132,21 @@ func overageClaims(claims map[string]any, read []string) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// mapClaims applies rules to a token's claims: the roles, the number of
+// values of each claim the rules read that was present, and the claims
+// the token marks as overage.
+func mapClaims(rules []*store.Rule, claims map[string]any) (store.RoleResult, map[string]int, []string) {
+	read := ruleClaims(rules)
+	values, counts := map[string][]string{}, map[string]int{}
+	for _, c := range read {
+		if v, ok := claimValues(claims, c); ok {
+			values[c], counts[c] = v, len(v)
+		}
+	}
+	res := store.ApplyRules(rules, func(c string) []string { return values[c] })
+	return res, counts, overageClaims(claims, read)
 }
 
 // rolesSummary is what a sign-in gave, in words.
@@ -363,6 +379,92 @@ func (s *Server) apiIdPSignIns(c echo.Context) error {
 		return err
 	}
 	return writeJSON(c, http.StatusOK, out)
+}
+
+// IdPTryRequest is the body of POST /api/v1/idp-mappings/try: a token's
+// claims (as a JSON object), to see what the rules in force give them.
+type IdPTryRequest struct {
+	Claims map[string]any `json:"claims"`
+}
+
+// IdPTryJSON is what the rules in force give the claims; nothing changes.
+type IdPTryJSON struct {
+	Admin       bool               `json:"admin"`
+	Finance     bool               `json:"finance"`
+	Memberships []allot.Membership `json:"memberships"`
+	Roles       string             `json:"roles"`
+	Matched     int                `json:"matched"`
+	ClaimsRead  []string           `json:"claims_read"`
+	ClaimCounts map[string]int     `json:"claim_counts"`
+	Overage     []string           `json:"overage"`
+	// BuiltIn: the table is empty and the built-in mapping was used.
+	BuiltIn bool `json:"built_in"`
+}
+
+func (s *Server) tryMapping(ctx context.Context, claims map[string]any) (IdPTryJSON, error) {
+	stored, err := s.st.IdPRules(ctx)
+	if err != nil {
+		return IdPTryJSON{}, err
+	}
+	rules := stored
+	if len(rules) == 0 {
+		rules = s.cfg.OIDC.Claims.DefaultRules()
+	}
+	res, counts, over := mapClaims(rules, claims)
+	out := IdPTryJSON{Admin: res.Admin, Finance: res.Finance, Memberships: res.Memberships, Matched: res.Matched,
+		ClaimsRead: ruleClaims(rules), ClaimCounts: counts, Overage: over, BuiltIn: len(stored) == 0}
+	if out.Memberships == nil {
+		out.Memberships = []allot.Membership{}
+	}
+	if out.Overage == nil {
+		out.Overage = []string{}
+	}
+	out.Roles = rolesSummary(&allot.User{Admin: res.Admin, Finance: res.Finance, Memberships: res.Memberships})
+	return out, nil
+}
+
+// apiTryIdPMappings shows what the rules in force give a token's claims.
+func (s *Server) apiTryIdPMappings(c echo.Context) error {
+	_, req, err := userAndBody[IdPTryRequest](c)
+	if err != nil {
+		return err
+	}
+	if req.Claims == nil {
+		return (allot.FieldErrors{"claims": "is required: the claims of an ID token, as a JSON object"}).Err()
+	}
+	out, err := s.tryMapping(c.Request().Context(), req.Claims)
+	if err != nil {
+		return err
+	}
+	return writeJSON(c, http.StatusOK, out)
+}
+
+// adminTryForm shows on the page what the rules give pasted claims.
+func (s *Server) adminTryForm(c echo.Context) error {
+	raw := c.FormValue("claims")
+	a := views.AdminIdentity{Try: views.IdPTry{Claims: raw, Errors: map[string]string{}}}
+	var claims map[string]any
+	if err := json.Unmarshal([]byte(raw), &claims); err != nil || claims == nil {
+		a.Try.Errors["claims"] = "must be a JSON object of claims, e.g. {\"groups\": [\"/teams/nlp\"]}"
+		return s.renderIdentity(c, http.StatusUnprocessableEntity, a)
+	}
+	out, err := s.tryMapping(c.Request().Context(), claims)
+	if err != nil {
+		return err
+	}
+	var counts []string
+	for _, k := range out.ClaimsRead {
+		if n, ok := out.ClaimCounts[k]; ok {
+			counts = append(counts, fmt.Sprintf("%s: %d", k, n))
+		} else {
+			counts = append(counts, k+": absent")
+		}
+	}
+	a.Try.Result = fmt.Sprintf("%s (%d values matched; %s)", out.Roles, out.Matched, strings.Join(counts, ", "))
+	if len(out.Overage) > 0 {
+		a.Try.Result += "; overage marker for " + strings.Join(out.Overage, ", ") + ": those claims give nothing"
+	}
+	return s.renderIdentity(c, http.StatusOK, a)
 }
 
 // OIDCLinkRequest is the body of POST /api/v1/users/{user}/oidc-link: the

@@ -406,15 +406,9 @@ func (s *Server) oidcUser(ctx context.Context, o *oidcClient, idt *oidc.IDToken,
 	if name == "" {
 		name = email
 	}
-	values := map[string][]string{}
-	for _, c := range read {
-		v, ok := claimValues(claims, c)
-		if ok {
-			values[c] = v
-			report.ClaimCounts[c] = len(v)
-		}
-	}
-	if over := overageClaims(claims, read); len(over) > 0 {
+	res, counts, over := mapClaims(rules, claims)
+	report.ClaimCounts = counts
+	if len(over) > 0 {
 		// Entra ID sends _claim_names.groups instead of the groups when a
 		// person is in more than 200 (150 in SAML): Allot does not fetch
 		// them from Microsoft Graph, so say so where admins look.
@@ -422,14 +416,13 @@ func (s *Server) oidcUser(ctx context.Context, o *oidcClient, idt *oidc.IDToken,
 		s.log.Warn("the identity provider sent a groups overage marker (_claim_names) instead of the groups: this person gets no roles from them; use app roles (the roles claim) or emit only the groups assigned to the application",
 			"user", email, "claims", over)
 	}
-	if len(values) == 0 {
+	if len(counts) == 0 {
 		// Roles still follow the provider (an IdP may leave the claim out
 		// for someone in no group), but a misconfigured claim strips
 		// everyone's roles: say so where admins look.
 		s.log.Warn("the identity provider sent none of the claims the identity mapping reads: this person gets no admin, finance or team roles",
 			"user", email, "claims", read)
 	}
-	res := store.ApplyRules(rules, func(c string) []string { return values[c] })
 	report.Matched = res.Matched
 	u := &allot.User{OIDCSubject: idt.Subject, Email: email, Name: name, Admin: res.Admin, Finance: res.Finance, Memberships: res.Memberships}
 	if claim := o.cfg.Claims.AccountClaim; claim != "" {

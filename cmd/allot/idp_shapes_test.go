@@ -170,6 +170,20 @@ func TestIdPShapeKeycloak(t *testing.T) {
 	if n := audits(); n != 4 {
 		t.Errorf("audit entries for 4 rules: %d", n)
 	}
+	// Trying the rules on a token's claims changes nothing.
+	var try web.IdPTryJSON
+	code, _, b := e.api("POST", "/api/v1/idp-mappings/try", demo.Admin,
+		`{"claims":{"groups":["/teams/vision/lead","/other"],"realm_access":{"roles":["allot-finance"]}}}`)
+	if err := json.Unmarshal(b, &try); code != http.StatusOK || err != nil || !try.Finance || try.Admin || try.Roles != "finance, lead of vision" ||
+		try.Matched != 2 || try.ClaimCounts["groups"] != 2 || try.BuiltIn {
+		t.Errorf("try: %d %s", code, b)
+	}
+	if code, _, b := e.api("POST", "/api/v1/idp-mappings/try", demo.Admin, `{"claims":null}`); code != http.StatusUnprocessableEntity || !strings.Contains(string(b), `"claims"`) {
+		t.Errorf("try without claims: %d %s", code, b)
+	}
+	if n := audits(); n != 4 {
+		t.Errorf("trying wrote audit entries: %d", n)
+	}
 	for _, c := range []struct {
 		user           string
 		admin, finance bool
@@ -238,6 +252,14 @@ func TestIdPShapeKeycloak(t *testing.T) {
 	}
 	if n := audits(); n != 7 {
 		t.Errorf("audit entries after the portal's rule: %d", n)
+	}
+	s = ada.do("POST", e.url+"/admin/identity/try", url.Values{"_csrf": {csrf}, "claims": {`{"groups": "/finance"`}})
+	if s.status != http.StatusUnprocessableEntity || !strings.Contains(s.body, `data-testid="error-claims"`) {
+		t.Errorf("try bad JSON in the portal: %d\n%s", s.status, s.body)
+	}
+	s = ada.do("POST", e.url+"/admin/identity/try", url.Values{"_csrf": {csrf}, "claims": {`{"groups": ["/finance", "/teams/nlp"]}`}})
+	if s.status != http.StatusOK || !strings.Contains(s.body, "finance, member of nlp (2 values matched; groups: 2") {
+		t.Errorf("try in the portal: %d\n%s", s.status, s.body)
 	}
 }
 
