@@ -241,6 +241,9 @@ func TestIdPShapeKeycloak(t *testing.T) {
 		!strings.Contains(s.body, "kc-nadia@example.com") || strings.Contains(s.body, `data-testid="idp-defaults"`) {
 		t.Fatalf("admin page: %d\n%s", s.status, s.body)
 	}
+	for _, p := range pageProblems(t, s.body) {
+		t.Errorf("/admin/identity: %s", p)
+	}
 	csrf := csrfRE.FindStringSubmatch(s.body)[1]
 	s = ada.do("POST", e.url+"/admin/identity/rules", url.Values{"_csrf": {csrf}, "claim": {"groups"}, "match": {"guid"}, "pattern": {"not-a-guid"}, "grant": {"admin"}})
 	if s.status != http.StatusUnprocessableEntity || !strings.Contains(s.body, `data-testid="error-pattern"`) || !strings.Contains(s.body, `value="not-a-guid"`) {
