@@ -387,6 +387,7 @@ func openSidePool(ctx context.Context, url string, conns int, name string) (*pgx
 	}
 	cfg.MaxConns = int32(conns)
 	cfg.ConnConfig.RuntimeParams["application_name"] = name
+	store.SetClock(cfg.ConnConfig)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connecting the %s pool: %w", name, err)

@@ -61,9 +61,7 @@ func Open(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	if !strings.Contains(url, "pool_max_conns") {
 		cfg.MaxConns = 32
 	}
-	// The database's allot_now() (node state history, migration 0025) is
-	// this process's clock: the same offset from the real time.
-	cfg.ConnConfig.RuntimeParams["allot.clock_offset_us"] = strconv.FormatInt(clock.Offset().Microseconds(), 10)
+	SetClock(cfg.ConnConfig)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to database: %w", err)
@@ -73,6 +71,13 @@ func Open(ctx context.Context, url string) (*pgxpool.Pool, error) {
 		return nil, fmt.Errorf("connecting to database: %w", err)
 	}
 	return pool, nil
+}
+
+// SetClock makes the database's allot_now() (node state history,
+// migration 0025) on connections of cfg this process's clock: the same
+// offset from the real time. Every pool a server opens sets it.
+func SetClock(cfg *pgx.ConnConfig) {
+	cfg.RuntimeParams["allot.clock_offset_us"] = strconv.FormatInt(clock.Offset().Microseconds(), 10)
 }
 
 // InTx runs fn in a transaction on a Store bound to it; it commits when fn
