@@ -385,8 +385,8 @@ func TestFromZeroToFirstJob(t *testing.T) {
 	}
 	if allocated != gpuSeconds {
 		var hist, allocs string
-		pool.QueryRow(ctx, `SELECT string_agg(format('%s %s %s %s', node, at, state, registered), '; ' ORDER BY at, id) FROM node_state_history`).Scan(&hist)   //nolint:errcheck
-		pool.QueryRow(ctx, `SELECT string_agg(format('%s/%s %s–%s', node, gpu_index, started_at, released_at), '; ') FROM allocations`).Scan(&allocs) //nolint:errcheck
+		pool.QueryRow(ctx, `SELECT string_agg(format('%s %s %s %s', node, at, state, registered), '; ' ORDER BY at, id) FROM node_state_history`).Scan(&hist) //nolint:errcheck
+		pool.QueryRow(ctx, `SELECT string_agg(format('%s/%s %s–%s', node, gpu_index, started_at, released_at), '; ') FROM allocations`).Scan(&allocs)         //nolint:errcheck
 		t.Errorf("capacity: %d GPU-seconds allocated in %v, the job's allocations held %d; history %s; allocations %s", allocated, months, gpuSeconds, hist, allocs)
 	}
 }
