@@ -195,10 +195,17 @@ func seed(ctx context.Context, st *store.Store) error {
 			return fmt.Errorf("seeding tiers: %w", err)
 		}
 	}
+	var nodeNames []string
 	for _, n := range Nodes() {
 		if err := st.CreateNode(ctx, &n); err != nil {
 			return fmt.Errorf("seeding nodes: %w", err)
 		}
+		nodeNames = append(nodeNames, n.Name)
+	}
+	// The nodes have been the cluster since the GPU types' rates began, so
+	// the history seeded below lies inside registered capacity.
+	if err := st.SeedNodeHistory(ctx, nodeNames, monthStart.AddDate(-1, 0, 0)); err != nil {
+		return err
 	}
 	// `allot migrate` stores the default policy (migration 0020); the
 	// demo keeps it as its first version.

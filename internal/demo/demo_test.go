@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/billing"
 	"github.com/allotlabs/allot/internal/clock"
 	"github.com/allotlabs/allot/internal/demo"
 	"github.com/allotlabs/allot/internal/store"
@@ -45,6 +46,15 @@ func TestSeedAtEveryInstant(t *testing.T) {
 			}
 			if s, err := demo.Inspect(ctx, st); err != nil || s != demo.Seeded {
 				t.Fatalf("Inspect after seeding = %v, %v; want Seeded", s, err)
+			}
+			// The seeded usage lies inside the cluster's registered
+			// capacity, last month and this one (which has no rows yet at
+			// its first second).
+			for i, m := range []time.Time{store.MonthStart(now).AddDate(0, -1, 0), store.MonthStart(now)} {
+				cp, err := st.CapacityOf(ctx, billing.Month(m))
+				if err != nil || cp.AllocatedOutsideGPUSeconds != 0 || (i == 0 && len(cp.Rows) == 0) {
+					t.Errorf("capacity of %s: %d GPU-seconds allocated outside capacity, %d rows, %v", m.Format("2006-01"), cp.AllocatedOutsideGPUSeconds, len(cp.Rows), err)
+				}
 			}
 			teams, err := st.ListTeams(ctx)
 			if err != nil {

@@ -173,3 +173,16 @@ func (s *Store) ChargeSums(ctx context.Context, from, to billing.YearMonth, team
 	})
 	return out, cur, mapErr("summing charges", err)
 }
+
+// SeedNodeHistory replaces the named nodes' recorded history with one
+// state: up, registered capacity since at. It is for a seeded cluster (the
+// demo) whose usage history starts before the seed created its nodes:
+// they were there all along. Their agents' registrations are recorded
+// after it as usual.
+func (s *Store) SeedNodeHistory(ctx context.Context, nodes []string, at time.Time) error {
+	_, err := s.db.Exec(ctx, `WITH gone AS (DELETE FROM node_state_history WHERE node = ANY($1))
+		INSERT INTO node_state_history (node, at, state, gpu_type, gpus, site, registered)
+		SELECT n.name, date_trunc('second', $2::timestamptz), 'up', n.gpu_type, n.gpu_count, n.site, true
+		FROM nodes n WHERE n.name = ANY($1) ORDER BY n.name`, nodes, at)
+	return mapErr("seeding node history", err)
+}
