@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/allotlabs/allot/internal/cliflag"
 	"github.com/allotlabs/allot/internal/jobs"
 	"github.com/allotlabs/allot/internal/store"
 	"github.com/allotlabs/allot/web"
@@ -239,7 +240,7 @@ func cmdBilling(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, usage) }
 	dbURL := fs.String("database-url", "", "PostgreSQL URL (default: env DATABASE_URL)")
-	if err := fs.Parse(args[1:]); err != nil {
+	if err := cliflag.Parse(fs, args[1:]); err != nil {
 		return 2
 	}
 	if fs.NArg() > 0 {

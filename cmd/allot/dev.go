@@ -54,7 +54,7 @@ func devMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	tokenTTL := apiTokenTTLFlag(fs)
 	metricsAddr := fs.String("metrics-addr", "", "listen `address` of a /metrics listener without authentication, e.g. 127.0.0.1:9401 (default none: the portal's /metrics, with an admin's token, has the same series)")
 	requireAccount := fs.Bool("require-posix-account", true, "refuse a job for which no POSIX account resolves (the demo maps its people and teams to accounts)")
-	if err := fs.Parse(args); err != nil {
+	if err := cliflag.Parse(fs, args); err != nil {
 		return 2
 	}
 	if fs.NArg() > 0 {

@@ -88,7 +88,7 @@ func cmdLoadtest(args []string, stdout, stderr io.Writer) int {
 	cpuProfile := fs.String("cpu-profile", "", "write a CPU profile of this process (the tool, and a booted server and worker) to this file")
 	level := &cliflag.Level{Level: slog.LevelError}
 	fs.Var(level, "log-level", "log level of the tool and a booted server: debug, info, warn or error (a booted server warns of every\nrace a simulated agent loses, e.g. a heartbeat listing a job that just exited)")
-	if err := fs.Parse(args); err != nil {
+	if err := cliflag.Parse(fs, args); err != nil {
 		if err == flag.ErrHelp {
 			return 0
 		}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/allotlabs/allot/internal/client"
+	"github.com/allotlabs/allot/internal/cliflag"
 	"github.com/allotlabs/allot/web"
 )
 
@@ -34,7 +35,7 @@ func cmdLogin(args []string, stdout, stderr io.Writer) int {
 	}
 	server := fs.String("server", os.Getenv("ALLOT_URL"), "Allot server URL (env ALLOT_URL; default: the one you signed in to last, else "+defaultServer+")")
 	browser := fs.Bool("browser", false, "sign in with a browser on this machine instead (a loopback redirect, RFC 8252; opens $BROWSER or xdg-open)")
-	if err := fs.Parse(args); err != nil {
+	if err := cliflag.Parse(fs, args); err != nil {
 		return 2
 	}
 	if fs.NArg() > 0 {
@@ -179,7 +180,7 @@ func signOut(ctx context.Context, c *client.Credentials, hc *http.Client) []erro
 func cmdLogout(args []string, stdout, stderr io.Writer) int {
 	flags := flag.NewFlagSet("logout", flag.ContinueOnError)
 	flags.SetOutput(stderr)
-	if err := flags.Parse(args); err != nil {
+	if err := cliflag.Parse(flags, args); err != nil {
 		return 2
 	}
 	if flags.NArg() > 0 {

@@ -59,7 +59,8 @@ Use it:
 Measure it:
   sim       replay a job trace through the scheduler and baselines
 
-Run 'allot <command> -h' for a command's flags, 'allot help env' for the ALLOT_* variables they read.
+Run 'allot <command> -h' for a command's flags, 'allot help env' for the ALLOT_* variables they read,
+'allot help sbatch' for the #SBATCH options allot submit reads.
 `
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -133,6 +134,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if len(args) > 1 && args[1] == "env" {
 			return cmdHelpEnv(stdout)
 		}
+		if len(args) > 1 && args[1] == "sbatch" {
+			return cmdHelpSbatch(stdout)
+		}
 		fmt.Fprint(stdout, usage)
 		return 0
 	default:
@@ -178,7 +182,7 @@ func cmdServe(name string, args []string, stderr io.Writer) int {
 		maxStarts = fs.Int("max-starts-per-cycle", jobs.DefaultMaxStarts,
 			"most jobs one scheduling cycle starts; the rest start in the next cycle, at once (-1: no limit; like Slurm's sched_max_job_start)")
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := cliflag.Parse(fs, args); err != nil {
 		return 2
 	}
 	if name == "worker" && (*maxStarts == 0 || *maxStarts < -1) {
@@ -240,7 +244,7 @@ func cmdMigrate(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	dbURL := fs.String("database-url", "", "PostgreSQL URL (default: env DATABASE_URL)")
-	if err := fs.Parse(args); err != nil {
+	if err := cliflag.Parse(fs, args); err != nil {
 		return 2
 	}
 	url, err := databaseURL(*dbURL)

@@ -49,7 +49,7 @@ func cmdNodeToken(args []string, stdout, stderr io.Writer) int {
 	if len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
 		name, rest = rest[0], rest[1:]
 	}
-	if err := fs.Parse(rest); err != nil {
+	if err := cliflag.Parse(fs, rest); err != nil {
 		return 2
 	}
 	if name == "" && fs.NArg() == 1 {
@@ -188,7 +188,7 @@ func cmdNode(args []string, stdout, stderr io.Writer) int {
 	// Flags may come before and after the verb and the name.
 	var pos []string
 	for rest := args; ; {
-		if err := fs.Parse(rest); err != nil {
+		if err := cliflag.Parse(fs, rest); err != nil {
 			return 2
 		}
 		if fs.NArg() == 0 {

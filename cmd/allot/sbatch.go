@@ -360,14 +360,20 @@ func (j batchJob) rankOf(key string) int {
 	return -1
 }
 
-// applyDirectives turns directives (script ones first, then the command
-// line's: a later one wins) into a batchJob. It returns warnings for the
+// applyDirectives turns directives into a batchJob: the command line's
+// win over the environment's over the script's, and a later one over an
+// earlier one from the same place. It returns warnings for the
 // ignored ones and an error for the first refused or malformed one.
 // lookupEnv is os.LookupEnv (for --export=KEY); cwd resolves a relative
 // --chdir.
 func applyDirectives(ds []directive, lookupEnv func(string) (string, bool), cwd string) (batchJob, []string, error) {
 	var j batchJob
 	var warns []string
+	// The script's first, then the environment's, then the command line's:
+	// a later one wins (-A on the command line over $ALLOT_SUBMIT_ACCOUNT,
+	// which --account reads).
+	ds = slices.Clone(ds)
+	slices.SortStableFunc(ds, func(a, b directive) int { return a.rank() - b.rank() })
 	last := map[string]directive{}
 	var order []string
 	var exports []directive

@@ -208,13 +208,25 @@ func TestSubmitFlagsEnvAndDirectives(t *testing.T) {
 		t.Fatalf("script only: rc=%d %s %s %+v", rc, out, errOut, req)
 	}
 	t.Setenv("ALLOT_TEAM", "a-jobs-team") // set inside jobs: never read
-	t.Setenv("ALLOT_TIME", "1:00:00")
-	t.Setenv("ALLOT_NAME", "from-env")
-	t.Setenv("ALLOT_SUBMIT_NAME", "from-submit-env")
+	t.Setenv("ALLOT_NAME", "not-read")    // only the shared flags (--server ...) read ALLOT_<FLAG>
+	t.Setenv("ALLOT_SUBMIT_TIME", "1:00:00")
 	rc, _, errOut, req = f.submit(script)
-	if rc != 0 || req.Name != "from-submit-env" || req.Team != "script-team" || *req.TimeLimitS != 3600 {
+	if rc != 0 || req.Name != "from-script" || req.Team != "script-team" || *req.TimeLimitS != 3600 {
 		t.Fatalf("env over script: rc=%d %s %+v", rc, errOut, req)
 	}
+	t.Setenv("ALLOT_SUBMIT_NAME", "from-submit-env")
+	if rc, _, errOut, req = f.submit(script); rc != 0 || req.Name != "from-submit-env" {
+		t.Fatalf("ALLOT_SUBMIT_NAME: rc=%d %s %+v", rc, errOut, req)
+	}
+	// An sbatch spelling from the environment: below the command line.
+	t.Setenv("ALLOT_SUBMIT_ACCOUNT", "acct-env")
+	if rc, _, errOut, req = f.submit(script); rc != 0 || req.Team != "acct-env" {
+		t.Fatalf("ALLOT_SUBMIT_ACCOUNT: rc=%d %s %+v", rc, errOut, req)
+	}
+	if rc, _, errOut, req = f.submit("-A", "acct-cmdline", script); rc != 0 || req.Team != "acct-cmdline" {
+		t.Fatalf("-A over ALLOT_SUBMIT_ACCOUNT: rc=%d %s %+v", rc, errOut, req)
+	}
+	t.Setenv("ALLOT_SUBMIT_ACCOUNT", "")
 	t.Setenv("ALLOT_SUBMIT_TEAM", "env-team")
 	rc, _, errOut, req = f.submit("--name", "from-cmdline", "--time", "240", "--gpus", "4", "-q", "preemptible", script)
 	if rc != 0 || req.Name != "from-cmdline" || req.Team != "env-team" || *req.TimeLimitS != 4*3600 || *req.GPUs != 4 || req.GPUType != "T4" ||
@@ -235,7 +247,6 @@ func TestSubmitFlagsEnvAndDirectives(t *testing.T) {
 		t.Fatalf("-- command: rc=%d %s %+v", rc, errOut, req)
 	}
 	t.Setenv("ALLOT_SUBMIT_NAME", "")
-	t.Setenv("ALLOT_NAME", "")
 	rc, out, errOut, req = f.submit("--parsable", "--time", "1-0", "--partition", "gpu", "--wrap", "nvidia-smi && echo ok")
 	if rc != 0 || out != fmt.Sprintf("%d\n", 100+len(f.reqs)) || req.Name != "wrap" || strings.Join(req.Command, "|") != "/bin/sh|-c|nvidia-smi && echo ok" || *req.TimeLimitS != 86400 ||
 		tierOf(req) != "3" || !strings.Contains(errOut, "--partition=gpu ignored: it names no tier") {

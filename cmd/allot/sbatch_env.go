@@ -13,13 +13,13 @@ import (
 // (cliflag.Parse), as the Markdown table the README has.
 
 // envHelpIntro is printed before the table by `allot help env`.
-const envHelpIntro = `Every flag of the commands below can also be set in the environment (cliflag.Parse):
-ALLOT_<COMMAND>_<FLAG> for one command (ALLOT_SUBMIT_GPU_TYPE, ALLOT_TOKEN_CREATE_NAME), which wins
-over ALLOT_<FLAG> for every command with that flag (ALLOT_GPU_TYPE). Dashes become underscores. The
-command line wins over both; an empty variable is unset; a bad value is an error that names the
-variable. Variables Allot sets inside jobs (ALLOT_TEAM, ALLOT_TIER, ALLOT_JOB_ID, ...), the clock's
-and the agent's (ALLOT_NODE_TOKEN) are never read as flags: their flags have only the per-command
-form. One-letter aliases (-J, -A, -t) read none; their long forms do. Repeatable flags (--env)
+const envHelpIntro = `Every flag of the commands below can also be set in the environment, like Slurm's SBATCH_* and
+SQUEUE_*: ALLOT_<COMMAND>_<FLAG>, dashes and spaces as underscores (ALLOT_SUBMIT_GPU_TYPE is allot
+submit --gpu-type, ALLOT_TOKEN_CREATE_NAME is allot token create --name). The flags that mean the same
+everywhere (--server, --token, --database-url, --log-level) also read ALLOT_<FLAG>, after the command's
+own. The command line wins; an empty variable is unset; a bad value is an error that names the variable.
+Names Allot uses otherwise (ALLOT_NODE_TOKEN, the variables it sets in jobs, ALLOT_TEST_*) are never read.
+One-letter aliases (-J, -A, -t) and flags with capitals (-O/--Format) read none. Repeatable flags (--env)
 take one value. allot agent and allot sim read only the variables their -h names.
 
 `
@@ -65,11 +65,41 @@ func envFlagSets() []*flag.FlagSet {
 
 // envTableMarkdown is the README's table of variables.
 func envTableMarkdown() string {
-	return cliflag.Markdown(cliflag.EnvTable(envFlagSets()))
+	return cliflag.EnvTable(envFlagSets())
 }
 
 func cmdHelpEnv(stdout io.Writer) int {
 	fmt.Fprint(stdout, envHelpIntro)
 	fmt.Fprint(stdout, strings.TrimRight(envTableMarkdown(), "\n")+"\n")
+	return 0
+}
+
+// sbatchTableMarkdown is the README's table of the sbatch options allot
+// submit knows, from sbatchOpts.
+func sbatchTableMarkdown() string {
+	var b strings.Builder
+	b.WriteString("| sbatch option | allot submit | what it becomes, or why not |\n|---|---|---|\n")
+	what := map[sbatchAct]string{actHonour: "honoured", actIgnore: "ignored, with a warning", actRefuse: "refused (exit 2)"}
+	for _, act := range []sbatchAct{actHonour, actIgnore, actRefuse} {
+		for _, o := range sbatchOpts {
+			if o.act != act {
+				continue
+			}
+			names := []string{"`--" + o.long + "`"}
+			for _, a := range o.alias {
+				names = append(names, "`--"+a+"`")
+			}
+			if o.short != 0 {
+				names = append(names, "`-"+string(o.short)+"`")
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s |\n", strings.Join(names, ", "), what[act], strings.ReplaceAll(o.note, "|", `\|`))
+		}
+	}
+	return b.String()
+}
+
+func cmdHelpSbatch(stdout io.Writer) int {
+	fmt.Fprint(stdout, "The sbatch options allot submit reads from #SBATCH lines (and takes on its command line); any other is ignored with a warning.\n\n")
+	fmt.Fprint(stdout, sbatchTableMarkdown())
 	return 0
 }

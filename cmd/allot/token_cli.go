@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/allotlabs/allot/internal/cliflag"
 	"github.com/allotlabs/allot/web"
 )
 
@@ -34,7 +35,7 @@ func cmdToken(args []string, stdout, stderr io.Writer) int {
 	case "create":
 		name := fs.String("name", "", "token name, e.g. laptop (required)")
 		expires := fs.String("expires", "", "last day it works (2026-12-31) or an RFC 3339 time; default: until revoked")
-		if err := fs.Parse(args[1:]); err != nil {
+		if err := cliflag.Parse(fs, args[1:]); err != nil {
 			return 2
 		}
 		t, err := newClient().CreateToken(ctx, web.TokenRequest{Name: *name, ExpiresAt: *expires})
@@ -45,7 +46,7 @@ func cmdToken(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "token %d %q created; it is shown only this once\n", t.ID, t.Name)
 		return 0
 	case "list":
-		if err := fs.Parse(args[1:]); err != nil {
+		if err := cliflag.Parse(fs, args[1:]); err != nil {
 			return 2
 		}
 		list, err := newClient().Tokens(ctx)
@@ -60,7 +61,7 @@ func cmdToken(args []string, stdout, stderr io.Writer) int {
 		tw.Flush()
 		return 0
 	case "revoke":
-		if err := fs.Parse(args[1:]); err != nil {
+		if err := cliflag.Parse(fs, args[1:]); err != nil {
 			return 2
 		}
 		id, err := strconv.ParseInt(fs.Arg(0), 10, 64)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"github.com/allotlabs/allot/internal/cliflag"
 	"io"
 	"time"
 )
@@ -56,7 +57,7 @@ func cmdUserAccess(verb string, args []string, stdout, stderr io.Writer) int {
 func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, bool) {
 	var pos []string
 	for rest := args; ; {
-		if err := fs.Parse(rest); err != nil {
+		if err := cliflag.Parse(fs, rest); err != nil {
 			return nil, false
 		}
 		if fs.NArg() == 0 {

@@ -19,12 +19,14 @@ const EnvPrefix = "ALLOT_"
 // Reserved are ALLOT_ variables that mean something else and are never
 // read as a flag's value: the ones Allot sets in a job's environment (so
 // that `allot submit` inside a job does not take the job's team or tier
-// for its own), the clock's, the node agent's token, and the test
-// harness's (any ALLOT_TEST_ or ALLOT_BENCH_ name).
+// for its own), the clock's, the node agent's token, the demo personas'
+// tokens, and the test harness's (any ALLOT_TEST_ or ALLOT_BENCH_ name).
 var Reserved = []string{
 	"ALLOT_JOB_ID", "ALLOT_JOB_NAME", "ALLOT_TEAM", "ALLOT_TIER", "ALLOT_SEGMENT", "ALLOT_NNODES",
 	"ALLOT_CHECKPOINT_DIR", "ALLOT_GPU_DEVICES", "ALLOT_CLOCK_OFFSET", "ALLOT_CLOCK_CHILD", "ALLOT_NOW",
 	"ALLOT_NODE_TOKEN", "ALLOT_KEEP_LEASE_DIRS",
+	// allot dev's .allot/tokens.env: the demo personas' API tokens.
+	"ALLOT_TOKEN_ENGINEER", "ALLOT_TOKEN_LEAD", "ALLOT_TOKEN_FINANCE", "ALLOT_TOKEN_ADMIN",
 }
 
 // IsReserved reports whether name is never read as a flag's value.
@@ -42,19 +44,44 @@ func envWord(s string) string {
 	return strings.ToUpper(strings.NewReplacer("-", "_", " ", "_", ".", "_").Replace(s))
 }
 
+func readsEnv(name string) bool { return len(name) > 1 && name == strings.ToLower(name) }
+
+// EnvName is the variable of flag name of command cmd, reserved or not:
+// ALLOT_<CMD>_<FLAG>, or ALLOT_<FLAG> for cmd "".
+func EnvName(cmd, name string) string {
+	if cmd == "" {
+		return EnvPrefix + envWord(name)
+	}
+	return EnvPrefix + envWord(cmd) + "_" + envWord(name)
+}
+
+// Shared are the flags that mean the same to every command that has
+// them, and so also read ALLOT_<FLAG>: where the server is, who you are,
+// which database. Every other flag reads only its command's variable, as
+// Slurm's SBATCH_ACCOUNT and SQUEUE_ACCOUNT are two variables: --name,
+// --state, --yes or --requeue mean different things to different
+// commands.
+var Shared = []string{"server", "token", "database-url", "log-level"}
+
 // EnvNames are the variables that may give flag name of command cmd its
-// value, the first set one winning: ALLOT_<COMMAND>_<FLAG> (this command
-// only), then ALLOT_<FLAG> (every command with such a flag). Dashes and
-// spaces become underscores: --gpu-type of `allot submit` reads
-// ALLOT_SUBMIT_GPU_TYPE, then ALLOT_GPU_TYPE. Reserved names are left out,
+// value, the first set one winning: ALLOT_<COMMAND>_<FLAG>, then, for the
+// Shared flags, ALLOT_<FLAG>. Dashes and spaces become underscores: --gpu-type
+// of `allot submit` reads ALLOT_SUBMIT_GPU_TYPE, --name of `allot token
+// create` ALLOT_TOKEN_CREATE_NAME, --server of any command
+// ALLOT_<COMMAND>_SERVER, then ALLOT_SERVER. Reserved names are left out,
 // and one-letter flags (short aliases such as -J) read none: their long
-// forms do.
+// forms do; so do flags with capitals (squeue's -O/--Format next to
+// -o/--format), which would share the variable of their lower-case twin.
 func EnvNames(cmd, name string) []string {
 	var out []string
-	if len(name) < 2 {
+	if !readsEnv(name) {
 		return nil
 	}
-	for _, n := range []string{EnvPrefix + envWord(cmd) + "_" + envWord(name), EnvPrefix + envWord(name)} {
+	names := []string{EnvName(cmd, name)}
+	if slices.Contains(Shared, name) {
+		names = append(names, EnvName("", name))
+	}
+	for _, n := range names {
 		if !IsReserved(n) {
 			out = append(out, n)
 		}
@@ -80,8 +107,8 @@ func Parse(fs *flag.FlagSet, args []string) error {
 // ParseEnv is Parse, and also says which flags took their value from the
 // environment: flag name → variable.
 func ParseEnv(fs *flag.FlagSet, args []string) (map[string]string, error) {
-	if len(args) == 1 && strings.HasPrefix(args[0], recordPrefix) {
-		recorded.Store(args[0], fs)
+	if len(args) == 2 && args[0] == "-h" && strings.HasPrefix(args[1], recordPrefix) {
+		recorded.Store(args[1], fs)
 		return nil, flag.ErrHelp
 	}
 	cmd := CommandName(fs)
@@ -93,9 +120,9 @@ func ParseEnv(fs *flag.FlagSet, args []string) (map[string]string, error) {
 			fmt.Fprintf(fs.Output(), "Usage of %s:\n", fs.Name())
 			fs.PrintDefaults()
 		}
-		fmt.Fprintf(fs.Output(), "\nEvery flag can also be set in the environment: %s%s_<FLAG> (this command only), or %s<FLAG>;\n"+
-			"e.g. --%s: %s. The command line wins. 'allot help env' lists them all.\n",
-			EnvPrefix, envWord(cmd), EnvPrefix, exampleFlag(fs), strings.Join(EnvNames(cmd, exampleFlag(fs)), " or "))
+		fmt.Fprintf(fs.Output(), "\nEvery flag can also be set in the environment as %s%s_<FLAG> (e.g. --%s: %s),\n"+
+			"--server and --token also as ALLOT_SERVER and ALLOT_TOKEN. The command line wins. 'allot help env' lists them all.\n",
+			EnvPrefix, envWord(cmd), exampleFlag(fs), EnvName(cmd, exampleFlag(fs)))
 	}
 	defer func() { fs.Usage = usage }()
 	if err := fs.Parse(args); err != nil {
@@ -160,10 +187,12 @@ var (
 // reaches it, record its flag set and return flag.ErrHelp at once, and
 // returns that flag set (nil if run never reached Parse). It lets `allot
 // help env` list every command's flags without running anything; other
-// goroutines' Parse calls are not affected.
+// goroutines' Parse calls are not affected. The arguments start with -h,
+// so that a command that parses with the flag package's own Parse stops
+// there too (it prints its help) instead of running.
 func Record(run func(args []string)) *flag.FlagSet {
 	key := fmt.Sprintf("%s%d", recordPrefix, recordSeq.Add(1))
-	run([]string{key})
+	run([]string{"-h", key})
 	v, ok := recorded.LoadAndDelete(key)
 	if !ok {
 		return nil
@@ -171,89 +200,64 @@ func Record(run func(args []string)) *flag.FlagSet {
 	return v.(*flag.FlagSet)
 }
 
-// EnvVar is one row of the environment table: a variable and the flag it
-// sets.
-type EnvVar struct {
-	Name     string   // ALLOT_GPU_TYPE
-	Flag     string   // gpu-type
-	Commands []string // the commands whose flag it sets, sorted
-	Usage    string   // the flag's usage, first clause
-}
-
-// EnvTable lists the variables of the flag sets: one row per flag name
-// for ALLOT_<FLAG> (the commands that have it), and, where that name is
-// reserved, one row per command for ALLOT_<COMMAND>_<FLAG>. Rows are
-// sorted by variable.
-func EnvTable(sets []*flag.FlagSet) []EnvVar {
-	rows := map[string]*EnvVar{}
-	add := func(name string, f *flag.Flag, cmd string) {
-		if name == EnvPrefix+envWord(f.Name) || !strings.HasPrefix(name, EnvPrefix+envWord(cmd)+"_") {
-			cmd, _, _ = strings.Cut(cmd, " ") // a shared variable lists commands, not subcommands
+// EnvTable is the Markdown table of the variables of the flag sets: a
+// row for the Shared flags, one per command with its variables, and one
+// for the older variables flags take their default from ("(default: env
+// DATABASE_URL)").
+func EnvTable(sets []*flag.FlagSet) string {
+	var b strings.Builder
+	b.WriteString("| Command | Variables |\n|---|---|\n")
+	code := func(s []string) string {
+		for i, v := range s {
+			s[i] = "`" + v + "`"
 		}
-		r := rows[name]
-		if r == nil {
-			r = &EnvVar{Name: name, Flag: f.Name, Usage: firstClause(f.Usage)}
-			rows[name] = r
-		}
-		if !slices.Contains(r.Commands, cmd) {
-			r.Commands = append(r.Commands, cmd)
-		}
+		return strings.Join(s, ", ")
 	}
+	shared := map[string]bool{}
+	older := map[string][]string{} // variable → the flags it is the default of
+	var rows []string
 	for _, fs := range sets {
 		cmd := CommandName(fs)
+		var vars []string
 		fs.VisitAll(func(f *flag.Flag) {
-			name := EnvPrefix + envWord(f.Name)
-			if len(f.Name) < 2 {
+			names := EnvNames(cmd, f.Name)
+			if len(names) == 0 {
 				return
 			}
-			if IsReserved(name) {
-				name = EnvPrefix + envWord(cmd) + "_" + envWord(f.Name)
-				if IsReserved(name) {
-					return // the command line only
-				}
+			vars = append(vars, names[0])
+			if len(names) > 1 {
+				shared[names[1]] = true
 			}
-			add(name, f, cmd)
-			// Older variables a flag takes its default from ("(default:
-			// env DATABASE_URL)") are rows too.
 			for _, m := range envInUsage.FindAllStringSubmatch(f.Usage, -1) {
-				if !IsReserved(m[1]) {
-					add(m[1], f, cmd)
+				if !IsReserved(m[1]) && !slices.Contains(names, m[1]) && !slices.Contains(older[m[1]], "--"+f.Name) {
+					older[m[1]] = append(older[m[1]], "--"+f.Name)
 				}
 			}
 		})
-	}
-	out := make([]EnvVar, 0, len(rows))
-	for _, r := range rows {
-		sort.Strings(r.Commands)
-		out = append(out, *r)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out
-}
-
-var envInUsage = regexp.MustCompile(`\benv ([A-Z][A-Z0-9_]+)`)
-
-// firstClause is usage up to its first parenthesis, semicolon or
-// sentence end, without backquotes (flag's placeholder marks): a short
-// description that does not depend on the environment.
-func firstClause(u string) string {
-	u = strings.ReplaceAll(u, "`", "")
-	u = strings.NewReplacer("e.g. ", "e.g.\x00", "i.e. ", "i.e.\x00").Replace(u)
-	for _, sep := range []string{" (", "; ", ". ", "\n"} {
-		if i := strings.Index(u, sep); i > 0 {
-			u = u[:i]
+		if len(vars) > 0 {
+			rows = append(rows, fmt.Sprintf("| `allot %s` | %s |\n", cmd, code(vars)))
 		}
 	}
-	return strings.TrimSpace(strings.ReplaceAll(u, "\x00", " "))
-}
-
-// Markdown is the table as a Markdown table.
-func Markdown(rows []EnvVar) string {
-	var b strings.Builder
-	b.WriteString("| Variable | Flag | Commands | Meaning |\n|---|---|---|---|\n")
-	esc := strings.NewReplacer("|", `\|`)
+	sort.Strings(rows)
+	var sh []string
+	for v := range shared {
+		sh = append(sh, v)
+	}
+	sort.Strings(sh)
+	fmt.Fprintf(&b, "| every command with the flag | %s |\n", code(sh))
 	for _, r := range rows {
-		fmt.Fprintf(&b, "| `%s` | `--%s` | %s | %s |\n", r.Name, r.Flag, esc.Replace(strings.Join(r.Commands, ", ")), esc.Replace(r.Usage))
+		b.WriteString(r)
+	}
+	var old []string
+	for v, flags := range older {
+		sort.Strings(flags)
+		old = append(old, fmt.Sprintf("`%s` (%s)", v, strings.Join(flags, ", ")))
+	}
+	sort.Strings(old)
+	if len(old) > 0 {
+		fmt.Fprintf(&b, "| older variables, read as a flag's default (the variables above win) | %s |\n", strings.Join(old, ", "))
 	}
 	return b.String()
 }
+
+var envInUsage = regexp.MustCompile(`\benv ([A-Z][A-Z0-9_]+)`)
