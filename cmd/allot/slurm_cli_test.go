@@ -321,6 +321,20 @@ func TestSlurmShowSharePrio(t *testing.T) {
 	if !seen[a] || seen[rv] {
 		t.Errorf("priorities: noah's job listed %v, ravi's %v", seen[a], seen[rv])
 	}
+	for q, msg := range map[string]string{"limit=0": "between 1 and 1000", "limit=x": "between 1 and 1000", "user=noah@example.com": "only user=me"} {
+		if code, _, b := e.api("GET", "/api/v1/priorities?"+q, demo.Engineer, ""); code != 422 || !strings.Contains(string(b), msg) {
+			t.Errorf("priorities?%s: %d %s", q, code, b)
+		}
+	}
+	var all web.PrioritiesJSON
+	e.getJSON("/api/v1/priorities?limit=1000", demo.Finance, &all)
+	teams := map[string]bool{}
+	for _, j := range all.Jobs {
+		teams[j.Team] = true
+	}
+	if !teams["nlp"] || !teams["recs"] {
+		t.Errorf("finance sees the pending jobs of %v", teams)
+	}
 	rc, out, _ = e.cli(demo.Engineer, "prio", "--me", "--parsable")
 	lines = strings.Split(strings.TrimSpace(out), "\n")
 	if rc != 0 || lines[0] != "JOBID|TEAM|USER|TIER|CLASS|PRIORITY|AGE|FAIRSHARE|JOBSIZE" || len(lines) < 3 || // the demo's queue has noah's jobs too
