@@ -39,7 +39,7 @@ Run the system:
   node-token  node agents' tokens (DATABASE_URL): allot node-token create NAME --gpu-type T --gpus N [--label k=v] | list [NODE] | revoke ID|PREFIX|--node NODE | rotate NODE
 
 Use it:
-  submit    submit a job:  allot submit --team nlp --tier 3 --gpus 8 --time 4h -- python train.py
+  submit    submit a job:  allot submit --team nlp --tier 3 --gpus 8 --time 4h -- python train.py; a Slurm batch script: allot submit job.sh
   jobs      list jobs, like squeue:  allot jobs --me --state PD,R --format id,name,st,time,reason
   cancel    cancel jobs, like scancel:  allot cancel 42 43, or by filter: allot cancel --team nlp --state PD --me --yes
   show      a job as Key=Value lines, like scontrol show job:  allot show 42
