@@ -412,9 +412,21 @@ func applyDirectives(ds []directive, lookupEnv func(string) (string, bool), cwd 
 	}
 	j.rank = map[string]int{}
 	gpuKeys := []string{"gres", "gpus", "gpus-per-node", "gpus-per-task", "nodes", "ntasks", "ntasks-per-node"}
+	// The GPU counts come from the highest place that gives one: -G on the
+	// command line replaces the script's --gres, not adds to it.
+	countKeys := []string{"gres", "gpus", "gpus-per-node", "gpus-per-task"}
+	countRank := -1
+	for _, k := range countKeys {
+		if d, ok := last[k]; ok {
+			countRank = max(countRank, d.rank())
+		}
+	}
 	for _, key := range order {
 		d := last[key]
 		v := strings.TrimSpace(d.value)
+		if slices.Contains(countKeys, key) && d.rank() < countRank {
+			continue
+		}
 		rk := key
 		if slices.Contains(gpuKeys, key) {
 			rk = "gpus"
@@ -538,7 +550,7 @@ func applyDirectives(ds []directive, lookupEnv func(string) (string, bool), cwd 
 	}
 	for _, t := range types[min(1, len(types)):] {
 		if !strings.EqualFold(t, types[0]) {
-			return j, nil, fmt.Errorf("#SBATCH: the GPU type is given twice, as %q and %q: give one", types[0], t)
+			return j, nil, fmt.Errorf("the GPU type is given twice, as %q and %q: give one", types[0], t)
 		}
 	}
 	if len(types) > 0 {
@@ -561,21 +573,24 @@ func applyDirectives(ds []directive, lookupEnv func(string) (string, bool), cwd 
 	switch {
 	case total > 0 && perNode > 0:
 		if total%perNode != 0 || nodes > 0 && total != perNode*nodes {
-			return j, nil, fmt.Errorf("#SBATCH: %d GPUs in all do not make %d per node on %s", total, perNode, plural(nodes, "node"))
+			if nodes == 0 {
+				return j, nil, fmt.Errorf("%d GPUs in all are not a whole number of nodes of %d GPUs each", total, perNode)
+			}
+			return j, nil, fmt.Errorf("%d GPUs in all do not make %d per node on %s", total, perNode, plural(nodes, "node"))
 		}
 		j.gpus, j.gpusPerNode = total, perNode
 	case total > 0:
 		j.gpus = total
 		if nodes > 0 {
 			if total%nodes != 0 {
-				return j, nil, fmt.Errorf("#SBATCH: %d GPUs do not divide evenly over %s", total, plural(nodes, "node"))
+				return j, nil, fmt.Errorf("%d GPUs do not divide evenly over %s", total, plural(nodes, "node"))
 			}
 			j.gpusPerNode = total / nodes
 		}
 	case perNode > 0:
 		j.gpus, j.gpusPerNode = perNode*max(nodes, 1), perNode
 	case nodes > 1:
-		return j, nil, fmt.Errorf("#SBATCH --nodes=%d: say how many GPUs each node needs (--gres=gpu:N or --gpus-per-node=N)", nodes)
+		return j, nil, fmt.Errorf("--nodes=%d: say how many GPUs each node needs (--gres=gpu:N or --gpus-per-node=N)", nodes)
 	}
 	for _, d := range exports {
 		for _, item := range strings.Split(d.value, ",") {

@@ -227,6 +227,13 @@ func TestSubmitFlagsEnvAndDirectives(t *testing.T) {
 		t.Fatalf("-A over ALLOT_SUBMIT_ACCOUNT: rc=%d %s %+v", rc, errOut, req)
 	}
 	t.Setenv("ALLOT_SUBMIT_ACCOUNT", "")
+	// -t and -G are sbatch's: over the variables and the script, under --time and --gpus.
+	if rc, _, errOut, req = f.submit("-t", "5", "-G", "t4:3", script); rc != 0 || *req.TimeLimitS != 300 || *req.GPUs != 3 || req.GPUType != "T4" {
+		t.Fatalf("-t over ALLOT_SUBMIT_TIME: rc=%d %s %+v", rc, errOut, req)
+	}
+	if rc, _, errOut, req = f.submit("-t", "5", "--time", "7", "-G", "3", "--gpus", "4", script); rc != 0 || *req.TimeLimitS != 420 || *req.GPUs != 4 {
+		t.Fatalf("--time over -t: rc=%d %s %+v", rc, errOut, req)
+	}
 	t.Setenv("ALLOT_SUBMIT_TEAM", "env-team")
 	rc, _, errOut, req = f.submit("--name", "from-cmdline", "--time", "240", "--gpus", "4", "-q", "preemptible", script)
 	if rc != 0 || req.Name != "from-cmdline" || req.Team != "env-team" || *req.TimeLimitS != 4*3600 || *req.GPUs != 4 || req.GPUType != "T4" ||

@@ -96,7 +96,7 @@ func cmdSubmit(args []string, stdout, stderr io.Writer) int {
 	var cmdline []directive
 	var cmdlineFlag []string // the flag each came from
 	for _, o := range sbatchOpts {
-		if o.act != actHonour || fs.Lookup(o.long) != nil {
+		if o.act != actHonour {
 			continue
 		}
 		names := append([]string{o.long}, o.alias...)
@@ -124,10 +124,6 @@ func cmdSubmit(args []string, stdout, stderr io.Writer) int {
 				return nil
 			})
 		}
-	}
-	for _, short := range []struct{ short, long string }{{"t", "time"}, {"G", "gpus"}} {
-		f := fs.Lookup(short.long)
-		fs.Var(f.Value, short.short, "sbatch's -"+short.short+": --"+short.long)
 	}
 	fromEnv, err := cliflag.ParseEnv(fs, args)
 	if err != nil {
