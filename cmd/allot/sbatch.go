@@ -61,7 +61,7 @@ var sbatchOpts = []sbatchOpt{
 	{long: "mem", arg: argRequired, note: "memory per node (--memory); a bare number is MiB, K/M/G/T suffixes are binary; 0 is the node's"},
 	{long: "chdir", alias: []string{"workdir"}, short: 'D', arg: argRequired, note: "the working directory on the node (--workdir); relative to where allot submit runs"},
 	{long: "export", arg: argRequired, note: "KEY=value becomes the job's env; KEY takes $KEY from where allot submit runs; NONE is nothing; ALL is ignored with a warning (the node does not get this shell's environment)"},
-	{long: "requeue", arg: argNone, note: "checkpointable (--checkpointable): requeued after a lost node or a drain, with ALLOT_CHECKPOINT_DIR to resume from"},
+	{long: "requeue", arg: argNone, note: "checkpointable (--checkpointable): requeued, not failed, when its node is lost, with ALLOT_CHECKPOINT_DIR to resume from"},
 	{long: "no-requeue", arg: argNone, note: "not checkpointable (the default)"},
 	{long: "container-image", arg: argRequired, note: "the OCI image (--image); pyxis's registry#image is read as registry/image"},
 	{long: "parsable", arg: argNone, note: "print only the job id"},
