@@ -59,6 +59,7 @@ var sbatchOpts = []sbatchOpt{
 	{long: "ntasks-per-node", alias: []string{"tasks-per-node"}, arg: argRequired, note: "only to count GPUs and CPUs per task: Allot runs the script once per node"},
 	{long: "cpus-per-task", short: 'c', arg: argRequired, note: "CPUs per node (--cpus), times --ntasks-per-node"},
 	{long: "mem", arg: argRequired, note: "memory per node (--memory); a bare number is MiB, K/M/G/T suffixes are binary; 0 is the node's"},
+	{long: "mem-per-gpu", arg: argRequired, note: "memory per node (--memory) = this × the GPUs per node, which --gres, --gpus-per-node or --nodes must give"},
 	{long: "chdir", alias: []string{"workdir"}, short: 'D', arg: argRequired, note: "the working directory on the node (--workdir); relative to where allot submit runs"},
 	{long: "export", arg: argRequired, note: "KEY=value becomes the job's env; KEY takes $KEY from where allot submit runs; NONE is nothing; ALL is ignored with a warning (the node does not get this shell's environment)"},
 	{long: "requeue", arg: argNone, note: "checkpointable (--checkpointable): requeued, not failed, when its node is lost, with ALLOT_CHECKPOINT_DIR to resume from"},
@@ -73,7 +74,7 @@ var sbatchOpts = []sbatchOpt{
 	{long: "mail-type", arg: argRequired, act: actIgnore, note: "Allot sends no mail; a team lead can set the team's webhook"},
 	{long: "mail-user", arg: argRequired, act: actIgnore, note: "Allot sends no mail; a team lead can set the team's webhook"},
 	{long: "mem-per-cpu", arg: argRequired, act: actIgnore, note: "give --mem, memory per node"},
-	{long: "mem-per-gpu", arg: argRequired, act: actIgnore, note: "give --mem, memory per node"},
+
 	{long: "exclusive", arg: argOptional, act: actIgnore, note: "Allot gives a job whole GPUs, and their node's share of CPUs and memory when asked (--cpus-per-task, --mem)"},
 	{long: "oversubscribe", short: 's', arg: argNone, act: actIgnore, note: "Allot gives a job whole GPUs"},
 	{long: "constraint", short: 'C', arg: argRequired, act: actIgnore, note: "Allot places by GPU type (--gres=gpu:TYPE:N)"},
@@ -404,6 +405,7 @@ func applyDirectives(ds []directive, lookupEnv func(string) (string, bool), cwd 
 	// GPUs: per node (gres, gpus-per-node, gpus-per-task × tasks per
 	// node), in all (gpus, gpus-per-task × tasks), nodes.
 	var perNode, total, nodes, tasks, tasksPerNode, perTask int
+	var memPerGPU *directive
 	var types []string
 	addType := func(t string) {
 		if t != "" {
@@ -464,6 +466,14 @@ func applyDirectives(ds []directive, lookupEnv func(string) (string, bool), cwd 
 				return j, nil, bad(d, "%v", err)
 			}
 			j.memory = m
+		case "mem-per-gpu":
+			if _, err := slurmMemory(v); err != nil {
+				return j, nil, bad(d, "%v", err)
+			}
+			if _, both := last["mem"]; both {
+				return j, nil, bad(d, "give --mem or --mem-per-gpu, not both (as sbatch)")
+			}
+			memPerGPU = &d
 		case "cpus-per-task":
 			n, err := positive(v)
 			if err != nil {
@@ -591,6 +601,17 @@ func applyDirectives(ds []directive, lookupEnv func(string) (string, bool), cwd 
 		j.gpus, j.gpusPerNode = perNode*max(nodes, 1), perNode
 	case nodes > 1:
 		return j, nil, fmt.Errorf("--nodes=%d: say how many GPUs each node needs (--gres=gpu:N or --gpus-per-node=N)", nodes)
+	}
+	if memPerGPU != nil {
+		g := j.gpusPerNode
+		if g == 0 {
+			return j, nil, fmt.Errorf("%s: the GPUs per node are not known: give --gres=gpu:N, --gpus-per-node, --nodes or --mem", memPerGPU.whereValue(memPerGPU.value))
+		}
+		m, _ := slurmMemory(memPerGPU.value)
+		if m != "" {
+			n, _ := strconv.ParseInt(strings.TrimRight(m, "KMGTiB"), 10, 64)
+			j.memory = fmt.Sprintf("%d%s", n*int64(g), m[len(strings.TrimRight(m, "KMGTiB")):])
+		}
 	}
 	for _, d := range exports {
 		for _, item := range strings.Split(d.value, ",") {

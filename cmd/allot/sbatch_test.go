@@ -100,6 +100,8 @@ func TestApplyDirectives(t *testing.T) {
 		{[]string{"--mem=64G"}, func(j batchJob) bool { return j.memory == "64GiB" }, ""},
 		{[]string{"--mem=500"}, func(j batchJob) bool { return j.memory == "500MiB" }, ""},
 		{[]string{"--mem=0"}, func(j batchJob) bool { return j.memory == "" }, ""},
+		{[]string{"--mem-per-gpu=40G", "--gres=gpu:4", "-N 2"}, func(j batchJob) bool { return j.memory == "160GiB" }, ""},
+		{[]string{"--mem-per-gpu=500", "--gpus=2", "--nodes=1"}, func(j batchJob) bool { return j.memory == "1000MiB" }, ""},
 		{[]string{"--container-image=nvcr.io#nvidia/pytorch:24.05-py3"}, func(j batchJob) bool { return j.image == "nvcr.io/nvidia/pytorch:24.05-py3" }, ""},
 		{[]string{"--export=A=1,HOME,EMPTY", "--export=B=x=y"},
 			func(j batchJob) bool {
@@ -146,6 +148,8 @@ func TestApplyDirectives(t *testing.T) {
 		{[]string{"--nodes=2"}, "say how many GPUs each node needs"},
 		{[]string{"--mem=lots"}, "want a size such as 64G"},
 		{[]string{"--mem=1.5G"}, "want a size"},
+		{[]string{"--mem=1G", "--mem-per-gpu=1G"}, "give --mem or --mem-per-gpu, not both"},
+		{[]string{"--mem-per-gpu=1G", "--gpus=8"}, "#SBATCH --mem-per-gpu=1G (line 2): the GPUs per node are not known"},
 		{[]string{"--cpus-per-task=0"}, "at least 1"},
 		{[]string{"--export==x"}, "a variable without a name"},
 		{[]string{"--chdir=''"}, "an empty directory"},
