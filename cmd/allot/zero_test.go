@@ -558,7 +558,7 @@ func TestZeroCommandsUsage(t *testing.T) {
 		{[]string{"gpu-type"}, 2, "allot gpu-type create NAME --memory-gb"},
 		{[]string{"gpu-type", "create", "-h"}, 2, "allot gpu-type list"},
 		{[]string{"gpu-type", "frobnicate"}, 2, `unknown subcommand "frobnicate"`},
-		{[]string{"gpu-type", "set", "H100"}, 2, "give --memory-gb or --rate"},
+		{[]string{"gpu-type", "set", "H100"}, 2, "give --memory-gb, --rate or --capacity-cost"},
 		{[]string{"gpu-type", "retire", "H100", "--rate", "1"}, 2, "allot gpu-type list"},
 		{[]string{"billing"}, 2, "usage: allot billing rollup"},
 		{[]string{"billing", "rollup", "extra"}, 2, "usage: allot billing rollup"},

@@ -40,7 +40,9 @@ func TestDCGMJobMapping(t *testing.T) {
 		names = append(names, e.Name())
 	}
 	if strings.Join(names, " ") != "1 3 README" {
-		t.Errorf("files = %v", names)
+		p.mu.Lock()
+		t.Errorf("files = %v; the job's exits %+v, logs %v", names, p.exited, p.logs)
+		p.mu.Unlock()
 	}
 	for _, n := range []string{"1", "3"} {
 		if b, _ := os.ReadFile(filepath.Join(dir, n)); string(b) != "77\n" {
