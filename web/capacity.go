@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/allotlabs/allot/internal/allot"
 	"github.com/allotlabs/allot/internal/billing"
 	"github.com/allotlabs/allot/internal/store"
 	"github.com/labstack/echo/v4"
@@ -66,20 +65,6 @@ func capacityRowJSON(r store.CapacityRow) CapacityRowJSON {
 	return out
 }
 
-// capacityMonth parses ?month= (default: this month); a malformed or
-// future month is a field error (422).
-func (s *Server) capacityMonth(c echo.Context) (billing.YearMonth, error) {
-	v := c.QueryParam("month")
-	if v == "" {
-		return billing.Month(s.st.Now()), nil
-	}
-	m, err := billing.CheckMonth(v, s.st.Now())
-	if err != nil {
-		return m, (allot.FieldErrors{"month": allot.ErrorMessage(err)}).Err()
-	}
-	return m, nil
-}
-
 // capacity loads month m's capacity report as the API shows it.
 func (s *Server) capacity(c echo.Context, m billing.YearMonth) (CapacityJSON, error) {
 	cp, err := s.st.CapacityOf(c.Request().Context(), m)
@@ -95,7 +80,7 @@ func (s *Server) capacity(c echo.Context, m billing.YearMonth) (CapacityJSON, er
 }
 
 func (s *Server) apiCapacity(c echo.Context) error {
-	m, err := s.capacityMonth(c)
+	m, err := s.chargebackMonth(c) // a malformed or future month is a field error (422)
 	if err != nil {
 		return err
 	}
@@ -114,7 +99,7 @@ var CapacityCSVColumns = []string{"month", "gpu_type", "site", "registered_gpu_h
 // apiCapacityCSV is the report as RFC 4180 CSV, through the chargeback
 // export's writer (streamed, stall-guarded) and formula guard.
 func (s *Server) apiCapacityCSV(c echo.Context) error {
-	m, err := s.capacityMonth(c)
+	m, err := s.chargebackMonth(c) // a malformed or future month is a field error (422)
 	if err != nil {
 		return err
 	}
