@@ -21,7 +21,7 @@ import (
 // portal, with its own public client (OIDCConfig.CLIClientID) and the
 // device authorization grant (RFC 8628), then trades the ID token it got
 // for a short-lived Allot API token here. The person is recorded exactly as
-// at a portal sign-in (oidcUser, UpsertOIDCUser).
+// at a portal sign-in (oidcUser, SignInOIDC).
 
 // CLITokenTTL is how long an API token from `allot login` lasts (less when
 // --api-token-ttl is shorter); the CLI renews it with its refresh token.

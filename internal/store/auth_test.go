@@ -1,6 +1,7 @@
 package store_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -10,14 +11,15 @@ import (
 	"github.com/google/go-cmp/cmp"
 )
 
-func TestUpsertOIDCUser(t *testing.T) {
+func TestSignInOIDCRecords(t *testing.T) {
 	b := setup(t)
+	const iss = "https://idp.example.com"
 	users := b.count(t, "users")
 	// A person the demo created, found by email: subject adopted, roles
 	// and memberships replaced; unknown teams skipped and reported.
 	nadia := &allot.User{OIDCSubject: "idp|42", Email: "Nadia@Example.com", Name: "Nadia P.", Finance: true,
 		Memberships: []allot.Membership{{Team: "recs", Role: allot.TeamRoleMember}, {Team: "ghost", Role: allot.TeamRoleLead}}}
-	unknown, err := b.st.UpsertOIDCUser(b.ctx, nadia, true)
+	unknown, err := b.st.SignInOIDC(b.ctx, nadia, iss, true, true)
 	if err != nil || !cmp.Equal(unknown, []string{"ghost"}) {
 		t.Fatalf("upsert: %v %v", unknown, err)
 	}
@@ -28,7 +30,7 @@ func TestUpsertOIDCUser(t *testing.T) {
 	}
 	// Next time found by subject, even with a new email.
 	again := &allot.User{OIDCSubject: "idp|42", Email: "nadia.petrova@example.com", Name: "Nadia Petrova"}
-	if _, err := b.st.UpsertOIDCUser(b.ctx, again, true); err != nil || again.ID != nadia.ID {
+	if _, err := b.st.SignInOIDC(b.ctx, again, iss, true, true); err != nil || again.ID != nadia.ID {
 		t.Fatalf("second upsert: id %d, %v", again.ID, err)
 	}
 	if got := b.user(t, "nadia.petrova@example.com"); got.Finance || len(got.Memberships) != 0 {
@@ -36,14 +38,14 @@ func TestUpsertOIDCUser(t *testing.T) {
 	}
 	// Someone new is created.
 	newcomer := &allot.User{OIDCSubject: "idp|7", Email: "zoe@example.com", Name: "Zoe", Memberships: []allot.Membership{{Team: "nlp", Role: allot.TeamRoleLead}}}
-	if _, err := b.st.UpsertOIDCUser(b.ctx, newcomer, false); err != nil || newcomer.ID == 0 {
+	if _, err := b.st.SignInOIDC(b.ctx, newcomer, iss, false, true); err != nil || newcomer.ID == 0 {
 		t.Fatal(err)
 	}
 	if n := b.count(t, "users"); n != users+1 {
 		t.Errorf("users %d → %d, want one more", users, n)
 	}
 	// Bad claims are refused and change nothing.
-	if _, err := b.st.UpsertOIDCUser(b.ctx, &allot.User{OIDCSubject: "idp|8", Email: "not-an-email", Name: "X"}, true); allot.ErrorCode(err) != allot.EInvalid {
+	if _, err := b.st.SignInOIDC(b.ctx, &allot.User{OIDCSubject: "idp|8", Email: "not-an-email", Name: "X"}, iss, true, true); allot.ErrorCode(err) != allot.EInvalid {
 		t.Errorf("bad email: %v", err)
 	}
 	if n := b.count(t, "users"); n != users+1 {
@@ -51,25 +53,27 @@ func TestUpsertOIDCUser(t *testing.T) {
 	}
 }
 
-// TestUpsertOIDCUserLinking: a sign-in is linked by email only to a user
-// who never signed in through SSO (a placeholder subject) and only with a
-// verified email; another provider account claiming the email of a linked
+// TestSignInOIDCPlaceholder: a sign-in is linked by email (from an
+// allow-listed issuer) only to a user who never signed in through SSO (a
+// placeholder subject) and only with a verified email; another provider account claiming the email of a linked
 // user, or an unverified email, is refused and changes nothing.
-func TestUpsertOIDCUserLinking(t *testing.T) {
+func TestSignInOIDCPlaceholder(t *testing.T) {
 	b := setup(t)
+	const iss = "https://idp.example.com"
+	var link *store.LinkRequiredError
 	users := b.count(t, "users")
 	if s := b.user(t, "noah@example.com").OIDCSubject; !store.NeverSignedIn(s) {
 		t.Fatalf("the demo's noah has subject %q, want a placeholder", s)
 	}
 	// First SSO sign-in links the pre-created user.
 	nadia := &allot.User{OIDCSubject: "idp|42", Email: "nadia@example.com", Name: "Nadia"}
-	if _, err := b.st.UpsertOIDCUser(b.ctx, nadia, true); err != nil {
+	if _, err := b.st.SignInOIDC(b.ctx, nadia, iss, true, true); err != nil {
 		t.Fatal(err)
 	}
 	// A second provider account with the same email is refused.
 	other := &allot.User{OIDCSubject: "idp|666", Email: "NADIA@example.com", Name: "Mallory", Admin: true}
-	if _, err := b.st.UpsertOIDCUser(b.ctx, other, true); allot.ErrorCode(err) != allot.EConflict {
-		t.Errorf("second account with nadia's email: %v, want a conflict", err)
+	if _, err := b.st.SignInOIDC(b.ctx, other, iss, true, true); !errors.As(err, &link) {
+		t.Errorf("second account with nadia's email: %v, want a link required", err)
 	}
 	if got := b.user(t, "nadia@example.com"); got.OIDCSubject != "idp|42" || got.Name != "Nadia" || got.Admin {
 		t.Errorf("nadia after a refused takeover: %+v", got)
@@ -77,18 +81,18 @@ func TestUpsertOIDCUserLinking(t *testing.T) {
 	// A placeholder user is not linked on an unverified (false or missing)
 	// email.
 	noah := &allot.User{OIDCSubject: "idp|5", Email: "noah@example.com", Name: "Noah", Admin: true}
-	if _, err := b.st.UpsertOIDCUser(b.ctx, noah, false); allot.ErrorCode(err) != allot.EConflict || !strings.Contains(allot.ErrorMessage(err), "verified") {
-		t.Errorf("unverified email: %v, want a conflict", err)
+	if _, err := b.st.SignInOIDC(b.ctx, noah, iss, false, true); !errors.As(err, &link) || !strings.Contains(link.Reason, "verified") {
+		t.Errorf("unverified email: %v, want a link required", err)
 	}
 	if got := b.user(t, "noah@example.com"); !store.NeverSignedIn(got.OIDCSubject) || got.Admin {
 		t.Errorf("noah after an unverified sign-in: %+v", got)
 	}
 	// A provider cannot send a placeholder subject.
-	if _, err := b.st.UpsertOIDCUser(b.ctx, &allot.User{OIDCSubject: store.PlaceholderSubjectPrefix + "noah@example.com", Email: "noah@example.com", Name: "N"}, true); allot.ErrorCode(err) != allot.EInvalid {
+	if _, err := b.st.SignInOIDC(b.ctx, &allot.User{OIDCSubject: store.PlaceholderSubjectPrefix + "noah@example.com", Email: "noah@example.com", Name: "N"}, iss, true, true); allot.ErrorCode(err) != allot.EInvalid {
 		t.Errorf("placeholder subject from the provider: %v", err)
 	}
 	// Verified: linked.
-	if _, err := b.st.UpsertOIDCUser(b.ctx, noah, true); err != nil || b.user(t, "noah@example.com").OIDCSubject != "idp|5" {
+	if _, err := b.st.SignInOIDC(b.ctx, noah, iss, true, true); err != nil || b.user(t, "noah@example.com").OIDCSubject != "idp|5" {
 		t.Errorf("verified link: %v", err)
 	}
 	if n := b.count(t, "users"); n != users {

@@ -14,7 +14,7 @@ import (
 // Disabling a person (issue 12): an admin can disable a user. Disabling
 // revokes all their API tokens and ends all their portal sessions in one
 // audited transaction; until an admin enables them again they cannot sign
-// in (CreateSession and UpsertOIDCUser refuse), and no token or session of
+// in (CreateSession and SignInOIDC refuse), and no token or session of
 // theirs works (UserByAPIToken and UserBySession check). Enabling does not
 // bring revoked tokens back.
 

@@ -59,7 +59,7 @@ func TestDisableUser(t *testing.T) {
 	if _, _, err := b.st.CreateAPIToken(b.ctx, noah.ID, "after"); allot.ErrorCode(err) != allot.EForbidden {
 		t.Errorf("new token for a disabled user: %v", err)
 	}
-	if _, err := b.st.UpsertOIDCUser(b.ctx, &allot.User{OIDCSubject: "idp|noah", Email: noah.Email, Name: "Noah"}, true); allot.ErrorCode(err) != allot.EForbidden {
+	if _, err := b.st.SignInOIDC(b.ctx, &allot.User{OIDCSubject: "idp|noah", Email: noah.Email, Name: "Noah"}, "https://idp.example.com", true, true); allot.ErrorCode(err) != allot.EForbidden {
 		t.Errorf("SSO sign-in of a disabled user: %v", err)
 	}
 	if a := b.audits(t, "user.disable"); len(a) != 1 || a[0].Object != "user:noah@example.com" || a[0].Actor != ada.Email ||
