@@ -90,13 +90,8 @@ func showUserCode(c string) string {
 // device grant gets a device code to poll with and a user code for its
 // user to enter at the verification URI.
 func (p *Provider) deviceAuthorization(w http.ResponseWriter, r *http.Request) {
-	if err := r.ParseForm(); err != nil {
-		oauthError(w, http.StatusBadRequest, "invalid_request", err.Error())
-		return
-	}
-	c, ok := p.clientAuth(r)
+	c, ok := p.formClient(w, r)
 	if !ok {
-		oauthError(w, http.StatusUnauthorized, "invalid_client", "unknown client or wrong secret")
 		return
 	}
 	if !c.DeviceGrant {
@@ -302,13 +297,8 @@ func (p *Provider) revokeFamily(family string) {
 // revoke is RFC 7009 token revocation for refresh and access tokens: a
 // refresh token's whole family goes. Unknown tokens are no error.
 func (p *Provider) revoke(w http.ResponseWriter, r *http.Request) {
-	if err := r.ParseForm(); err != nil {
-		oauthError(w, http.StatusBadRequest, "invalid_request", err.Error())
-		return
-	}
-	c, ok := p.clientAuth(r)
+	c, ok := p.formClient(w, r)
 	if !ok {
-		oauthError(w, http.StatusUnauthorized, "invalid_client", "unknown client or wrong secret")
 		return
 	}
 	tok := r.PostForm.Get("token")

@@ -434,14 +434,24 @@ func (p *Provider) clientAuth(r *http.Request) (Client, bool) {
 	return c, true
 }
 
-func (p *Provider) token(w http.ResponseWriter, r *http.Request) {
+// formClient parses a token-endpoint-style request's form and
+// authenticates its client (clientAuth); on failure it has answered with
+// the OAuth error and reports false.
+func (p *Provider) formClient(w http.ResponseWriter, r *http.Request) (Client, bool) {
 	if err := r.ParseForm(); err != nil {
 		oauthError(w, http.StatusBadRequest, "invalid_request", err.Error())
-		return
+		return Client{}, false
 	}
 	c, ok := p.clientAuth(r)
 	if !ok {
 		oauthError(w, http.StatusUnauthorized, "invalid_client", "unknown client or wrong secret")
+	}
+	return c, ok
+}
+
+func (p *Provider) token(w http.ResponseWriter, r *http.Request) {
+	c, ok := p.formClient(w, r)
+	if !ok {
 		return
 	}
 	switch gt := r.PostForm.Get("grant_type"); gt {
