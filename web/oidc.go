@@ -288,17 +288,56 @@ func (s *Server) oidcCallback(c echo.Context) error {
 	if subtle.ConstantTimeCompare([]byte(idt.Nonce), []byte(login.Nonce)) != 1 {
 		return s.loginError(c, http.StatusBadRequest, "The ID token does not belong to this sign-in (nonce mismatch). Start again.")
 	}
+	u, link, err := s.signIn(ctx, o, idt, tok, "", "")
+	switch {
+	case link != nil:
+		return s.loginError(c, http.StatusForbidden, fmt.Sprintf(
+			"An Allot account exists for %s, but this sign-in is not linked to it (%s). An admin must link your identity to the account "+
+				"(Admin → Identity, or POST /api/v1/users/{user}/oidc-link). Give them: issuer %s, subject %s.",
+			u.Email, link.Reason, idt.Issuer, u.OIDCSubject))
+	case err == nil:
+	case allot.ErrorCode(err) == allot.EInternal || allot.ErrorCode(err) == allot.EUnavailable:
+		return err
+	case allot.ErrorCode(err) == allot.EForbidden: // no usable claims, or an admin disabled the account
+		return s.loginError(c, http.StatusForbidden, allot.ErrorMessage(err))
+	default:
+		return s.loginError(c, http.StatusConflict, "Your account could not be recorded: "+allot.ErrorMessage(err))
+	}
+	s.log.Info("signed in with OIDC", "user", u.Email, "subject", u.OIDCSubject, "admin", u.Admin, "finance", u.Finance, "teams", len(u.Memberships))
+	if err := s.startSession(c, u.ID); err != nil {
+		return err
+	}
+	return c.Redirect(http.StatusSeeOther, safeNext(login.Next))
+}
+
+// signIn maps the ID token's claims to the person (oidcUser), records
+// them (SignInOIDC: the account linking rules) and their "allot login"
+// or portal sign-in for the admin page (RecordOIDCSignIn), and stores what
+// the account claim says: what the portal's callback and allot login
+// share. detail starts the sign-in record's detail of a refusal ("" at the
+// portal); signedIn is the detail of a sign-in that worked.
+//
+// A link an admin must make returns the user (for its email and subject)
+// and link. Other refusals, also recorded, are allot errors: EForbidden
+// (claims without a usable user, a disabled account) or another code (the
+// account could not be recorded); EInternal and EUnavailable are not
+// refusals and are not recorded.
+func (s *Server) signIn(ctx context.Context, o *oidcClient, idt *oidc.IDToken, tok *oauth2.Token, detail, signedIn string) (*allot.User, *store.LinkRequiredError, error) {
+	via := "portal"
+	if detail != "" {
+		via = strings.TrimSuffix(detail, ": ")
+	}
 	u, verified, report, err := s.oidcUser(ctx, o, idt, tok)
-	record := func(outcome, detail string) {
-		report.Outcome, report.Detail = outcome, detail
+	record := func(outcome, d string) {
+		report.Outcome, report.Detail = outcome, d
 		if err := s.st.RecordOIDCSignIn(ctx, report); err != nil {
 			s.log.Warn("recording the sign-in failed", "err", err)
 		}
 	}
 	if err != nil {
 		// Shown on the admin page too (a provider that sends no email).
-		record("refused", err.Error())
-		return s.loginError(c, http.StatusForbidden, err.Error())
+		record("refused", detail+err.Error())
+		return nil, nil, allot.Errorf(allot.EForbidden, "%s", err.Error())
 	}
 	unknown, err := s.st.SignInOIDC(ctx, u, idt.Issuer, verified, o.cfg.linkByEmail(idt.Issuer))
 	var link *store.LinkRequiredError
@@ -306,39 +345,32 @@ func (s *Server) oidcCallback(c echo.Context) error {
 	case errors.As(err, &link):
 		// Never link by email by itself here: the "nOAuth" takeover is a
 		// second identity-provider account claiming a known email.
-		s.log.Warn("OIDC sign-in not linked to the existing account: an admin must link it",
+		s.log.Warn("OIDC sign-in not linked to the existing account: an admin must link it", "via", via,
 			"user", u.Email, "issuer", idt.Issuer, "subject", u.OIDCSubject, "reason", link.Reason)
-		record("link_required", link.Reason)
-		return s.loginError(c, http.StatusForbidden, fmt.Sprintf(
-			"An Allot account exists for %s, but this sign-in is not linked to it (%s). An admin must link your identity to the account "+
-				"(Admin → Identity, or POST /api/v1/users/{user}/oidc-link). Give them: issuer %s, subject %s.",
-			u.Email, link.Reason, idt.Issuer, u.OIDCSubject))
+		record("link_required", detail+link.Reason)
+		return u, link, err
 	case err != nil:
 		if allot.ErrorCode(err) == allot.EInternal || allot.ErrorCode(err) == allot.EUnavailable {
-			return err
+			return nil, nil, err
 		}
-		record("refused", allot.ErrorMessage(err))
+		record("refused", detail+allot.ErrorMessage(err))
 		if allot.ErrorCode(err) == allot.EForbidden { // an admin disabled the account
-			s.log.Warn("OIDC sign-in of a disabled user refused", "user", u.Email, "subject", u.OIDCSubject)
-			return s.loginError(c, http.StatusForbidden, allot.ErrorMessage(err))
+			s.log.Warn("OIDC sign-in of a disabled user refused", "via", via, "user", u.Email, "subject", u.OIDCSubject)
+		} else {
+			s.log.Warn("OIDC sign-in refused", "via", via, "user", u.Email, "subject", u.OIDCSubject, "err", err)
 		}
-		s.log.Warn("OIDC sign-in refused", "user", u.Email, "subject", u.OIDCSubject, "err", err)
-		return s.loginError(c, http.StatusConflict, "Your account could not be recorded: "+allot.ErrorMessage(err))
+		return nil, nil, err
 	}
 	report.Roles = rolesSummary(u)
-	record("signed_in", "")
+	record("signed_in", signedIn)
 	if len(unknown) > 0 {
 		s.log.Warn("OIDC groups name teams Allot does not know", "user", u.Email, "teams", unknown)
 	}
 	// What the account claim says now ("" when it is off or says nothing).
 	if err := s.st.SetOIDCPosixUser(ctx, u.ID, u.OIDCPosixUser); err != nil {
-		return err
+		return nil, nil, err
 	}
-	s.log.Info("signed in with OIDC", "user", u.Email, "subject", u.OIDCSubject, "admin", u.Admin, "finance", u.Finance, "teams", len(u.Memberships))
-	if err := s.startSession(c, u.ID); err != nil {
-		return err
-	}
-	return c.Redirect(http.StatusSeeOther, safeNext(login.Next))
+	return u, nil, nil
 }
 
 // exchangeError is the provider's error code and description, when it sent

@@ -117,46 +117,20 @@ func (s *Server) apiCLIConfig(c echo.Context) error {
 		TokenTTLSeconds: int64(s.cliTokenTTL().Seconds())})
 }
 
-// cliSignIn records the person as a portal sign-in does (oidcCallback):
-// the same claims mapping, account linking rules and sign-in record.
+// cliSignIn records the person as a portal sign-in does (signIn): the
+// same claims mapping, account linking rules and sign-in record.
 func (s *Server) cliSignIn(ctx context.Context, o *oidcClient, idt *oidc.IDToken, accessToken, host string) (*allot.User, error) {
-	u, verified, report, err := s.oidcUser(ctx, o, idt, &oauth2.Token{AccessToken: accessToken, TokenType: "Bearer"})
-	if err != nil {
-		return nil, allot.Errorf(allot.EForbidden, "%s", err.Error())
-	}
-	record := func(outcome, detail string) {
-		report.Outcome, report.Detail = outcome, detail
-		if err := s.st.RecordOIDCSignIn(ctx, report); err != nil {
-			s.log.Warn("recording the sign-in failed", "err", err)
-		}
-	}
-	unknown, err := s.st.SignInOIDC(ctx, u, idt.Issuer, verified, o.cfg.linkByEmail(idt.Issuer))
-	var link *store.LinkRequiredError
+	u, link, err := s.signIn(ctx, o, idt, &oauth2.Token{AccessToken: accessToken, TokenType: "Bearer"}, "allot login: ", "allot login from "+host)
 	switch {
-	case errors.As(err, &link):
-		s.log.Warn("allot login not linked to the existing account: an admin must link it",
-			"user", u.Email, "issuer", idt.Issuer, "subject", u.OIDCSubject, "reason", link.Reason)
-		record("link_required", "allot login: "+link.Reason)
+	case link != nil:
 		return nil, allot.Errorf(allot.EForbidden, "an Allot account exists for %s, but this sign-in is not linked to it (%s); an admin must link your identity to the account (Admin → Identity); give them issuer %s, subject %s",
 			u.Email, link.Reason, idt.Issuer, u.OIDCSubject)
-	case err != nil:
-		if allot.ErrorCode(err) == allot.EInternal || allot.ErrorCode(err) == allot.EUnavailable {
-			return nil, err
-		}
-		record("refused", "allot login: "+allot.ErrorMessage(err))
-		if allot.ErrorCode(err) == allot.EForbidden { // an admin disabled the account
-			s.log.Warn("allot login of a disabled user refused", "user", u.Email, "subject", u.OIDCSubject)
-			return nil, err
-		}
-		s.log.Warn("allot login refused", "user", u.Email, "subject", u.OIDCSubject, "err", err)
-		return nil, allot.Errorf(allot.EConflict, "your account could not be recorded: %s", allot.ErrorMessage(err))
+	case err == nil:
+		return u, nil
+	case allot.ErrorCode(err) == allot.EInternal || allot.ErrorCode(err) == allot.EUnavailable || allot.ErrorCode(err) == allot.EForbidden:
+		return nil, err
 	}
-	report.Roles = rolesSummary(u)
-	record("signed_in", "allot login from "+host)
-	if len(unknown) > 0 {
-		s.log.Warn("OIDC groups name teams Allot does not know", "user", u.Email, "teams", unknown)
-	}
-	return u, nil
+	return nil, allot.Errorf(allot.EConflict, "your account could not be recorded: %s", allot.ErrorMessage(err))
 }
 
 // cliHost checks the host name the CLI sends: printable, at most 60
@@ -207,9 +181,6 @@ func (s *Server) apiCLIToken(c echo.Context) error {
 	}
 	u, err := s.cliSignIn(ctx, o, idt, strings.TrimSpace(req.AccessToken), host)
 	if err != nil {
-		return err
-	}
-	if err := s.st.SetOIDCPosixUser(ctx, u.ID, u.OIDCPosixUser); err != nil {
 		return err
 	}
 	if prev := strings.TrimSpace(req.PreviousToken); prev != "" {
