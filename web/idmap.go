@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -131,6 +132,25 @@ func overageClaims(claims map[string]any, read []string) []string {
 		}
 	}
 	slices.Sort(out)
+	return out
+}
+
+// emailVerified says whether the provider vouches for the email address
+// (email_verified true; some providers send it as a string).
+func emailVerified(claims map[string]any) bool {
+	return claims["email_verified"] == true || claims["email_verified"] == "true"
+}
+
+// mappableClaims are the claims the rules may read: without the email
+// address when the provider does not vouch for it (emailVerified), since
+// on a multi-tenant provider anyone may claim any email (the "nOAuth"
+// pattern), so a rule on email grants nothing from an unverified one.
+func mappableClaims(claims map[string]any) map[string]any {
+	if _, ok := claims["email"]; !ok || emailVerified(claims) {
+		return claims
+	}
+	out := maps.Clone(claims)
+	delete(out, "email")
 	return out
 }
 
@@ -410,7 +430,7 @@ func (s *Server) tryMapping(ctx context.Context, claims map[string]any) (IdPTryJ
 	if len(rules) == 0 {
 		rules = s.cfg.OIDC.Claims.DefaultRules()
 	}
-	res, counts, over := mapClaims(rules, claims)
+	res, counts, over := mapClaims(rules, mappableClaims(claims))
 	out := IdPTryJSON{Admin: res.Admin, Finance: res.Finance, Memberships: res.Memberships, Matched: res.Matched,
 		ClaimsRead: ruleClaims(rules), ClaimCounts: counts, Overage: over, BuiltIn: len(stored) == 0}
 	if out.Memberships == nil {

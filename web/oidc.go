@@ -429,8 +429,7 @@ func (s *Server) oidcUser(ctx context.Context, o *oidcClient, idt *oidc.IDToken,
 	if v, ok := claims["email_verified"].(bool); ok && !v {
 		return nil, false, report, errors.New("your email address is not verified at the identity provider")
 	}
-	// Some providers send the claim as a string.
-	verified := claims["email_verified"] == true || claims["email_verified"] == "true"
+	verified := emailVerified(claims)
 	name := str("name")
 	if name == "" {
 		name = str("preferred_username")
@@ -438,7 +437,7 @@ func (s *Server) oidcUser(ctx context.Context, o *oidcClient, idt *oidc.IDToken,
 	if name == "" {
 		name = email
 	}
-	res, counts, over := mapClaims(rules, claims)
+	res, counts, over := mapClaims(rules, mappableClaims(claims))
 	report.ClaimCounts = counts
 	if len(over) > 0 {
 		// Entra ID sends _claim_names.groups instead of the groups when a

@@ -301,7 +301,10 @@ func TestIdPShapeEntra(t *testing.T) {
 		`{"claim":"groups","match":"guid","pattern":"`+entraAdmins+`","grant":"admin"}`,
 		`{"claim":"groups","match":"guid","pattern":"`+strings.ToUpper(entraNLPLead)+`","grant":"lead","team":"nlp"}`,
 		`{"claim":"roles","match":"exact","pattern":"Allot.Finance","grant":"finance"}`,
-		`{"claim":"roles","match":"regex","pattern":"Allot\\.Team\\.{team}\\.Member","grant":"member"}`)
+		`{"claim":"roles","match":"regex","pattern":"Allot\\.Team\\.{team}\\.Member","grant":"member"}`,
+		// Entra ID's email is not verified (anyone in any tenant may set
+		// it): a rule on it grants nothing.
+		`{"claim":"email","match":"glob","pattern":"en-finn@*","grant":"lead","team":"recs"}`)
 	for _, c := range []struct {
 		user           string
 		admin, finance bool
