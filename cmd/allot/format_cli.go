@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"io"
 	"sort"
@@ -9,6 +10,8 @@ import (
 	"text/tabwriter"
 	"time"
 	"unicode/utf8"
+
+	"github.com/allotlabs/allot/internal/cliflag"
 )
 
 // Slurm-like output: a format is a list of fields, each with an optional
@@ -308,6 +311,36 @@ func slurmTime(t *time.Time) string {
 		return "N/A"
 	}
 	return t.UTC().Format("2006-01-02T15:04:05")
+}
+
+// listOutput is the output flags of the Slurm-like listings (jobs, prio,
+// share, nodes): --parsable, --noheader, --json.
+type listOutput struct {
+	parsable, noHeader bool
+	json               bool
+}
+
+func (o *listOutput) flags(fs *flag.FlagSet) {
+	fs.BoolVar(&o.parsable, "parsable", false, "values separated by |, no padding")
+	fs.BoolVar(&o.noHeader, "noheader", false, "no header line")
+	fs.BoolVar(&o.json, "json", false, "print JSON")
+}
+
+// table prints t as the flags say.
+func (o *listOutput) table(w io.Writer, t *simpleTable) { t.print(w, o.parsable, o.noHeader) }
+
+// parseFlagsOnly parses the flags of `allot cmd`, which takes no
+// arguments (cliflag.Parse: they read ALLOT_* variables too); false when
+// they are refused, after saying why.
+func parseFlagsOnly(fs *flag.FlagSet, args []string, cmd string, stderr io.Writer) bool {
+	if err := cliflag.Parse(fs, args); err != nil {
+		return false
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "allot %s: unexpected argument %q\n", cmd, fs.Arg(0))
+		return false
+	}
+	return true
 }
 
 // simpleTable is a fixed-column table (share, prio, nodes): aligned, or

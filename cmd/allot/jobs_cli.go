@@ -271,10 +271,8 @@ func jobsFlags(stderr io.Writer) (*flag.FlagSet, func() *client.Client, *jobsCmd
 	c.opts.flags(fs)
 	fs.StringVar(&c.format, "format", "", "output `format`: squeue letters (\"%.8i %-20j %T %M\") or field names (id,name:30,state:.10, squeue -O style)")
 	aliasFlags(fs, map[string]string{"o": "format", "Format": "format", "O": "format"})
-	fs.BoolVar(&c.parsable, "parsable", false, "values separated by |, no padding")
-	fs.BoolVar(&c.noHeader, "noheader", false, "no header line")
+	c.out.flags(fs)
 	fs.IntVar(&c.limit, "limit", 100, "at most this many jobs, newest first (0: all)")
-	fs.BoolVar(&c.json, "json", false, "print JSON")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: allot jobs [--me] [--team T] [--state PD,R] [--user EMAIL] [-o FORMAT] [--parsable] [--noheader] [--json]")
 		fmt.Fprintln(stderr, "Lists jobs newest first, like squeue (which lists only pending and running ones: --state PD,R). Times are UTC.")
@@ -285,20 +283,15 @@ func jobsFlags(stderr io.Writer) (*flag.FlagSet, func() *client.Client, *jobsCmd
 }
 
 type jobsCmd struct {
-	opts               jobsOptions
-	format             string
-	parsable, noHeader bool
-	limit              int
-	json               bool
+	opts   jobsOptions
+	format string
+	out    listOutput
+	limit  int
 }
 
 func cmdJobs(args []string, stdout, stderr io.Writer) int {
 	fs, newClient, c := jobsFlags(stderr)
-	if err := cliflag.Parse(fs, args); err != nil {
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "allot jobs: unexpected argument %q\n", fs.Arg(0))
+	if !parseFlagsOnly(fs, args, "jobs", stderr) {
 		return 2
 	}
 	q, err := c.opts.query()
@@ -329,7 +322,7 @@ func cmdJobs(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return reportErr(stderr, "jobs", err)
 	}
-	if c.json {
+	if c.out.json {
 		if jobs == nil {
 			jobs = []web.JobJSON{}
 		}
@@ -348,7 +341,7 @@ func cmdJobs(args []string, stdout, stderr io.Writer) int {
 	for i := range jobs {
 		rows[i] = &jobLine{JobJSON: jobs[i], now: now, maxNode: maxNode}
 	}
-	printRows(stdout, f, rows, c.parsable, c.noHeader)
+	printRows(stdout, f, rows, c.out.parsable, c.out.noHeader)
 	return 0
 }
 

@@ -10,7 +10,6 @@ import (
 	"strings"
 
 	"github.com/allotlabs/allot/internal/client"
-	"github.com/allotlabs/allot/internal/cliflag"
 	"github.com/allotlabs/allot/web"
 )
 
@@ -19,10 +18,9 @@ import (
 // signed-in person (`allot node list` is the admin's command).
 
 type nodesCmd struct {
-	long               bool
-	gpuType, state     string
-	parsable, noHeader bool
-	json               bool
+	long           bool
+	gpuType, state string
+	listOutput
 }
 
 func nodesFlags(stderr io.Writer) (*flag.FlagSet, func() *client.Client, *nodesCmd) {
@@ -33,9 +31,7 @@ func nodesFlags(stderr io.Writer) (*flag.FlagSet, func() *client.Client, *nodesC
 	fs.BoolVar(&c.long, "N", false, "one line per node (sinfo -N)")
 	fs.StringVar(&c.gpuType, "gpu-type", "", "only these GPU `types`, comma-separated (Slurm's partitions)")
 	fs.StringVar(&c.state, "state", "", "only nodes in these `states`, comma-separated: idle, mix, alloc, drng, drain, down (or Allot's up, draining, drained)")
-	fs.BoolVar(&c.parsable, "parsable", false, "values separated by |, no padding")
-	fs.BoolVar(&c.noHeader, "noheader", false, "no header line")
-	fs.BoolVar(&c.json, "json", false, "print JSON")
+	c.flags(fs)
 	aliasFlags(fs, map[string]string{"Node": "N", "partition": "gpu-type", "p": "gpu-type", "states": "state", "t": "state"})
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: allot nodes [-N] [--gpu-type T] [--state idle,mix] [--parsable] [--noheader] [--json]")
@@ -70,11 +66,7 @@ var nodeStateNames = map[string]string{"idle": "idle", "mix": "mix", "mixed": "m
 
 func cmdNodes(args []string, stdout, stderr io.Writer) int {
 	fs, newClient, c := nodesFlags(stderr)
-	if err := cliflag.Parse(fs, args); err != nil {
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "allot nodes: unexpected argument %q\n", fs.Arg(0))
+	if !parseFlagsOnly(fs, args, "nodes", stderr) {
 		return 2
 	}
 	states := map[string]bool{}
@@ -123,7 +115,7 @@ func cmdNodes(args []string, stdout, stderr io.Writer) int {
 		for _, n := range nodes {
 			t.add(n.Name, "1", n.GPUType, nodeState(n), itoa(n.GPUs), itoa(n.Allocated), itoa(n.Idle), itoa(n.Other), itoa(n.RunningJobs), n.Site, n.Reason)
 		}
-		t.print(stdout, c.parsable, c.noHeader)
+		c.table(stdout, &t)
 		return 0
 	}
 	type key struct{ typ, state string }
@@ -156,7 +148,7 @@ func cmdNodes(args []string, stdout, stderr io.Writer) int {
 		g := groups[k]
 		t.add(k.typ, k.state, itoa(len(g.names)), itoa(g.gpus), itoa(g.alloc), itoa(g.idle), itoa(g.otherGPUs), hostList(g.names))
 	}
-	t.print(stdout, c.parsable, c.noHeader)
+	c.table(stdout, &t)
 	return 0
 }
 

@@ -8,7 +8,6 @@ import (
 	"strconv"
 
 	"github.com/allotlabs/allot/internal/client"
-	"github.com/allotlabs/allot/internal/cliflag"
 )
 
 // `allot prio` (like sprio): the pending jobs the caller can see in the
@@ -16,12 +15,11 @@ import (
 // scheduling cycle computed them.
 
 type prioCmd struct {
-	team               string
-	me                 bool
-	limit              int
-	norm, weights      bool
-	parsable, noHeader bool
-	json               bool
+	team          string
+	me            bool
+	limit         int
+	norm, weights bool
+	listOutput
 }
 
 func prioFlags(stderr io.Writer) (*flag.FlagSet, func() *client.Client, *prioCmd) {
@@ -34,9 +32,7 @@ func prioFlags(stderr io.Writer) (*flag.FlagSet, func() *client.Client, *prioCmd
 	fs.IntVar(&c.limit, "limit", 100, "at most this many jobs, from the head of the queue (1–1000)")
 	fs.BoolVar(&c.norm, "norm", false, "the factors themselves (0–1) instead of weighted (sprio -n)")
 	fs.BoolVar(&c.weights, "weights", false, "print only the policy's weights (sprio -w)")
-	fs.BoolVar(&c.parsable, "parsable", false, "values separated by |, no padding")
-	fs.BoolVar(&c.noHeader, "noheader", false, "no header line")
-	fs.BoolVar(&c.json, "json", false, "print JSON")
+	c.flags(fs)
 	aliasFlags(fs, map[string]string{"account": "team", "A": "team", "n": "norm", "w": "weights"})
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: allot prio [--team T] [--me] [--norm] [--weights] [--parsable] [--noheader] [--json]")
@@ -50,11 +46,7 @@ func prioFlags(stderr io.Writer) (*flag.FlagSet, func() *client.Client, *prioCmd
 
 func cmdPrio(args []string, stdout, stderr io.Writer) int {
 	fs, newClient, c := prioFlags(stderr)
-	if err := cliflag.Parse(fs, args); err != nil {
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "allot prio: unexpected argument %q\n", fs.Arg(0))
+	if !parseFlagsOnly(fs, args, "prio", stderr) {
 		return 2
 	}
 	if c.limit < 1 || c.limit > 1000 {
@@ -71,7 +63,7 @@ func cmdPrio(args []string, stdout, stderr io.Writer) int {
 	if c.weights {
 		t := simpleTable{header: []string{"JOBID", "PRIORITY", "AGE", "FAIRSHARE", "JOBSIZE"}}
 		t.add("Weights", "", strconv.Itoa(p.Weights.Age), strconv.Itoa(p.Weights.FairShare), strconv.Itoa(p.Weights.Size))
-		t.print(stdout, c.parsable, c.noHeader)
+		c.table(stdout, &t)
 		return 0
 	}
 	t := simpleTable{header: []string{"JOBID", "TEAM", "USER", "TIER", "CLASS", "PRIORITY", "AGE", "FAIRSHARE", "JOBSIZE"}}
@@ -86,6 +78,6 @@ func cmdPrio(args []string, stdout, stderr io.Writer) int {
 		}
 		t.add(strconv.FormatInt(j.ID, 10), j.Team, j.User, j.Tier, j.Class, strconv.FormatFloat(j.Priority, 'f', 0, 64), num(age), num(fsh), num(size))
 	}
-	t.print(stdout, c.parsable, c.noHeader)
+	c.table(stdout, &t)
 	return 0
 }

@@ -9,7 +9,6 @@ import (
 	"strings"
 
 	"github.com/allotlabs/allot/internal/client"
-	"github.com/allotlabs/allot/internal/cliflag"
 	"github.com/allotlabs/allot/web"
 )
 
@@ -17,9 +16,8 @@ import (
 // month's budget use for the teams the caller may see budgets of.
 
 type shareCmd struct {
-	team               string
-	parsable, noHeader bool
-	json               bool
+	team string
+	listOutput
 }
 
 func shareFlags(stderr io.Writer) (*flag.FlagSet, func() *client.Client, *shareCmd) {
@@ -28,9 +26,7 @@ func shareFlags(stderr io.Writer) (*flag.FlagSet, func() *client.Client, *shareC
 	newClient := clientFlags(fs)
 	c := &shareCmd{}
 	fs.StringVar(&c.team, "team", "", "only these `teams`, comma-separated (Slurm's accounts)")
-	fs.BoolVar(&c.parsable, "parsable", false, "values separated by |, no padding")
-	fs.BoolVar(&c.noHeader, "noheader", false, "no header line")
-	fs.BoolVar(&c.json, "json", false, "print JSON")
+	c.flags(fs)
 	aliasFlags(fs, map[string]string{"account": "team", "A": "team", "P": "parsable", "n": "noheader"})
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: allot share [--team T,U] [--parsable] [--noheader] [--json]")
@@ -53,11 +49,7 @@ type ShareRow struct {
 
 func cmdShare(args []string, stdout, stderr io.Writer) int {
 	fs, newClient, c := shareFlags(stderr)
-	if err := cliflag.Parse(fs, args); err != nil {
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "allot share: unexpected argument %q\n", fs.Arg(0))
+	if !parseFlagsOnly(fs, args, "share", stderr) {
 		return 2
 	}
 	want := map[string]bool{}
@@ -117,6 +109,6 @@ func cmdShare(args []string, stdout, stderr io.Writer) int {
 		t.add(r.Team, strconv.Itoa(r.RawShares), f6(r.NormShares), strconv.FormatFloat(r.RawUsageGPUSec, 'f', 0, 64), f6(r.EffectiveUsage),
 			f6(r.FairShare), budget, used, pct)
 	}
-	t.print(stdout, c.parsable, c.noHeader)
+	c.table(stdout, &t)
 	return 0
 }
