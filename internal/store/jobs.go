@@ -433,13 +433,9 @@ type JobFilter struct {
 	Limit        int   // default 100, at most 1000; negative: no limit (internal use)
 }
 
-// ListJobs returns jobs matching f, newest first: by submission time, then
-// id (a requeued job keeps its submission time, and jobs created with an
-// earlier submission time, like the demo's history, are not listed by
-// when their row was written).
-func (s *Store) ListJobs(ctx context.Context, f JobFilter) ([]allot.Job, error) {
-	var where []string
-	var args []any
+// where is f's conditions on jobSelect (joined with AND) and their
+// arguments ($1…), without the limit.
+func (f JobFilter) where() (where []string, args []any) {
 	add := func(cond string, v any) {
 		args = append(args, v)
 		where = append(where, fmt.Sprintf(cond, len(args)))
@@ -479,6 +475,15 @@ func (s *Store) ListJobs(ctx context.Context, f JobFilter) ([]allot.Job, error) 
 	if f.BeforeID > 0 {
 		add("(j.submitted_at, j.id) < (SELECT b.submitted_at, b.id FROM jobs b WHERE b.id = $%d)", f.BeforeID)
 	}
+	return where, args
+}
+
+// ListJobs returns jobs matching f, newest first: by submission time, then
+// id (a requeued job keeps its submission time, and jobs created with an
+// earlier submission time, like the demo's history, are not listed by
+// when their row was written).
+func (s *Store) ListJobs(ctx context.Context, f JobFilter) ([]allot.Job, error) {
+	where, args := f.where()
 	switch {
 	case f.Limit == 0:
 		f.Limit = 100

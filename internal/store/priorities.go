@@ -23,21 +23,7 @@ type PriorityFilter struct {
 // (highest first), submission, id — the order QueuePositionOf ranks in.
 // Priority and breakdown are what the last scheduling cycle stored.
 func (s *Store) PendingByPriority(ctx context.Context, f PriorityFilter) ([]allot.Job, error) {
-	where := []string{"j.state = 'pending'"}
-	var args []any
-	add := func(cond string, v any) {
-		args = append(args, v)
-		where = append(where, fmt.Sprintf(cond, len(args)))
-	}
-	if f.Teams != nil {
-		add("j.team = ANY($%d)", f.Teams)
-	}
-	if f.Team != "" {
-		add("j.team = $%d", f.Team)
-	}
-	if f.UserID != 0 {
-		add("j.user_id = $%d", f.UserID)
-	}
+	where, args := JobFilter{Teams: f.Teams, Team: f.Team, State: allot.JobPending, UserID: f.UserID}.where()
 	switch {
 	case f.Limit <= 0:
 		f.Limit = 100
