@@ -388,31 +388,47 @@ func (c *cancelCmd) filtered() bool {
 	return o.me || o.team != "" || o.state != "" || o.user != "" || o.tie != "" || o.name != ""
 }
 
-func cmdCancel(args []string, stdout, stderr io.Writer) int {
-	fs, newClient, c := cancelFlags(stderr)
+// parseJobIDs parses `allot cmd`'s flags (cliflag.Parse) and the job ids
+// that follow, also comma-separated, maybe with flags after them (allot
+// cancel 1 2,3 --server URL). skip, if not nil, says which word before
+// the first id is no id (scontrol's "show job 12"). False when something
+// was refused, after saying why.
+func parseJobIDs(fs *flag.FlagSet, args []string, cmd string, stderr io.Writer, skip func(word string) bool) ([]int64, bool) {
 	if err := cliflag.Parse(fs, args); err != nil {
-		return 2
+		return nil, false
 	}
-	// Ids, then maybe flags after them (allot cancel 1 2 --server URL).
 	var ids []int64
 	rest := fs.Args()
 	for len(rest) > 0 {
 		if strings.HasPrefix(rest[0], "-") {
 			if err := fs.Parse(rest); err != nil {
-				return 2
+				return nil, false
 			}
 			rest = fs.Args()
 			continue
 		}
-		for _, a := range strings.Split(rest[0], ",") {
+		word := rest[0]
+		rest = rest[1:]
+		if len(ids) == 0 && skip != nil && skip(word) {
+			continue
+		}
+		for _, a := range strings.Split(word, ",") {
 			id, err := strconv.ParseInt(strings.TrimSpace(a), 10, 64)
 			if err != nil || id < 1 {
-				fmt.Fprintf(stderr, "allot cancel: %q is not a job id\n", a)
-				return 2
+				fmt.Fprintf(stderr, "allot %s: %q is not a job id\n", cmd, a)
+				return nil, false
 			}
 			ids = append(ids, id)
 		}
-		rest = rest[1:]
+	}
+	return ids, true
+}
+
+func cmdCancel(args []string, stdout, stderr io.Writer) int {
+	fs, newClient, c := cancelFlags(stderr)
+	ids, ok := parseJobIDs(fs, args, "cancel", stderr, nil)
+	if !ok {
+		return 2
 	}
 	switch {
 	case len(ids) == 0 && !c.filtered():

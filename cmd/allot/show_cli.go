@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/allotlabs/allot/internal/client"
-	"github.com/allotlabs/allot/internal/cliflag"
 	"github.com/allotlabs/allot/internal/clock"
 	"github.com/allotlabs/allot/web"
 )
@@ -34,32 +33,9 @@ func showFlags(stderr io.Writer) (*flag.FlagSet, func() *client.Client, *bool) {
 
 func cmdShow(args []string, stdout, stderr io.Writer) int {
 	fs, newClient, asJSON := showFlags(stderr)
-	if err := cliflag.Parse(fs, args); err != nil {
+	ids, ok := parseJobIDs(fs, args, "show", stderr, func(w string) bool { return w == "job" || w == "jobs" }) // scontrol's "show job 12"
+	if !ok {
 		return 2
-	}
-	rest := fs.Args()
-	var ids []int64
-	for len(rest) > 0 {
-		if strings.HasPrefix(rest[0], "-") {
-			if err := fs.Parse(rest); err != nil {
-				return 2
-			}
-			rest = fs.Args()
-			continue
-		}
-		a := rest[0]
-		rest = rest[1:]
-		if len(ids) == 0 && (a == "job" || a == "jobs") { // scontrol's "show job 12"
-			continue
-		}
-		for _, p := range strings.Split(a, ",") {
-			id, err := strconv.ParseInt(strings.TrimSpace(p), 10, 64)
-			if err != nil || id < 1 {
-				fmt.Fprintf(stderr, "allot show: %q is not a job id\n", p)
-				return 2
-			}
-			ids = append(ids, id)
-		}
 	}
 	if len(ids) == 0 {
 		fs.Usage()
