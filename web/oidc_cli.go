@@ -29,8 +29,9 @@ const CLITokenTTL = 12 * time.Hour
 
 // CLITokenNamePrefix starts the name of every API token `allot login`
 // makes ("allot login: <host>"): one per person and host, the next login
-// from that host revokes the last.
-const CLITokenNamePrefix = "allot login: "
+// from that host revokes the last, and an admin's link of another identity
+// to the account revokes them all (store.LinkOIDCIdentity).
+const CLITokenNamePrefix = store.CLITokenNamePrefix
 
 // CLIConfigJSON is GET /api/v1/auth/cli: where and as whom the CLI signs
 // in.

@@ -12,6 +12,10 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// CLITokenNamePrefix starts the name of every API token `allot login`
+// makes ("allot login: <host>").
+const CLITokenNamePrefix = "allot login: "
+
 // LinkRequiredError is a sign-in Allot will not link to an existing
 // account by itself: an admin must link the identity (LinkOIDCIdentity).
 type LinkRequiredError struct {
@@ -157,8 +161,9 @@ type OIDCIdentity struct {
 // LinkOIDCIdentity binds (issuer, subject) to the user named by ref (an id
 // or an email address), as actor: the explicit admin choice that links a
 // sign-in Allot refused to link by itself. It is audited (user.oidc_link,
-// before and after) and ends the user's sessions (the identity that signs
-// in as them changed). Linking the identity the user already has changes
+// before and after) and ends the user's sessions and revokes the API
+// tokens allot login made (CLITokenNamePrefix): the identity that signs
+// in as them changed. Linking the identity the user already has changes
 // nothing.
 func (s *Store) LinkOIDCIdentity(ctx context.Context, actor, ref, issuer, subject, note string) (OIDCIdentity, AdminResult, error) {
 	issuer, subject = strings.TrimSpace(issuer), strings.TrimSpace(subject)
@@ -206,6 +211,22 @@ func (s *Store) LinkOIDCIdentity(ctx context.Context, actor, ref, issuer, subjec
 		}
 		if _, err := tx.db.Exec(ctx, `DELETE FROM sessions WHERE user_id = $1`, a.ID); err != nil {
 			return mapErr("ending the user's sessions", err)
+		}
+		// The API tokens allot login made are sign-ins too, of an identity
+		// that may no longer sign in as this user.
+		rows, err := tx.db.Query(ctx, `SELECT id FROM api_tokens WHERE user_id = $1 AND revoked_at IS NULL AND starts_with(name, $2) FOR UPDATE`,
+			a.ID, CLITokenNamePrefix)
+		if err != nil {
+			return mapErr("revoking allot login tokens", err)
+		}
+		cli, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return mapErr("revoking allot login tokens", err)
+		}
+		if len(cli) > 0 {
+			if _, err := tx.revokeTokenTree(ctx, cli, tx.Now()); err != nil {
+				return err
+			}
 		}
 		// The sign-ins that waited for this link are settled.
 		if _, err := tx.db.Exec(ctx, `UPDATE oidc_sign_ins SET outcome = 'linked', detail = 'linked by an admin to ' || $3

@@ -198,8 +198,17 @@ func TestSignInOIDCLinking(t *testing.T) {
 	if _, err := b.st.SignInOIDC(b.ctx, zoe, other, false, false); err != nil || zoe.ID == u.ID {
 		t.Fatalf("same subject, other issuer: %v", err)
 	}
-	// An admin links the other account to nadia explicitly; her sessions end.
+	// An admin links the other account to nadia explicitly; her sessions
+	// and the API tokens allot login made end, her other tokens stay.
 	if _, err := b.st.CreateSession(b.ctx, u.ID, 3600e9); err != nil {
+		t.Fatal(err)
+	}
+	cliSecret, _, err := b.st.CreateAPITokenWith(b.ctx, u.ID, store.NewAPIToken{Name: store.CLITokenNamePrefix + "laptop"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ownSecret, _, err := b.st.CreateAPITokenWith(b.ctx, u.ID, store.NewAPIToken{Name: "ci"})
+	if err != nil {
 		t.Fatal(err)
 	}
 	for _, bad := range []struct{ issuer, subject, field string }{
@@ -217,6 +226,12 @@ func TestSignInOIDCLinking(t *testing.T) {
 	b.pool.QueryRow(b.ctx, `SELECT count(*) FROM sessions WHERE user_id = $1`, u.ID).Scan(&sessions) //nolint:errcheck
 	if sessions != 0 {
 		t.Errorf("sessions after the link: %d", sessions)
+	}
+	if _, err := b.st.UserByAPIToken(b.ctx, cliSecret); allot.ErrorCode(err) != allot.EUnauthorized {
+		t.Errorf("allot login's token after the link: %v, want revoked", err)
+	}
+	if _, err := b.st.UserByAPIToken(b.ctx, ownSecret); err != nil {
+		t.Errorf("another token after the link: %v", err)
 	}
 	if _, r, err := b.st.LinkOIDCIdentity(b.ctx, "ada@example.com", "nadia@example.com", other, "nadia-entra", ""); err != nil || r.Changed {
 		t.Errorf("linking again: %+v %v", r, err)
