@@ -79,12 +79,18 @@ func (s *Server) capacity(c echo.Context, m billing.YearMonth) (CapacityJSON, er
 	return out, nil
 }
 
-func (s *Server) apiCapacity(c echo.Context) error {
-	m, err := s.chargebackMonth(c) // a malformed or future month is a field error (422)
+// queriedCapacity is the capacity report of ?month= (chargebackMonth:
+// default this month; a malformed or future month is a field error, 422).
+func (s *Server) queriedCapacity(c echo.Context) (CapacityJSON, error) {
+	m, err := s.chargebackMonth(c)
 	if err != nil {
-		return err
+		return CapacityJSON{}, err
 	}
-	out, err := s.capacity(c, m)
+	return s.capacity(c, m)
+}
+
+func (s *Server) apiCapacity(c echo.Context) error {
+	out, err := s.queriedCapacity(c)
 	if err != nil {
 		return err
 	}
@@ -99,17 +105,13 @@ var CapacityCSVColumns = []string{"month", "gpu_type", "site", "registered_gpu_h
 // apiCapacityCSV is the report as RFC 4180 CSV, through the chargeback
 // export's writer (streamed, stall-guarded) and formula guard.
 func (s *Server) apiCapacityCSV(c echo.Context) error {
-	m, err := s.chargebackMonth(c) // a malformed or future month is a field error (422)
-	if err != nil {
-		return err
-	}
-	out, err := s.capacity(c, m)
+	out, err := s.queriedCapacity(c)
 	if err != nil {
 		return err
 	}
 	h := c.Response().Header()
 	h.Set(echo.HeaderContentType, "text/csv; charset=utf-8")
-	h.Set(echo.HeaderContentDisposition, fmt.Sprintf(`attachment; filename="allot-capacity-%s.csv"`, m))
+	h.Set(echo.HeaderContentDisposition, fmt.Sprintf(`attachment; filename="allot-capacity-%s.csv"`, out.Month))
 	c.Response().WriteHeader(http.StatusOK)
 	w := csv.NewWriter(c.Response())
 	w.UseCRLF = true
