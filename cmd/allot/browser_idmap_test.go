@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/chromedp/chromedp"
 
@@ -45,8 +46,11 @@ func TestBrowserIdentityPage(t *testing.T) {
 		chromedp.WaitVisible(css(`[data-testid="idp-rule"]`)))
 	screenshot(t, b.ctx, "identity-rule")
 
+	// The rule's "saved" note is still on the page until the link's
+	// answer replaces it: wait for that answer.
 	b.do(chromedp.Click(css(`[data-testid="idp-sign-in"][data-outcome="link_required"] button`)),
-		chromedp.WaitVisible(css(`[data-testid="saved"]`)))
+		chromedp.Poll[chromedp.Void](`(document.querySelector('[data-testid="saved"]')?.innerText ?? '').includes('Linked')`,
+			chromedp.WithPollingTimeout(10*time.Second)))
 	if msg := b.text(`[data-testid="saved"]`); !strings.Contains(msg, "Linked the identity to "+demo.PersonaEmail[demo.Engineer]) {
 		t.Errorf("after the link: %q", msg)
 	}
