@@ -4,7 +4,6 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/chromedp/chromedp"
 
@@ -47,10 +46,13 @@ func TestBrowserIdentityPage(t *testing.T) {
 	screenshot(t, b.ctx, "identity-rule")
 
 	// The rule's "saved" note is still on the page until the link's
-	// answer replaces it: wait for that answer.
+	// answer replaces the page: take it away first, so that the one
+	// waited for is the answer's.
+	if _, err := chromedp.Run(b.ctx, chromedp.Evaluate[int](`document.querySelectorAll('[data-testid="saved"]').forEach(e => e.remove()), 0`)); err != nil {
+		t.Fatal(err)
+	}
 	b.do(chromedp.Click(css(`[data-testid="idp-sign-in"][data-outcome="link_required"] button`)),
-		chromedp.Poll[chromedp.Void](`(document.querySelector('[data-testid="saved"]')?.innerText ?? '').includes('Linked')`,
-			chromedp.WithPollingTimeout(10*time.Second)))
+		chromedp.WaitVisible(css(`[data-testid="saved"]`)))
 	if msg := b.text(`[data-testid="saved"]`); !strings.Contains(msg, "Linked the identity to "+demo.PersonaEmail[demo.Engineer]) {
 		t.Errorf("after the link: %q", msg)
 	}
