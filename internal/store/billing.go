@@ -344,10 +344,24 @@ func (s *Store) EachChargeRowIn(ctx context.Context, month billing.YearMonth, p 
 		var seen *string
 		// The first page has no keyset condition (an OR with a flag would
 		// keep the planner off the index for every page).
-		args := []any{month.Start(), teams, *bound, sentinel, ExportPageRows, p.From, p.To, adj}
+		// Likewise the period: a whole month (the usual export) adds no
+		// condition, and a part of one adds plain conditions, never one
+		// that a parameter switches on or off.
+		args := []any{month.Start(), teams, *bound, sentinel, ExportPageRows}
 		keyset := ""
+		whole := billing.MonthPeriod(month)
+		switch {
+		case adj && p.From.Equal(whole.From) && p.To.Equal(whole.To): // every line of the month
+		case adj:
+			keyset = ` AND (l.kind = 'adjustment' OR l.usage_hour >= $6 AND l.usage_hour < $7)`
+			args = append(args, p.From, p.To)
+		default:
+			keyset = ` AND l.kind <> 'adjustment' AND l.usage_hour >= $6 AND l.usage_hour < $7`
+			args = append(args, p.From, p.To)
+		}
 		if !first {
-			keyset = ` AND (l.team, l.job_id, l.usage_hour, l.kind, l.line_key) > ($9, $10, $11, $12, $13)`
+			n := len(args)
+			keyset += fmt.Sprintf(` AND (l.team, l.job_id, l.usage_hour, l.kind, l.line_key) > ($%d, $%d, $%d, $%d, $%d)`, n+1, n+2, n+3, n+4, n+5)
 			args = append(args, after.team, after.jobID, after.hour, after.kind, after.lineKey)
 		}
 		rows, err := s.db.Query(ctx, `
@@ -358,8 +372,7 @@ func (s *Store) EachChargeRowIn(ctx context.Context, month billing.YearMonth, p 
 				l.usage_hour, l.line_key, l.xmin::text, (SELECT s.xmin::text FROM charge_lines s WHERE s.line_key = $4),
 				l.adjusts, l.rate_from, l.multiplier_from, COALESCE(t.name, l.team)
 			FROM charge_lines l JOIN jobs j ON j.id = l.job_id LEFT JOIN teams t ON t.slug = l.team
-			WHERE l.month = $1 AND ($2::text[] IS NULL OR l.team = ANY($2)) AND l.usage_hour <= $3
-				AND (l.kind <> 'adjustment' AND l.usage_hour >= $6 AND l.usage_hour < $7 OR $8 AND l.kind = 'adjustment')`+keyset+`
+			WHERE l.month = $1 AND ($2::text[] IS NULL OR l.team = ANY($2)) AND l.usage_hour <= $3`+keyset+`
 			ORDER BY l.team, l.job_id, l.usage_hour, l.kind, l.line_key
 			LIMIT $5`, args...)
 		if err != nil {
