@@ -29,6 +29,9 @@ func newDeviceFixture(t *testing.T) *deviceFixture {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { f.p.Handler().ServeHTTP(w, r) }))
 	t.Cleanup(srv.Close)
 	var err error
+	// Protocol time: token expiry is checked against the real clock by
+	// whoever verifies a token (see package clock), so the provider's clock
+	// is the real one, shifted forward only to expire codes and tokens.
 	f.p, err = New(Config{Issuer: srv.URL, Users: DemoUsers("pw"), DeviceInterval: time.Second, DeviceCodeTTL: time.Minute,
 		RefreshTTL: time.Hour, Now: func() time.Time { return time.Now().Add(time.Duration(f.shift.Load())) },
 		Clients: []Client{{ID: "app", Secret: "s3", RedirectURIs: []string{"http://127.0.0.1/cb"}}, {ID: "cli", DeviceGrant: true}}})
