@@ -339,26 +339,26 @@ func (s *Store) EachChargeRowIn(ctx context.Context, month billing.YearMonth, p 
 		page                   = make([]ChargeRow, 0, ExportPageRows)
 		keys                   = make([]chargeRowKey, 0, ExportPageRows)
 	)
+	// The period's condition, the same for every page: a whole month (the
+	// usual export) adds none, and a part of one adds plain conditions,
+	// never one that a parameter switches on or off (which would keep the
+	// planner off the index for every page).
+	var period string
+	var periodArgs []any
+	switch whole := billing.MonthPeriod(month); {
+	case adj && p.From.Equal(whole.From) && p.To.Equal(whole.To): // every line of the month
+	case adj:
+		period, periodArgs = ` AND (l.kind = 'adjustment' OR l.usage_hour >= $6 AND l.usage_hour < $7)`, []any{p.From, p.To}
+	default:
+		period, periodArgs = ` AND l.kind <> 'adjustment' AND l.usage_hour >= $6 AND l.usage_hour < $7`, []any{p.From, p.To}
+	}
 	for first := true; ; first = false {
 		page, keys = page[:0], keys[:0]
 		var seen *string
 		// The first page has no keyset condition (an OR with a flag would
 		// keep the planner off the index for every page).
-		// Likewise the period: a whole month (the usual export) adds no
-		// condition, and a part of one adds plain conditions, never one
-		// that a parameter switches on or off.
-		args := []any{month.Start(), teams, *bound, sentinel, ExportPageRows}
-		keyset := ""
-		whole := billing.MonthPeriod(month)
-		switch {
-		case adj && p.From.Equal(whole.From) && p.To.Equal(whole.To): // every line of the month
-		case adj:
-			keyset = ` AND (l.kind = 'adjustment' OR l.usage_hour >= $6 AND l.usage_hour < $7)`
-			args = append(args, p.From, p.To)
-		default:
-			keyset = ` AND l.kind <> 'adjustment' AND l.usage_hour >= $6 AND l.usage_hour < $7`
-			args = append(args, p.From, p.To)
-		}
+		args := append([]any{month.Start(), teams, *bound, sentinel, ExportPageRows}, periodArgs...)
+		keyset := period
 		if !first {
 			n := len(args)
 			keyset += fmt.Sprintf(` AND (l.team, l.job_id, l.usage_hour, l.kind, l.line_key) > ($%d, $%d, $%d, $%d, $%d)`, n+1, n+2, n+3, n+4, n+5)
