@@ -29,6 +29,8 @@ const (
 	dbHost = "127.0.0.1"
 	dbPort = 3306
 	dbUser = "root"
+	// If set, Stop copies the cluster's log dir to $ALLOT_SLURMTEST_LOGS/<Name>/ first.
+	keepLogsEnv = "ALLOT_SLURMTEST_LOGS"
 )
 
 // Options shape a cluster. The zero value is a 2-node × 4-GPU cluster with
@@ -73,8 +75,9 @@ type Cluster struct {
 	DBName     string // "" with NoDBD
 	JobsDir    string // world-writable (sticky) working directory for jobs; ExecAs runs there
 	// StartupTime is how long Start took until all nodes were idle and the
-	// REST port answered.
-	StartupTime time.Duration
+	// REST port answered; StartupPhases says where it went.
+	StartupTime   time.Duration
+	StartupPhases string
 
 	opts        Options
 	host        string
@@ -187,8 +190,8 @@ func Start(t testing.TB, o Options) *Cluster {
 					t.Errorf("slurmtest: stopping cluster %s: %v", c.Name, err)
 				}
 			})
-			t.Logf("slurmtest: cluster %s up in %v (%d nodes, dir %s, rest %s)", c.Name,
-				c.StartupTime.Round(time.Millisecond), len(c.Nodes), c.Dir, c.RestURL)
+			t.Logf("slurmtest: cluster %s up in %v [%s] (%d nodes, dir %s, rest %s)", c.Name,
+				c.StartupTime.Round(time.Millisecond), c.StartupPhases, len(c.Nodes), c.Dir, c.RestURL)
 			return c
 		}
 		errs = append(errs, fmt.Sprintf("attempt %d: %v", attempt, err))
@@ -320,9 +323,17 @@ func start(o Options) (*Cluster, error) {
 		return c, err
 	}
 
+	var phases []string
+	last := time.Now() // stopwatch
+	mark := func(what string) {
+		phases = append(phases, fmt.Sprintf("%s=%v", what, time.Since(last).Round(time.Millisecond)))
+		last = time.Now()
+	}
+	mark("layout")
 	if err := c.startMunge(); err != nil {
 		return c, err
 	}
+	mark("munge")
 	if !o.NoDBD {
 		if err := c.startDaemon("slurmdbd", c.bin("slurmdbd"), "-D"); err != nil {
 			return c, err
@@ -330,35 +341,49 @@ func start(o Options) (*Cluster, error) {
 		if err := c.waitPort("slurmdbd", c.dbdPort, 60*time.Second); err != nil {
 			return c, err
 		}
-		if err := c.setupAccounts(); err != nil {
-			return c, err
-		}
+		mark("dbd")
 	}
+	// slurmctld registers its cluster with slurmdbd itself.
 	if err := c.startDaemon("slurmctld", c.bin("slurmctld"), "-D"); err != nil {
 		return c, err
-	}
-	for _, n := range c.Nodes {
-		if err := c.startDaemon("slurmd-"+n, c.bin("slurmd"), "-D", "-N", n, "-d", c.bin("slurmstepd")); err != nil {
-			return c, err
-		}
 	}
 	if !o.NoRest {
 		if err := c.startRest(); err != nil {
 			return c, err
 		}
 	}
+	acctErr := make(chan error, 1)
+	go func() { acctErr <- c.setupAccounts() }()
 	if err := c.waitPort("slurmctld", c.ctldPort, 30*time.Second); err != nil {
+		<-acctErr
 		return c, err
+	}
+	mark("ctld")
+	// slurmd started before slurmctld listens waits ~1 s before registering
+	// again; started now, it registers at once.
+	for _, n := range c.Nodes {
+		if err := c.startDaemon("slurmd-"+n, c.bin("slurmd"), "-D", "-N", n, "-d", c.bin("slurmstepd")); err != nil {
+			<-acctErr
+			return c, err
+		}
 	}
 	if err := c.waitNodesIdle(30 * time.Second); err != nil {
+		<-acctErr
 		return c, err
 	}
+	mark("nodes")
+	if err := <-acctErr; err != nil {
+		return c, err
+	}
+	mark("accounts")
 	if !o.NoRest {
 		if err := c.waitPort("slurmrestd", c.restPort, 30*time.Second); err != nil {
 			return c, err
 		}
 	}
+	mark("rest")
 	c.StartupTime = time.Since(began)
+	c.StartupPhases = strings.Join(phases, " ")
 	return c, nil
 }
 
@@ -485,12 +510,18 @@ func (c *Cluster) startRest() error {
 		fmt.Sprintf("127.0.0.1:%d", c.restPort))
 }
 
+// setupAccounts creates Options.Accounts and their users once slurmctld has
+// registered the cluster, and waits until slurmctld has the associations.
 func (c *Cluster) setupAccounts() error {
-	if _, err := c.Exec("sacctmgr", "-i", "add", "cluster", c.Name); err != nil {
-		return err
-	}
-	if len(c.opts.Accounts) == 0 {
+	if c.opts.NoDBD || len(c.opts.Accounts) == 0 {
 		return nil
+	}
+	err := c.waitFor("slurmctld", 30*time.Second, func() bool {
+		out, err := c.Exec("sacctmgr", "-n", "-P", "list", "cluster", "format=cluster")
+		return err == nil && slices.Contains(strings.Fields(out), c.Name)
+	})
+	if err != nil {
+		return fmt.Errorf("cluster not registered in slurmdbd: %w", err)
 	}
 	accts := strings.Join(c.opts.Accounts, ",")
 	if _, err := c.Exec("sacctmgr", "-i", "add", "account", accts, "cluster="+c.Name, "fairshare=1",
@@ -502,7 +533,12 @@ func (c *Cluster) setupAccounts() error {
 		"cluster="+c.Name, "fairshare=1"); err != nil {
 		return err
 	}
-	return nil
+	// slurmdbd pushes the new associations to slurmctld asynchronously.
+	lastUser, lastAcct := users[len(users)-1], c.opts.Accounts[len(c.opts.Accounts)-1]
+	return c.waitFor("slurmctld", 30*time.Second, func() bool {
+		out, err := c.Exec("scontrol", "show", "assoc_mgr", "flags=assoc", "users="+lastUser, "accounts="+lastAcct)
+		return err == nil && strings.Contains(out, "Account="+lastAcct+" UserName="+lastUser)
+	})
 }
 
 // startDaemon starts argv under its own reaper (a re-executed copy of this
@@ -723,6 +759,10 @@ func (c *Cluster) ExecAs(user, name string, args ...string) (string, error) {
 }
 
 func (c *Cluster) exec(asUser, name string, args ...string) (string, error) {
+	if os.Getenv("SLURMTEST_TRACE") != "" {
+		t0 := time.Now()
+		defer func() { fmt.Fprintf(os.Stderr, "TRACE %v %s %v\n", time.Since(t0), name, args) }()
+	}
 	cmd := exec.Command(name, args...)
 	cmd.Env = c.Env()
 	cmd.Dir = c.JobsDir
@@ -980,6 +1020,11 @@ func (c *Cluster) Stop() error {
 	if c.DBName != "" {
 		if err := dropDB(c.DBName); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	if keep := os.Getenv(keepLogsEnv); keep != "" && c.Dir != "" {
+		if err := os.CopyFS(filepath.Join(keep, c.Name), os.DirFS(filepath.Join(c.Dir, "log"))); err != nil {
+			errs = append(errs, fmt.Errorf("keeping logs: %w", err))
 		}
 	}
 	if c.Dir != "" {

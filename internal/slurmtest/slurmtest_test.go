@@ -1,0 +1,188 @@
+package slurmtest
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+const testUser = "allot-st1"
+
+func need(t *testing.T) {
+	t.Helper()
+	if ok, why := Available(); !ok {
+		t.Skip(why)
+	}
+}
+
+// rest calls slurmrestd with a token and a user name header.
+func rest(t *testing.T, c *Cluster, method, path, userName, token string, body any) (int, map[string]any) {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, c.RestURL+path, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-SLURM-USER-NAME", userName)
+	req.Header.Set("X-SLURM-USER-TOKEN", token)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil {
+		m = map[string]any{"_raw": string(raw)}
+	}
+	return resp.StatusCode, m
+}
+
+func dbExists(t *testing.T, name string) bool {
+	t.Helper()
+	out, err := exec.Command(mysqlClient(), "-h", dbHost, "-P", strconv.Itoa(dbPort), "-u", dbUser, "-N", "-e",
+		"SELECT COUNT(*) FROM information_schema.schemata WHERE schema_name='"+name+"'").CombinedOutput()
+	if err != nil {
+		t.Fatalf("query databases: %v: %s", err, out)
+	}
+	return strings.TrimSpace(string(out)) != "0"
+}
+
+// assertGone checks that nothing of a stopped cluster is left: no process
+// mentioning its dir, no database, no dir.
+func assertGone(t *testing.T, dir, db string) {
+	t.Helper()
+	if ps := processesUsing(dir); len(ps) > 0 {
+		t.Errorf("processes left using %s: %v", dir, ps)
+	}
+	if db != "" && dbExists(t, db) {
+		t.Errorf("database %s left behind", db)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("dir %s left behind (%v)", dir, err)
+	}
+}
+
+// TestSmoke: a 2×4 cluster; a non-root user's sbatch --wrap with 2 GPUs runs
+// as that user and completes; REST ping with a token; sacct has the job with
+// gres/gpu=2; a job that leaves a double-forked orphan behind; stop leaves
+// nothing.
+func TestSmoke(t *testing.T) {
+	need(t)
+	EnsureUser(t, testUser)
+	c := Start(t, Options{Accounts: []string{"nlp", "vision"}, Users: []string{testUser}})
+	t.Logf("startup %v", c.StartupTime)
+
+	id := c.Sbatch(t, testUser, "-A", "nlp", "--gres=gpu:2", "-o", "smoke-%j.out", "--wrap", "id -un; echo gpus=$CUDA_VISIBLE_DEVICES")
+	if st := c.WaitJob(t, id); st != "COMPLETED" {
+		t.Fatalf("job %d: %s", id, st)
+	}
+	out, err := os.ReadFile(filepath.Join(c.JobsDir, fmt.Sprintf("smoke-%d.out", id)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(string(out), testUser+"\n") {
+		t.Errorf("job output %q: want it to have run as %s", out, testUser)
+	}
+
+	// REST ping with a token.
+	code, m := rest(t, c, "GET", "/slurm/v0.0.38/ping", "root", c.Token(t, "root", time.Minute), nil)
+	if code != 200 {
+		t.Fatalf("ping: %d %v", code, m)
+	}
+	// A token minted from the key works the same.
+	tok, err := c.MintToken("root", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, m := rest(t, c, "GET", "/slurm/v0.0.38/ping", "root", tok, nil); code != 200 {
+		t.Fatalf("ping with minted token: %d %v", code, m)
+	}
+
+	// Accounting: the job with its user, account and 2 GPUs (slurmctld sends
+	// the record to slurmdbd asynchronously: poll briefly).
+	var acct string
+	deadline := time.Now().Add(10 * time.Second) // stopwatch
+	for time.Now().Before(deadline) {
+		acct = c.Run(t, "sacct", "-n", "-X", "-P", "-j", strconv.FormatInt(id, 10), "-o", "JobID,User,Account,State,AllocTRES")
+		if strings.Contains(acct, "gres/gpu=2") && strings.Contains(acct, "COMPLETED") {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if want := fmt.Sprintf("%d|%s|nlp|COMPLETED|", id, testUser); !strings.HasPrefix(acct, want) || !strings.Contains(acct, "gres/gpu=2") {
+		t.Errorf("sacct: %q, want %q... with gres/gpu=2", acct, want)
+	}
+
+	// A job that leaves a daemonized grandchild behind (setsid + background):
+	// the reaper must catch it at stop.
+	orphan := c.Sbatch(t, testUser, "-A", "nlp", "-o", "/dev/null", "--wrap",
+		"setsid sh -c 'sleep 300 & sleep 300' </dev/null >/dev/null 2>&1 & sleep 300")
+	c.WaitJob(t, orphan, "RUNNING")
+
+	dir, db := c.Dir, c.DBName
+	began := time.Now() // stopwatch
+	if err := c.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("stop %v", time.Since(began))
+	assertGone(t, dir, db)
+}
+
+// TestTwoClustersAtOnce: two clusters started concurrently get their own
+// names, ports, dirs and databases, and each runs a job.
+func TestTwoClustersAtOnce(t *testing.T) {
+	need(t)
+	var wg sync.WaitGroup
+	cs := make([]*Cluster, 2)
+	for i := range cs {
+		wg.Go(func() { cs[i] = Start(t, Options{Nodes: 1, GPUsPerNode: 2, NoRest: i == 1}) })
+	}
+	wg.Wait()
+	if cs[0] == nil || cs[1] == nil {
+		t.FailNow()
+	}
+	a, b := cs[0], cs[1]
+	if a.Name == b.Name || a.Dir == b.Dir || a.DBName == b.DBName || a.ctldPort == b.ctldPort {
+		t.Fatalf("clusters share something: %+v / %+v", a, b)
+	}
+	ids := []int64{
+		a.Sbatch(t, "", "--gres=gpu:2", "-o", "/dev/null", "--wrap", "true"),
+		b.Sbatch(t, "", "--gres=gpu:2", "-o", "/dev/null", "--wrap", "true"),
+	}
+	for i, c := range cs {
+		if st := c.WaitJob(t, ids[i]); st != "COMPLETED" {
+			t.Errorf("%s job %d: %s", c.Name, ids[i], st)
+		}
+		if out := c.Run(t, "scontrol", "show", "config"); !strings.Contains(out, "ClusterName             = "+c.Name) {
+			t.Errorf("%s: scontrol talks to another cluster", c.Name)
+		}
+	}
+	for _, c := range cs {
+		dir, db := c.Dir, c.DBName
+		if err := c.Stop(); err != nil {
+			t.Error(err)
+		}
+		assertGone(t, dir, db)
+	}
+}
