@@ -505,8 +505,12 @@ func (c *Cluster) startRest() error {
 	if _, err := user.LookupGroup(g); err != nil {
 		g = "nobody"
 	}
+	plugins := "openapi/v0.0.38,openapi/dbv0.0.38"
+	if c.opts.NoDBD {
+		plugins = "openapi/v0.0.38" // dbv0.0.38 is fatal without slurmdbd
+	}
 	return c.startDaemonEnv("slurmrestd", []string{"SLURM_JWT=daemon"}, findBin("slurmrestd"),
-		"-a", "rest_auth/jwt", "-s", "openapi/v0.0.38,openapi/dbv0.0.38", "-u", u, "-g", g,
+		"-a", "rest_auth/jwt", "-s", plugins, "-u", u, "-g", g,
 		fmt.Sprintf("127.0.0.1:%d", c.restPort))
 }
 
@@ -615,6 +619,10 @@ func (c *Cluster) stopDaemon(name string) error {
 	c.mu.Unlock()
 	if d == nil {
 		return nil
+	}
+	if os.Getenv("SLURMTEST_TRACE") != "" {
+		t0 := time.Now()
+		defer func() { fmt.Fprintf(os.Stderr, "TRACE %s %v stop %s\n", time.Now().Format("05.000"), time.Since(t0), name) }()
 	}
 	d.stdin.Close() // EOF: the reaper stops the daemon and its descendants
 	select {
@@ -761,7 +769,7 @@ func (c *Cluster) ExecAs(user, name string, args ...string) (string, error) {
 func (c *Cluster) exec(asUser, name string, args ...string) (string, error) {
 	if os.Getenv("SLURMTEST_TRACE") != "" {
 		t0 := time.Now()
-		defer func() { fmt.Fprintf(os.Stderr, "TRACE %v %s %v\n", time.Since(t0), name, args) }()
+		defer func() { fmt.Fprintf(os.Stderr, "TRACE %s %v %s %v\n", time.Now().Format("05.000"), time.Since(t0), name, args) }()
 	}
 	cmd := exec.Command(name, args...)
 	cmd.Env = c.Env()

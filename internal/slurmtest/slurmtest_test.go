@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -185,4 +186,110 @@ func TestTwoClustersAtOnce(t *testing.T) {
 		}
 		assertGone(t, dir, db)
 	}
+}
+
+// TestRestartDaemons: slurmctld and slurmrestd stop and start again; a
+// running job survives the slurmctld restart.
+func TestRestartDaemons(t *testing.T) {
+	need(t)
+	c := Start(t, Options{Nodes: 1})
+	id := c.Sbatch(t, "", "--gres=gpu:1", "-o", "/dev/null", "--wrap", "sleep 60")
+	c.WaitJob(t, id, "RUNNING")
+
+	c.StopCtld(t)
+	// (no squeue here: it retries for MessageTimeout before failing)
+	if conn, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", c.ctldPort)); err == nil {
+		conn.Close()
+		t.Error("slurmctld port open after StopCtld")
+	}
+	c.StartCtld(t)
+	if st := c.WaitJob(t, id, "RUNNING"); st != "RUNNING" {
+		t.Errorf("job after slurmctld restart: %s", st)
+	}
+
+	c.StopRest(t)
+	if _, err := http.Get(c.RestURL + "/slurm/v0.0.38/ping"); err == nil {
+		t.Error("slurmrestd answered after StopRest")
+	}
+	c.StartRest(t)
+	if code, m := rest(t, c, "GET", "/slurm/v0.0.38/ping", "root", c.Token(t, "root", time.Minute), nil); code != 200 {
+		t.Errorf("ping after StartRest: %d %v", code, m)
+	}
+	c.Run(t, "scancel", strconv.FormatInt(id, 10))
+	c.WaitJob(t, id, "CANCELLED")
+}
+
+const helperEnv = "ALLOT_SLURMTEST_HELPER_OUT"
+
+// TestKilledTestBinaryLeavesNoProcess: a test binary killed with SIGKILL
+// (what `go test -timeout` does) while its cluster runs a job: every process
+// of the cluster goes away on its own (the reapers see their stdin close).
+func TestKilledTestBinaryLeavesNoProcess(t *testing.T) {
+	need(t)
+	out := filepath.Join(t.TempDir(), "cluster")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperClusterThenHang$", "-test.v")
+	cmd.Env = append(os.Environ(), helperEnv+"="+out)
+	var log bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var dir, db string
+	deadline := time.Now().Add(25 * time.Second) // stopwatch
+	for {
+		if b, err := os.ReadFile(out); err == nil {
+			f := strings.Fields(string(b))
+			if len(f) == 2 {
+				dir, db = f[0], f[1]
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatalf("helper did not start a cluster:\n%s", log.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// What the helper's cluster left will be cleaned here, whatever happens.
+	t.Cleanup(func() {
+		sweep(dir)
+		dropDB(db)
+		os.RemoveAll(dir)
+	})
+	if len(processesUsing(dir)) == 0 {
+		t.Fatal("no cluster processes found while the helper runs")
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	began := time.Now() // stopwatch
+	for {
+		ps := processesUsing(dir)
+		if len(ps) == 0 {
+			break
+		}
+		if time.Since(began) > 15*time.Second {
+			t.Fatalf("15 s after the test binary died, still running: %v", ps)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("all cluster processes gone %v after SIGKILL of the test binary", time.Since(began))
+}
+
+// TestHelperClusterThenHang is the child of TestKilledTestBinaryLeavesNoProcess.
+func TestHelperClusterThenHang(t *testing.T) {
+	out := os.Getenv(helperEnv)
+	if out == "" {
+		t.Skip("helper process only")
+	}
+	c := Start(t, Options{Nodes: 1})
+	id := c.Sbatch(t, "", "-o", "/dev/null", "--wrap", "setsid sh -c 'sleep 300 & sleep 300' </dev/null >/dev/null 2>&1 & sleep 300")
+	c.WaitJob(t, id, "RUNNING")
+	if err := os.WriteFile(out+".tmp", []byte(c.Dir+" "+c.DBName), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	os.Rename(out+".tmp", out)
+	time.Sleep(time.Minute) // killed long before
 }
