@@ -67,24 +67,24 @@ type JobUpdate struct {
 // Job is one job as slurmctld knows it now (GET /slurm/vX/jobs). Times are
 // UTC; zero means unknown.
 type Job struct {
-	ID                                       int64
-	Name, Account, User, QOS, Partition      string
-	State                                    string // base state, upper case: PENDING, RUNNING, COMPLETED, ...
-	Flags                                    []string
-	Reason                                   string // Slurm reason code ("Resources"); "" when "None"
-	Comment                                  string
-	Submit, Eligible                         time.Time
-	Start                                    time.Time // of a PENDING job: Slurm's expected start (the squeue --start estimate), zero if none
-	End                                      time.Time // only for finished jobs
-	TimeLimit                                time.Duration
-	GPUs                                     int    // allocated when running, else requested (whole job)
-	GRESType                                 string // "h100" when the request or allocation names a type
-	Nodes                                    []string
-	GPUIndices                               map[string][]int // node → GPU indices (from gres_detail) while running
-	Restarts                                 int
-	ExitCode                                 int // process exit status; 128+signal when killed by a signal
-	Constraints                              string
-	Switches                                 int // requested leaf switches (topology), 0 if none
+	ID                                  int64
+	Name, Account, User, QOS, Partition string
+	State                               string // base state, upper case: PENDING, RUNNING, COMPLETED, ...
+	Flags                               []string
+	Reason                              string // Slurm reason code ("Resources"); "" when "None"
+	Comment                             string
+	Submit, Eligible                    time.Time
+	Start                               time.Time // of a PENDING job: Slurm's expected start (the squeue --start estimate), zero if none
+	End                                 time.Time // only for finished jobs
+	TimeLimit                           time.Duration
+	GPUs                                int    // allocated when running, else requested (whole job)
+	GRESType                            string // "h100" when the request or allocation names a type
+	Nodes                               []string
+	GPUIndices                          map[string][]int // node → GPU indices (from gres_detail) while running
+	Restarts                            int
+	ExitCode                            int // process exit status; 128+signal when killed by a signal
+	Constraints                         string
+	Switches                            int // requested leaf switches (topology), 0 if none
 }
 
 // Node is one Slurm node (GET /slurm/vX/nodes).

@@ -280,7 +280,7 @@ type dbJob struct {
 		Limit      num `json:"limit"`
 	} `json:"time"`
 	ExitCode exitCode `json:"exit_code"`
-	Tres struct {
+	Tres     struct {
 		Allocated []tres `json:"allocated"`
 		Requested []tres `json:"requested"`
 	} `json:"tres"`

@@ -88,7 +88,9 @@ func nodeUpdate40(drain bool, reason string) (any, bool) {
 	return map[string]any{"state": []string{"RESUME"}}, true
 }
 
-func (v0040) nodeUpdateBody(drain bool, reason string) (any, bool) { return nodeUpdate40(drain, reason) }
+func (v0040) nodeUpdateBody(drain bool, reason string) (any, bool) {
+	return nodeUpdate40(drain, reason)
+}
 
 func (v0040) decodeJobs(b []byte) ([]Job, error) { return decodeJobs40(b, "v0.0.40") }
 
