@@ -66,7 +66,10 @@ type JobsList struct {
 // JobDetail is a job's own page.
 type JobDetail struct {
 	Page
-	Job            JobRow
+	Job JobRow
+	// Engine is the Slurm side of a job Slurm runs (nil: a native job).
+	Engine         *EngineView
+
 	Command        string
 	Env            []Option
 	WorkDir        string
@@ -258,4 +261,20 @@ func livePoll(d JobDetail) string {
 		return "every 3s"
 	}
 	return "every 10s"
+}
+
+// EngineView is what the engine that runs a job (Slurm) says about it.
+type EngineView struct {
+	Engine, JobID, Origin, Account, User, QOS, Partition, State, Reason string
+	// StartEstimate is Slurm's expected start (squeue --start) of a
+	// pending job, "" when Slurm has none.
+	StartEstimate, Nodes, SubmitError string
+	// SyncProblem says Slurm has not answered Allot lately ("" = fine).
+	SyncProblem string
+	Runs        []EngineRunView
+}
+
+// EngineRunView is one run (segment) of an engine job from its accounting.
+type EngineRunView struct {
+	Segment, State, Start, End, GPUs, Nodes, QOS, GPUUtil, GPUMem string
 }

@@ -28,6 +28,8 @@ type GPUTypeJSON struct {
 	Retired    bool       `json:"retired"`
 	RetiredAt  *time.Time `json:"retired_at"`
 	Nodes      int        `json:"nodes"`
+	// Backend is the engine that runs the pool's jobs: native or slurm.
+	Backend string `json:"backend"`
 	// CapacityCost is one GPU-hour of owned capacity's cost (capacity
 	// report, unrecovered cost), decimal in the rate card's currency; "":
 	// not set.
@@ -50,6 +52,9 @@ type GPUTypeRequest struct {
 	Currency   string  `json:"currency,omitempty"`
 	Retired    *bool   `json:"retired,omitempty"`
 	Note       string  `json:"note,omitempty"`
+	// Backend (POST only): native (default) or slurm, the engine that
+	// runs the pool's jobs.
+	Backend string `json:"backend,omitempty"`
 	// CapacityCost (PUT only) sets the cost of one GPU-hour of owned
 	// capacity, decimal; "" clears it.
 	CapacityCost *string `json:"capacity_cost,omitempty"`
@@ -57,7 +62,7 @@ type GPUTypeRequest struct {
 
 func gpuTypeJSON(g store.GPUTypeInfo) GPUTypeJSON {
 	out := GPUTypeJSON{Name: g.Name, MemoryGB: g.MemoryGB, HourlyRate: g.HourlyRate.Decimal(), Currency: g.HourlyRate.Currency,
-		Retired: g.Retired(), RetiredAt: optTime(g.RetiredAt), Nodes: g.Nodes}
+		Retired: g.Retired(), RetiredAt: optTime(g.RetiredAt), Nodes: g.Nodes, Backend: g.Backend}
 	if g.CapacityCost != nil {
 		out.CapacityCost = g.CapacityCost.Decimal()
 	}
@@ -79,7 +84,7 @@ func (s *Server) apiListGPUTypes(c echo.Context) error {
 // createGPUType checks a create request and makes the type.
 func (s *Server) createGPUType(c echo.Context, u *allot.User, req GPUTypeRequest) (store.AdminResult, error) {
 	f := allot.FieldErrors{}
-	g := allot.GPUType{Name: strings.TrimSpace(req.Name)}
+	g := allot.GPUType{Name: strings.TrimSpace(req.Name), Backend: strings.TrimSpace(req.Backend)}
 	if g.Name == "" {
 		f.Add("name", "is required")
 	}

@@ -136,6 +136,11 @@ func (s *Server) jobPage(c echo.Context) error {
 	}
 	d.EnvRedacted, d.SecretEnv = j.EnvRedacted, j.SecretEnvKeys
 	d.RunAsUser, d.Image, d.Memory, d.CPUs = j.RunAsUser, j.Image, allot.FormatMemory(j.MemoryBytes), allot.FormatCPUs(j.MilliCPUs)
+	if j.Backend != allot.BackendNative && j.Backend != "" {
+		if d.Engine, err = s.engineView(c, &j); err != nil {
+			return err
+		}
+	}
 	if c.Request().Header.Get("HX-Request") == "true" {
 		return render(c, http.StatusOK, views.JobLiveFragment(d)) // the page's own refresh
 	}

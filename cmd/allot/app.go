@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/allotlabs/allot/internal/backend"
 	"github.com/allotlabs/allot/internal/jobs"
 	"github.com/allotlabs/allot/internal/metric"
 	"github.com/allotlabs/allot/internal/store"
@@ -70,6 +71,13 @@ type Config struct {
 	// (`allot server --write-timeout` and the others; zero fields: the
 	// defaults, DefaultHTTPLimits).
 	HTTP HTTPLimits
+	// Engine builds the worker's sync with an external engine (Slurm) on
+	// the worker's store (nil: none); EngineInterval is its period.
+	Engine         func(*store.Store) *backend.Reconciler
+	EngineInterval time.Duration
+	// SlurmEnv is the environment of the Slurm commands the server runs for
+	// /admin/slurm (sacctmgr with SLURM_CONF; nil: no Slurm cluster).
+	SlurmEnv []string
 	// RateLimits are the server's per-IP, per-token and per-node request
 	// limits (`allot server --api-rate`…); the zero value, what tests
 	// boot with, limits nothing.
@@ -221,9 +229,14 @@ func (m *Main) Run(ctx context.Context) error {
 	m.Registry = metric.NewRegistry()
 	m.Registry.MustRegister(metric.NewPool("main", pool))
 	if m.Worker {
+		var engine *backend.Reconciler
+		if m.Engine != nil {
+			engine = m.Engine(m.Store)
+			engine.Logger = m.Logger
+		}
 		m.river, err = jobs.NewClient(jobs.Config{Pool: pool, Store: m.Store, Logger: m.Logger, Registry: m.Registry,
 			CycleTick: m.CycleTick, HeartbeatInterval: m.HeartbeatInterval, CheckpointRoot: m.CheckpointRoot,
-			AllowPrivateWebhooks: m.DevMode, Burst: m.Burst, MaxStartsPerCycle: m.MaxStartsPerCycle})
+			AllowPrivateWebhooks: m.DevMode, Burst: m.Burst, MaxStartsPerCycle: m.MaxStartsPerCycle, EngineInterval: m.EngineInterval, Engine: engine})
 		if err != nil {
 			return err
 		}

@@ -107,7 +107,7 @@ func cmdBootstrapAdmin(args []string, stdout, stderr io.Writer) int {
 
 const gpuTypeUsage = `usage:
   allot gpu-type list                                         the GPU types, with memory, rate in force, nodes
-  allot gpu-type create NAME --memory-gb 80 --rate 4.10 [--currency USD] [--note TEXT]
+  allot gpu-type create NAME --memory-gb 80 --rate 4.10 [--currency USD] [--backend native|slurm] [--note TEXT]
   allot gpu-type set NAME [--memory-gb N] [--rate R] [--capacity-cost C] [--note TEXT]   edit (a rate applies from now on;
                                                              C: one GPU-hour of owned capacity's cost, "" clears it)
   allot gpu-type retire NAME [--note TEXT]                   no new nodes of it; its nodes and history stay
@@ -130,6 +130,7 @@ func cmdGPUType(args []string, stdout, stderr io.Writer) int {
 	rate := fs.String("rate", "", "price of one GPU-hour at multiplier 1, decimal (e.g. 4.10)")
 	currency := fs.String("currency", "", "currency of the rate (default: the rate card's, else USD)")
 	note := fs.String("note", "", "why, for the audit log")
+	backend := fs.String("backend", "", "create: the engine that runs this pool's jobs: native (Allot's agents, the default) or slurm")
 	capCost := fs.String("capacity-cost", "", `cost of one GPU-hour of owned capacity, decimal, for the capacity report's unrecovered cost ("" clears it)`)
 	pos, ok := parseInterleaved(fs, args[1:])
 	if !ok {
@@ -166,7 +167,7 @@ func cmdGPUType(args []string, stdout, stderr io.Writer) int {
 		if len(pos) != 1 {
 			return usage()
 		}
-		req := web.GPUTypeRequest{Name: pos[0], Currency: *currency, Note: *note}
+		req := web.GPUTypeRequest{Name: pos[0], Currency: *currency, Note: *note, Backend: *backend}
 		if set["memory-gb"] {
 			req.MemoryGB = mem
 		}
@@ -181,7 +182,7 @@ func cmdGPUType(args []string, stdout, stderr io.Writer) int {
 			r.Value.Name, r.Value.MemoryGB, r.Value.HourlyRate, r.Value.Currency, r.PolicyVersion, r.AuditID)
 		return 0
 	case "set", "retire", "reinstate":
-		if len(pos) != 1 || verb != "set" && (set["memory-gb"] || set["rate"] || set["capacity-cost"]) {
+		if len(pos) != 1 || set["backend"] || verb != "set" && (set["memory-gb"] || set["rate"] || set["capacity-cost"]) {
 			return usage()
 		}
 		req := web.GPUTypeRequest{Currency: *currency, Note: *note}

@@ -36,6 +36,7 @@ Run the system:
   agent     node agent: runs the jobs the scheduler gives this node (--gpu nvml|fake, --health-cmd PROG)
   migrate   apply database migrations (DATABASE_URL); the default tiers and policy come with them
   bootstrap-admin  the first admin and an API token (DATABASE_URL): allot bootstrap-admin --email ops@corp.example
+  slurm     Allot on a Slurm cluster: allot slurm check | render | diff | apply | sync (see allot slurm help)
   node-token  node agents' tokens (DATABASE_URL): allot node-token create NAME --gpu-type T --gpus N [--label k=v] | list [NODE] | revoke ID|PREFIX|--node NODE | rotate NODE
 
 Use it:
@@ -77,6 +78,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return cmdServe(args[0], args[1:], stderr)
 	case "migrate":
 		return cmdMigrate(args[1:], stdout, stderr)
+	case "slurm":
+		return cmdSlurm(args[1:], stdout, stderr)
 	case "bootstrap-admin":
 		return cmdBootstrapAdmin(args[1:], stdout, stderr)
 	case "gpu-type":
@@ -176,6 +179,7 @@ func cmdServe(name string, args []string, stderr io.Writer) int {
 			"refuse a job for which no POSIX account resolves (admin mapping, --oidc-account-claim, team service account); off, such jobs run as the agent's --job-user (env ALLOT_REQUIRE_POSIX_ACCOUNT=true)")
 	}
 	bf := addBurstFlags(fs, "none") // the server shows the burst settings on /burst; the worker acts on them
+	sf := addSlurmFlags(fs)         // the worker syncs with Slurm; the server shows its config on /admin/slurm
 	applyMetrics := metricsFlags(fs, name)
 	maxStarts := new(int)
 	if name == "worker" {
@@ -200,6 +204,16 @@ func cmdServe(name string, args []string, stderr io.Writer) int {
 	cfg := Config{DatabaseURL: url, Migrate: *migrate, Logger: log, RequirePOSIXAccount: *requireAccount}
 	if name == "worker" {
 		cfg.MaxStartsPerCycle = *maxStarts
+		if sf.enabled() {
+			if cfg.Engine, err = sf.reconciler(ctx); err != nil {
+				fmt.Fprintf(stderr, "allot %s: %v\n", name, err)
+				return 1
+			}
+			cfg.EngineInterval = sf.interval
+		}
+	}
+	if sf.conf != "" || sf.enabled() {
+		cfg.SlurmEnv = sf.env()
 	}
 	if name == "server" {
 		cfg.Addr, cfg.APITokenTTL = addr, tokenTTL()

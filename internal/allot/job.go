@@ -144,6 +144,9 @@ type Job struct {
 	// EnvRedacted is set when Env's values were replaced by Redacted for
 	// the viewer (RedactFor).
 	EnvRedacted bool
+	// Backend is the engine that runs it (BackendNative, BackendSlurm):
+	// its GPU type's.
+	Backend string
 }
 
 // Transition moves j to state to at time at, or returns a conflict error.

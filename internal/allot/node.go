@@ -33,6 +33,7 @@ type Node struct {
 	StateReason   string
 	LastHeartbeat time.Time // zero if never
 	Hostname      string    // as the agent reported it ("" until registered)
+	Backend       string    // BackendNative, or the engine that runs it (BackendSlurm)
 }
 
 // MaxGPUsPerNode bounds a node's GPU count.

@@ -167,6 +167,9 @@ type GPUType struct {
 	MemoryGB int
 	// HourlyRate is the current price of one GPU-hour at multiplier 1.
 	HourlyRate Money
+	// Backend is the engine that runs this pool's jobs: BackendNative
+	// ("" means native) or BackendSlurm. Set at creation.
+	Backend string
 }
 
 var gpuTypeRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,31}$`)
@@ -176,6 +179,9 @@ func (g *GPUType) Validate() error {
 	f := FieldErrors{}
 	if !gpuTypeRE.MatchString(g.Name) {
 		f.Add("name", "must be 1–32 letters, digits, dots, dashes or underscores")
+	}
+	if g.Backend != "" && g.Backend != BackendNative && g.Backend != BackendSlurm {
+		f.Add("backend", "must be native (Allot's agents) or slurm (a Slurm cluster)")
 	}
 	if g.MemoryGB <= 0 || g.MemoryGB > MaxMemoryGB {
 		f.Add("memory_gb", "must be between 1 and %d", MaxMemoryGB)

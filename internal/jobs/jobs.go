@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/allotlabs/allot/internal/backend"
 	"github.com/allotlabs/allot/internal/metric"
 	"github.com/allotlabs/allot/internal/store"
 	"github.com/jackc/pgx/v5"
@@ -87,6 +88,10 @@ type Config struct {
 	SampleRetention time.Duration
 	// Burst configures cloud burst (off when Burst.Provider is nil).
 	Burst BurstConfig
+	// Engine syncs an external engine (Slurm) every EngineInterval (nil:
+	// none; see internal/backend).
+	Engine         *backend.Reconciler
+	EngineInterval time.Duration
 }
 
 // LostNodesArgs marks nodes that stopped sending heartbeats down.
@@ -199,6 +204,7 @@ func NewClient(cfg Config) (*river.Client[pgx.Tx], error) {
 	burster := NewBurster(cfg.Store, cfg.Logger, cfg.Burst)
 	river.AddWorker(workers, &BurstEvaluateWorker{Burster: burster})
 	river.AddWorker(workers, &BurstProviderWorker{Burster: burster})
+	river.AddWorker(workers, &EngineSyncWorker{Reconciler: cfg.Engine, Logger: cfg.Logger})
 	riverMetrics.Kinds(CleanupSessionsArgs{}.Kind(), ScheduleArgs{}.Kind(), LostNodesArgs{}.Kind(), BillingRollupArgs{}.Kind(), MeteringArgs{}.Kind(),
 		WeeklyReportArgs{}.Kind(), BudgetCheckArgs{}.Kind(), WebhookArgs{}.Kind(), HealthArgs{}.Kind(), BurstEvaluateArgs{}.Kind(), BurstProviderArgs{}.Kind())
 	client, err := river.NewClient(riverpgxv5.New(cfg.Pool), &river.Config{
@@ -242,6 +248,17 @@ func NewClient(cfg Config) (*river.Client[pgx.Tx], error) {
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating River client: %w", err)
+	}
+	if cfg.Engine != nil {
+		every := cfg.EngineInterval
+		if every <= 0 {
+			every = DefaultEngineInterval
+		}
+		client.PeriodicJobs().Add(river.NewPeriodicJob(river.PeriodicInterval(every),
+			func() (river.JobArgs, *river.InsertOpts) {
+				return EngineSyncArgs{}, &river.InsertOpts{UniqueOpts: river.UniqueOpts{ByState: []rivertype.JobState{
+					rivertype.JobStateAvailable, rivertype.JobStatePending, rivertype.JobStateRunning, rivertype.JobStateRetryable, rivertype.JobStateScheduled}}}
+			}, &river.PeriodicJobOpts{RunOnStart: true}))
 	}
 	if cfg.Burst.Provider != nil {
 		every := burster.Config.Interval

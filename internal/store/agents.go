@@ -1069,7 +1069,7 @@ func (s *Store) MarkLostNodes(ctx context.Context, cutoff time.Time) ([]string, 
 	err := s.InTx(ctx, func(tx *Store) error {
 		rows, err := tx.db.Query(ctx, `
 			UPDATE nodes SET state = 'down', state_reason = 'no heartbeat since ' || to_char(last_heartbeat AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS UTC')
-			WHERE state IN ('up', 'draining', 'drained') AND registered_at IS NOT NULL AND last_heartbeat < $1
+			WHERE state IN ('up', 'draining', 'drained') AND registered_at IS NOT NULL AND last_heartbeat < $1 AND backend = 'native'
 			RETURNING name, last_heartbeat`, cutoff)
 		if err != nil {
 			return mapErr("marking lost nodes", err)

@@ -40,6 +40,7 @@ type GPUTypeValues struct {
 	Rate     string `json:"hourly_rate,omitempty"` // per GPU-hour at multiplier 1, decimal (creation only)
 	Currency string `json:"currency,omitempty"`
 	Retired  bool   `json:"retired"`
+	Backend  string `json:"backend,omitempty"` // creation only
 	// CapacityCost per GPU-hour of owned capacity, decimal; "" not set.
 	CapacityCost string `json:"capacity_cost,omitempty"`
 }
@@ -48,7 +49,7 @@ type GPUTypeValues struct {
 func (s *Store) GPUTypeInfos(ctx context.Context) ([]GPUTypeInfo, error) {
 	rows, err := s.db.Query(ctx, `
 		SELECT g.name, g.memory_gb, coalesce(r.rate_micros, 0), coalesce(r.currency, 'USD'), g.retired_at,
-			(SELECT count(*) FROM nodes n WHERE n.gpu_type = g.name), g.capacity_cost_micros
+			(SELECT count(*) FROM nodes n WHERE n.gpu_type = g.name), g.capacity_cost_micros, g.backend
 		FROM gpu_types g
 		LEFT JOIN LATERAL (
 			SELECT rate_micros, currency FROM gpu_rates
@@ -62,7 +63,7 @@ func (s *Store) GPUTypeInfos(ctx context.Context) ([]GPUTypeInfo, error) {
 		var g GPUTypeInfo
 		var retired *time.Time
 		var capCost *int64
-		err := r.Scan(&g.Name, &g.MemoryGB, &g.HourlyRate.Micros, &g.HourlyRate.Currency, &retired, &g.Nodes, &capCost)
+		err := r.Scan(&g.Name, &g.MemoryGB, &g.HourlyRate.Micros, &g.HourlyRate.Currency, &retired, &g.Nodes, &capCost, &g.Backend)
 		if retired != nil {
 			g.RetiredAt = retired.UTC()
 		}
@@ -134,7 +135,7 @@ func (s *Store) CreateGPUTypeAudited(ctx context.Context, c PolicyChange, g allo
 		if err := tx.CreateGPUType(ctx, &g, tx.Now().UTC().Truncate(time.Second)); err != nil {
 			return nil, nil, err
 		}
-		return nil, GPUTypeValues{Name: g.Name, MemoryGB: g.MemoryGB, Rate: g.HourlyRate.Decimal(), Currency: g.HourlyRate.Currency}, nil
+		return nil, GPUTypeValues{Name: g.Name, MemoryGB: g.MemoryGB, Rate: g.HourlyRate.Decimal(), Currency: g.HourlyRate.Currency, Backend: g.Backend}, nil
 	})
 }
 

@@ -179,6 +179,8 @@ func (s *Store) submitContext(ctx context.Context, u *allot.User, spec *allot.Jo
 	var gangTypes []string
 	var gangs []int32
 	var mapped, claimed, teamAccount string
+	var engineTypes []string
+	var nativeTypes int64
 	userID := int64(-1) // no submitter: no account to resolve
 	if u != nil {
 		userID = u.ID
@@ -201,6 +203,8 @@ func (s *Store) submitContext(ctx context.Context, u *allot.User, spec *allot.Jo
 			us.used, us.running, ep.v, ne.v,
 			(SELECT max_runtime_s FROM tiers WHERE id = $2),
 			(SELECT coalesce(array_agg(name ORDER BY name), '{}') FROM gpu_types),
+			(SELECT coalesce(array_agg(name ORDER BY name) FILTER (WHERE backend <> 'native' AND retired_at IS NULL), '{}') FROM gpu_types),
+			(SELECT count(*) FILTER (WHERE backend = 'native' AND retired_at IS NULL) FROM gpu_types),
 			g.types, g.gangs,
 			`+accountSourcesSQL("$5", "$1")+`
 		FROM (SELECT last_value + is_called::int AS v FROM nodes_epoch) ne
@@ -220,7 +224,7 @@ func (s *Store) submitContext(ctx context.Context, u *allot.User, spec *allot.Jo
 			FROM allocations a JOIN jobs j ON j.id = a.job_id
 			WHERE ep.v <> $6 AND a.started_at < $4 AND coalesce(a.released_at, 'infinity'::timestamptz) > $3 AND j.team = $1) us`,
 		spec.Team, string(spec.Tier), month, now, userID, wantEpoch, wantNodes).Scan(&budget, &used, &running, &epoch, &nodesEpoch, &maxRuntime, &types,
-		&gangTypes, &gangs, &mapped, &claimed, &teamAccount)
+		&engineTypes, &nativeTypes, &gangTypes, &gangs, &mapped, &claimed, &teamAccount)
 	if err != nil {
 		return c, 0, 0, mapErr("loading the submission context", err)
 	}
@@ -238,6 +242,11 @@ func (s *Store) submitContext(ctx context.Context, u *allot.User, spec *allot.Jo
 	}
 	c.TeamFound = budget != nil
 	c.RequireAccount = s.RequirePOSIXAccount
+	// An external engine (Slurm) runs every job as its submitter's account:
+	// a job without one is refused here, not by the engine later.
+	if slices.Contains(engineTypes, spec.GPUType) || (spec.GPUType == "" && len(engineTypes) > 0 && nativeTypes == 0) {
+		c.RequireAccount = true
+	}
 	if u != nil && c.TeamFound {
 		c.Account, c.AccountSource = allot.ResolveAccount(mapped, claimed, teamAccount)
 	}
@@ -376,7 +385,7 @@ const jobSelect = `
 		j.submitted_at, j.started_at, j.ended_at, j.exit_code, j.priority, j.priority_breakdown, j.pending_reason,
 		j.quota_warning, j.updated_at, j.run_as, j.segment, j.end_reason, j.preemptions,
 		j.run_as_user, j.image, j.memory_bytes, j.milli_cpus,
-		ARRAY(SELECT jsonb_object_keys(j.secret_env) ORDER BY 1)
+		ARRAY(SELECT jsonb_object_keys(j.secret_env) ORDER BY 1), j.backend
 	FROM jobs j JOIN users u ON u.id = j.user_id`
 
 func scanJob(r pgx.Row) (allot.Job, error) {
@@ -389,7 +398,7 @@ func scanJob(r pgx.Row) (allot.Job, error) {
 		&limit, &j.Command, &env, &j.WorkDir, &j.Checkpointable, &j.Preemptible, &j.Demoted, &state,
 		&j.SubmittedAt, &started, &ended, &j.ExitCode, &j.Priority, &breakdown, &j.PendingReason,
 		&j.QuotaWarning, &j.UpdatedAt, &runAs, &j.Segment, &j.EndReason, &j.Preemptions,
-		&j.RunAsUser, &j.Image, &j.MemoryBytes, &j.MilliCPUs, &j.SecretEnvKeys)
+		&j.RunAsUser, &j.Image, &j.MemoryBytes, &j.MilliCPUs, &j.SecretEnvKeys, &j.Backend)
 	if err != nil {
 		return j, err
 	}

@@ -16,7 +16,11 @@ func (s *Store) CreateGPUType(ctx context.Context, g *allot.GPUType, effectiveFr
 		return err
 	}
 	return s.InTx(ctx, func(tx *Store) error {
-		if _, err := tx.db.Exec(ctx, `INSERT INTO gpu_types (name, memory_gb) VALUES ($1, $2)`, g.Name, g.MemoryGB); err != nil {
+		backend := g.Backend
+		if backend == "" {
+			backend = allot.BackendNative
+		}
+		if _, err := tx.db.Exec(ctx, `INSERT INTO gpu_types (name, memory_gb, backend) VALUES ($1, $2, $3)`, g.Name, g.MemoryGB, backend); err != nil {
 			return mapErr("creating GPU type", err)
 		}
 		return tx.SetRate(ctx, g.Name, g.HourlyRate, effectiveFrom)
@@ -252,14 +256,14 @@ func (s *Store) CreateNode(ctx context.Context, n *allot.Node) error {
 
 // ListNodes returns all nodes by name.
 func (s *Store) ListNodes(ctx context.Context) ([]allot.Node, error) {
-	rows, err := s.db.Query(ctx, `SELECT name, gpu_type, gpu_count, site, domain, rack, state, state_reason, last_heartbeat, hostname FROM nodes ORDER BY name`)
+	rows, err := s.db.Query(ctx, `SELECT name, gpu_type, gpu_count, site, domain, rack, state, state_reason, last_heartbeat, hostname, backend FROM nodes ORDER BY name`)
 	if err != nil {
 		return nil, mapErr("listing nodes", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (allot.Node, error) {
 		var n allot.Node
 		var hb *time.Time
-		err := r.Scan(&n.Name, &n.GPUType, &n.GPUCount, &n.Site, &n.Domain, &n.Rack, &n.State, &n.StateReason, &hb, &n.Hostname)
+		err := r.Scan(&n.Name, &n.GPUType, &n.GPUCount, &n.Site, &n.Domain, &n.Rack, &n.State, &n.StateReason, &hb, &n.Hostname, &n.Backend)
 		if hb != nil {
 			n.LastHeartbeat = *hb
 		}

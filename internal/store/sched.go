@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -92,6 +93,8 @@ func (s *Store) LoadSchedState(ctx context.Context) (SchedState, error) {
 	if st.Nodes, err = s.ListNodes(ctx); err != nil {
 		return st, err
 	}
+	// Nodes and jobs of another engine (Slurm) are that engine's to place.
+	st.Nodes = slices.DeleteFunc(st.Nodes, func(n allot.Node) bool { return n.Backend != allot.BackendNative })
 	if st.Teams, err = s.ListTeams(ctx); err != nil {
 		return st, err
 	}
@@ -123,13 +126,16 @@ func (s *Store) LoadSchedState(ctx context.Context) (SchedState, error) {
 	}
 	byID := map[int64]int{}
 	for _, j := range running {
+		if j.Backend != allot.BackendNative {
+			continue
+		}
 		byID[j.ID] = len(st.Running)
 		st.Running = append(st.Running, RunningJob{Job: j})
 	}
 	rows, err = s.db.Query(ctx, `
 		SELECT a.job_id, a.node, array_agg(a.gpu_index ORDER BY a.gpu_index), min(a.started_at), j.state = 'running' AND a.segment = j.segment
 		FROM allocations a JOIN jobs j ON j.id = a.job_id
-		WHERE a.released_at IS NULL GROUP BY a.job_id, a.node, j.state, a.segment, j.segment ORDER BY a.job_id, a.node`)
+		WHERE a.released_at IS NULL AND j.backend = 'native' GROUP BY a.job_id, a.node, j.state, a.segment, j.segment ORDER BY a.job_id, a.node`)
 	if err != nil {
 		return st, mapErr("loading allocations", err)
 	}
@@ -282,7 +288,7 @@ func (s *Store) pendingForCycle(ctx context.Context) ([]allot.Job, error) {
 		SELECT j.id, j.name, j.team, j.user_id, u.email, j.tier, j.gpus, coalesce(j.gpu_type, ''), coalesce(j.gpus_per_node, 0),
 			j.time_limit_s, j.checkpointable, j.preemptible, j.demoted, j.submitted_at, j.priority, j.run_as, j.segment
 		FROM jobs j JOIN users u ON u.id = j.user_id
-		WHERE j.state = 'pending' ORDER BY j.submitted_at DESC, j.id DESC`)
+		WHERE j.state = 'pending' AND j.backend = 'native' ORDER BY j.submitted_at DESC, j.id DESC`)
 	if err != nil {
 		return nil, mapErr("listing pending jobs", err)
 	}
