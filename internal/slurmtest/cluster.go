@@ -10,11 +10,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -31,7 +33,16 @@ const (
 	dbUser = "root"
 	// If set, Stop copies the cluster's log dir to $ALLOT_SLURMTEST_LOGS/<Name>/ first.
 	keepLogsEnv = "ALLOT_SLURMTEST_LOGS"
+	// If set, every command and daemon stop is written to stderr with its duration.
+	traceEnv = "ALLOT_SLURMTEST_TRACE"
 )
+
+// trace reports what took how long (since t0, a stopwatch) when traceEnv is set.
+func trace(t0 time.Time, what string) {
+	if os.Getenv(traceEnv) != "" {
+		fmt.Fprintf(os.Stderr, "slurmtest %s %v %s\n", time.Now().Format("15:04:05.000"), time.Since(t0).Round(time.Millisecond), what)
+	}
+}
 
 // Options shape a cluster. The zero value is a 2-node × 4-GPU cluster with
 // accounting and slurmrestd.
@@ -228,8 +239,47 @@ var (
 	portsUsed = map[int]bool{}
 )
 
+// portsDir registers the ports handed out by every process on the host that
+// uses slurmtest (one file per port holding the owner's pid), so two test
+// binaries never pick the same port in the gap between choosing it and the
+// daemon binding it.
+const portsDir = "/tmp/allot-slurmtest-ports"
+
+// claimPort registers port for this process; false if a live process has it.
+func claimPort(p int) bool {
+	if err := os.MkdirAll(portsDir, 0o700); err != nil {
+		return true // no registry: fall back to the kernel's choice
+	}
+	f := filepath.Join(portsDir, strconv.Itoa(p))
+	for range 2 {
+		h, err := os.OpenFile(f, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+		if err == nil {
+			fmt.Fprintf(h, "%d\n", os.Getpid())
+			h.Close()
+			return true
+		}
+		b, rerr := os.ReadFile(f)
+		pid, perr := strconv.Atoi(strings.TrimSpace(string(b)))
+		if rerr == nil && perr == nil && pid > 0 && syscall.Kill(pid, 0) == nil {
+			return false // a live process holds it
+		}
+		os.Remove(f) // stale (dead owner, or half-written: retried once)
+	}
+	return false
+}
+
+func releasePorts(ports []int) {
+	for _, p := range ports {
+		f := filepath.Join(portsDir, strconv.Itoa(p))
+		if b, err := os.ReadFile(f); err == nil && strings.TrimSpace(string(b)) == strconv.Itoa(os.Getpid()) {
+			os.Remove(f)
+		}
+	}
+}
+
 // freePorts returns n distinct free loopback ports, never handed out before
-// in this process (other processes: Start retries when a daemon lost a race).
+// in this process nor held by another live slurmtest process (someone else
+// can still take one before the daemon binds it: Start then retries).
 func freePorts(n int) ([]int, error) {
 	portsMu.Lock()
 	defer portsMu.Unlock()
@@ -240,14 +290,17 @@ func freePorts(n int) ([]int, error) {
 		}
 	}()
 	var out []int
-	for len(out) < n {
+	for tries := 0; len(out) < n; tries++ {
+		if tries > 100*n {
+			return nil, errors.New("no free ports")
+		}
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return nil, err
 		}
 		ls = append(ls, l)
 		p := l.Addr().(*net.TCPAddr).Port
-		if portsUsed[p] {
+		if portsUsed[p] || !claimPort(p) {
 			continue
 		}
 		portsUsed[p] = true
@@ -380,6 +433,22 @@ func start(o Options) (*Cluster, error) {
 		if err := c.waitPort("slurmrestd", c.restPort, 30*time.Second); err != nil {
 			return c, err
 		}
+	}
+	// A daemon that lost its port to someone else's listener dies at once;
+	// make sure all of ours are still there and that the slurmctld we talk
+	// to is ours.
+	c.mu.Lock()
+	names := slices.Sorted(maps.Keys(c.daemons))
+	c.mu.Unlock()
+	for _, n := range names {
+		if !c.alive(n) {
+			return c, c.daemonFailed(n)
+		}
+	}
+	if out, err := c.Exec("scontrol", "show", "config"); err != nil {
+		return c, err
+	} else if !regexp.MustCompile(`(?m)^ClusterName\s*=\s*` + c.Name + `$`).MatchString(out) {
+		return c, portRaceError{fmt.Errorf("slurmctld on port %d is not cluster %s", c.ctldPort, c.Name)}
 	}
 	mark("rest")
 	c.StartupTime = time.Since(began)
@@ -620,10 +689,7 @@ func (c *Cluster) stopDaemon(name string) error {
 	if d == nil {
 		return nil
 	}
-	if os.Getenv("SLURMTEST_TRACE") != "" {
-		t0 := time.Now()
-		defer func() { fmt.Fprintf(os.Stderr, "TRACE %s %v stop %s\n", time.Now().Format("05.000"), time.Since(t0), name) }()
-	}
+	defer trace(time.Now(), "stop "+name)
 	d.stdin.Close() // EOF: the reaper stops the daemon and its descendants
 	select {
 	case <-d.done:
@@ -767,10 +833,7 @@ func (c *Cluster) ExecAs(user, name string, args ...string) (string, error) {
 }
 
 func (c *Cluster) exec(asUser, name string, args ...string) (string, error) {
-	if os.Getenv("SLURMTEST_TRACE") != "" {
-		t0 := time.Now()
-		defer func() { fmt.Fprintf(os.Stderr, "TRACE %s %v %s %v\n", time.Now().Format("05.000"), time.Since(t0), name, args) }()
-	}
+	defer trace(time.Now(), name+" "+strings.Join(args, " "))
 	cmd := exec.Command(name, args...)
 	cmd.Env = c.Env()
 	cmd.Dir = c.JobsDir
@@ -929,6 +992,23 @@ func (c *Cluster) MintToken(user string, lifespan time.Duration) (string, error)
 	return msg + "." + enc.EncodeToString(m.Sum(nil)), nil
 }
 
+// Reconfigure rewrites slurm.conf with confExtra as Options.ConfExtra (and
+// job_submit.lua with lua, if not ""), then runs `scontrol reconfigure`.
+func (c *Cluster) Reconfigure(t testing.TB, confExtra, lua string) {
+	t.Helper()
+	c.opts.ConfExtra = confExtra
+	if lua != "" {
+		c.opts.JobSubmitLua = lua
+		if err := os.WriteFile(filepath.Join(c.Dir, "etc", "job_submit.lua"), []byte(lua), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(c.SlurmConf, []byte(c.renderSlurmConf()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.Run(t, "scontrol", "reconfigure")
+}
+
 // StopRest stops slurmrestd (RestURL then refuses connections).
 func (c *Cluster) StopRest(t testing.TB) { t.Helper(); c.stop(t, "slurmrestd") }
 
@@ -1025,6 +1105,7 @@ func (c *Cluster) Stop() error {
 			errs = append(errs, fmt.Errorf("processes left behind, killed: %s", strings.Join(left, "; ")))
 		}
 	}
+	releasePorts(append([]int{c.ctldPort, c.dbdPort, c.restPort}, c.slurmdPorts...))
 	if c.DBName != "" {
 		if err := dropDB(c.DBName); err != nil {
 			errs = append(errs, err)

@@ -170,6 +170,7 @@ func TestRestAsRoot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer releasePorts(ports)
 	if err := c.startDaemonEnv("slurmrestd", []string{"SLURM_JWT=daemon"}, findBin("slurmrestd"),
 		"-a", "rest_auth/jwt", "-s", "openapi/v0.0.38", fmt.Sprintf("127.0.0.1:%d", ports[0])); err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -256,6 +257,7 @@ func TestKilledTestBinaryLeavesNoProcess(t *testing.T) {
 		sweep(dir)
 		dropDB(db)
 		os.RemoveAll(dir)
+		releasePortsOf(cmd.Process.Pid)
 	})
 	if len(processesUsing(dir)) == 0 {
 		t.Fatal("no cluster processes found while the helper runs")
@@ -292,4 +294,56 @@ func TestHelperClusterThenHang(t *testing.T) {
 	}
 	os.Rename(out+".tmp", out)
 	time.Sleep(time.Minute) // killed long before
+}
+
+// TestConfExtraAndLua: ConfExtra adds settings and replaces the harness's
+// own (KillWait), JobSubmitLua runs on sbatch, Reconfigure changes both.
+func TestConfExtraAndLua(t *testing.T) {
+	need(t)
+	lua := func(tag string) string {
+		return `function slurm_job_submit(job_desc, part_list, submit_uid)
+  job_desc.comment = "` + tag + `"
+  slurm.log_user("tagged ` + tag + `")
+  return slurm.SUCCESS
+end
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+  return slurm.SUCCESS
+end
+`
+	}
+	c := Start(t, Options{Nodes: 1, NoRest: true,
+		ConfExtra:    "PreemptType=preempt/qos\nPreemptMode=REQUEUE\nPriorityWeightQOS=10000\nKillWait=3\nPartitionName=p1 Nodes={{nodes}} Default=YES State=UP",
+		JobSubmitLua: lua("one")})
+	cfg := c.Run(t, "scontrol", "show", "config")
+	for _, want := range []string{`PreemptType\s*=\s*preempt/qos`, `KillWait\s*=\s*3 sec`, `PriorityWeightQOS\s*=\s*10000`, `JobSubmitPlugins\s*=\s*lua`} {
+		if !regexp.MustCompile(want).MatchString(cfg) {
+			t.Errorf("scontrol show config lacks %s", want)
+		}
+	}
+	if p := strings.TrimSpace(c.Run(t, "sinfo", "-h", "-o", "%P")); p != "p1*" {
+		t.Errorf("partitions %q, want only p1 (default)", p)
+	}
+	out := c.Run(t, "sbatch", "-o", "/dev/null", "--wrap", "true")
+	if !strings.Contains(out, "tagged one") {
+		t.Errorf("sbatch output %q lacks the Lua message", out)
+	}
+	c.Reconfigure(t, "KillWait=4\nPartitionName=p1 Nodes={{nodes}} Default=YES State=UP", lua("two"))
+	id := c.Sbatch(t, "", "-o", "/dev/null", "--wrap", "true")
+	if cm := strings.TrimSpace(c.Run(t, "squeue", "-h", "-t", "all", "-j", strconv.FormatInt(id, 10), "-o", "%k")); cm != "two" {
+		t.Errorf("comment after Reconfigure: %q", cm)
+	}
+	if cfg := c.Run(t, "scontrol", "show", "config"); !regexp.MustCompile(`KillWait\s*=\s*4 sec`).MatchString(cfg) {
+		t.Error("KillWait not 4 after Reconfigure")
+	}
+}
+
+// releasePortsOf removes the port registrations of (dead) process pid.
+func releasePortsOf(pid int) {
+	ents, _ := os.ReadDir(portsDir)
+	for _, e := range ents {
+		f := filepath.Join(portsDir, e.Name())
+		if b, err := os.ReadFile(f); err == nil && strings.TrimSpace(string(b)) == strconv.Itoa(pid) {
+			os.Remove(f)
+		}
+	}
 }
