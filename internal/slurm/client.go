@@ -135,6 +135,40 @@ type envelope struct {
 // successful answer. Slurm's errors[] turn into an *APIError; errors listed
 // in ignore (e.g. "nothing found") do not.
 func (c *Client) call(ctx context.Context, op, method, path string, query url.Values, asUser string, body any, ignore ...int) ([]byte, error) {
+	b, err := c.do(ctx, op, method, path, query, asUser, body, ignore...)
+	var ae *APIError
+	if err != nil && errors.As(err, &ae) && ae.kind == ErrRejected && ae.Status >= 500 && generic(ae.Errors) {
+		// slurmctld calls answered only "Unspecified error" (22.05 does this
+		// for a token slurmctld rejects, and when slurmctld is down).
+		// slurmdbd names a bad token: ask it.
+		if v, ok := strings.CutPrefix(path, "/slurm/"); ok {
+			v, _, _ = strings.Cut(v, "/")
+			_, perr := c.do(ctx, "check token", "GET", "/slurmdb/"+v+"/tres", nil, "", nil)
+			var pe *APIError
+			switch {
+			case perr != nil && errors.As(perr, &pe) && pe.kind == ErrUnauthorized:
+				ae.kind = ErrUnauthorized
+				ae.Op += " (token user " + c.cfg.TokenUser + ")"
+				ae.Errors = append(ae.Errors, pe.Errors...)
+			case perr == nil || errors.Is(perr, ErrRejected):
+				ae.kind = ErrUnreachable
+			}
+		}
+	}
+	return b, err
+}
+
+// generic: no error carries a specific Slurm number.
+func generic(errs []SlurmError) bool {
+	for _, se := range errs {
+		if se.Num() > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func (c *Client) do(ctx context.Context, op, method, path string, query url.Values, asUser string, body any, ignore ...int) ([]byte, error) {
 	tok, err := c.tokens.get()
 	if err != nil {
 		return nil, err
@@ -303,17 +337,10 @@ func (c *Client) Ping(ctx context.Context) (Info, error) {
 		return Info{}, err
 	}
 	v := ad.version()
+	// 22.05 answers a bad token on ping with a generic "slurmctld config
+	// is unable to load"; call asks slurmdbd, which names it.
 	b, err := c.call(ctx, "ping", "GET", "/slurm/"+v+"/ping", nil, "", nil)
 	if err != nil {
-		var ae *APIError
-		if errors.As(err, &ae) && ae.kind == ErrRejected {
-			// 22.05 answers a bad token on ping with a generic "slurmctld
-			// config is unable to load"; slurmdbd says what it is.
-			if _, derr := c.call(ctx, "check token", "GET", "/slurmdb/"+v+"/tres", nil, "", nil); derr != nil && errors.Is(derr, ErrUnauthorized) {
-				return Info{}, derr
-			}
-			ae.kind = ErrUnreachable
-		}
 		return Info{}, err
 	}
 	info, err := ad.decodePing(b)

@@ -158,9 +158,9 @@ func TestReplayV0040(t *testing.T) {
 
 func TestReplayV0041Detect(t *testing.T) {
 	rp, url, kf := newReplay(t, map[string]string{
-		"GET /openapi/v3":                 "v0041_openapi_paths.json",
-		"GET /slurm/v0.0.41/ping":         "v0041_ping.json",
-		"POST /slurm/v0.0.41/job/submit":  "v0040_submit_ok.json",
+		"GET /openapi/v3":                "v0041_openapi_paths.json",
+		"GET /slurm/v0.0.41/ping":        "v0041_ping.json",
+		"POST /slurm/v0.0.41/job/submit": "v0040_submit_ok.json",
 	})
 	c, _ := New(Config{URL: url, JWTKeyFile: kf})
 	info, err := c.Ping(context.Background())
