@@ -352,8 +352,10 @@ func start(o Options) (*Cluster, error) {
 		c.host = c.host[:i]
 	}
 	// A short directory: the munge socket path must fit in sun_path (108).
+	// Other users (jobs, sbatch as a test account, slurmrestd as nobody) must
+	// reach it: every ancestor must be world-searchable.
 	base := os.TempDir()
-	if len(base) > 40 {
+	if len(base) > 40 || !worldSearchable(base) {
 		base = "/tmp"
 	}
 	dir, err := os.MkdirTemp(base, "slurmtest-"+id+"-")
@@ -536,12 +538,28 @@ func (c *Cluster) layout() error {
 	c.env = []string{"SLURM_CONF=" + c.SlurmConf}
 	for _, e := range os.Environ() {
 		if strings.HasPrefix(e, "SLURM_") || strings.HasPrefix(e, "SBATCH_") || strings.HasPrefix(e, "SQUEUE_") ||
-			strings.HasPrefix(e, "SACCT_") || strings.HasPrefix(e, "SINFO_") || strings.HasPrefix(e, reaperEnv) {
+			strings.HasPrefix(e, "SACCT_") || strings.HasPrefix(e, "SINFO_") || strings.HasPrefix(e, reaperEnv) ||
+			// jobs inherit the submitter's environment; the test's TMPDIR is
+			// usually private to root
+			strings.HasPrefix(e, "TMPDIR=") {
 			continue
 		}
 		c.env = append(c.env, e)
 	}
 	return nil
+}
+
+// worldSearchable: dir and all its ancestors have o+x.
+func worldSearchable(dir string) bool {
+	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+		st, err := os.Stat(d)
+		if err != nil || st.Mode().Perm()&0o001 == 0 {
+			return false
+		}
+		if d == "/" || d == "." {
+			return true
+		}
+	}
 }
 
 func randBytes(n int) []byte {
@@ -682,7 +700,11 @@ func (c *Cluster) spawn(d *daemon) error {
 
 // stopDaemon stops one daemon (SIGTERM, SIGKILL after 5 s; then everything
 // it left behind) and waits for it.
-func (c *Cluster) stopDaemon(name string) error {
+func (c *Cluster) stopDaemon(name string) error { return c.stopDaemonHow(name, false) }
+
+// stopDaemonHow: fast kills the daemon at once (SIGKILL: no state saved),
+// for clusters that are being thrown away.
+func (c *Cluster) stopDaemonHow(name string, fast bool) error {
 	c.mu.Lock()
 	d := c.daemons[name]
 	c.mu.Unlock()
@@ -690,6 +712,9 @@ func (c *Cluster) stopDaemon(name string) error {
 		return nil
 	}
 	defer trace(time.Now(), "stop "+name)
+	if fast {
+		_ = d.cmd.Process.Signal(syscall.SIGUSR1)
+	}
 	d.stdin.Close() // EOF: the reaper stops the daemon and its descendants
 	select {
 	case <-d.done:
@@ -1082,7 +1107,7 @@ func (c *Cluster) Stop() error {
 		var mu sync.Mutex
 		for _, n := range names {
 			wg.Go(func() {
-				if err := c.stopDaemon(n); err != nil {
+				if err := c.stopDaemonHow(n, true); err != nil {
 					mu.Lock()
 					errs = append(errs, err)
 					mu.Unlock()

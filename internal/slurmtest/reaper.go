@@ -21,7 +21,7 @@ import (
 // re-parented to PID 1 (which, in these sandboxes, never reaps). It
 //
 //   - reaps every orphan that exits (no zombies),
-//   - forwards SIGTERM/SIGINT to the daemon,
+//   - forwards SIGTERM/SIGINT to the daemon; on SIGUSR1 kills it at once,
 //   - treats EOF on its stdin (a pipe whose write end only the test process
 //     holds) as "the test process is gone": the daemon is stopped, so a test
 //     binary killed by `go test -timeout` leaves nothing running,
@@ -69,7 +69,7 @@ func reap(args []string) int {
 	// which the Go runtime may do at any time; the stdin pipe is exact.
 
 	sigs := make(chan os.Signal, 8)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGCHLD)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGCHLD, syscall.SIGUSR1)
 	stdinEOF := make(chan struct{})
 	go func() {
 		_, _ = io.Copy(io.Discard, os.Stdin)
@@ -101,7 +101,8 @@ func reap(args []string) int {
 
 	status := -1
 	childDone := false
-	var termAt time.Time // when SIGTERM was forwarded; zero until then
+	leftWait := 2 * time.Second // how long what is left gets after SIGTERM
+	var termAt time.Time        // when SIGTERM was forwarded; zero until then
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	stop := func(why string) {
@@ -114,7 +115,13 @@ func reap(args []string) int {
 	for !childDone {
 		select {
 		case s := <-sigs:
-			if s != syscall.SIGCHLD {
+			switch s {
+			case syscall.SIGCHLD:
+			case syscall.SIGUSR1: // fast stop: the cluster is being thrown away
+				fmt.Fprintf(os.Stderr, "slurmtest reaper %d: SIGUSR1: SIGKILL to %d\n", os.Getpid(), child)
+				_ = syscall.Kill(child, syscall.SIGKILL)
+				leftWait = 0
+			default:
 				stop("signal " + s.String())
 			}
 		case <-stdinEOF:
@@ -144,7 +151,7 @@ func reap(args []string) int {
 		}
 	}
 	fmt.Fprintf(os.Stderr, "slurmtest reaper %d: pid %d exited (%d); killing what is left\n", os.Getpid(), child, status)
-	killDescendants(os.Getpid(), 2*time.Second)
+	killDescendants(os.Getpid(), leftWait)
 	return status
 }
 
