@@ -149,8 +149,23 @@ func Available() (bool, string) {
 		return false, fmt.Sprintf("Slurm test cluster: no MariaDB/MySQL at %s:%d (%v)", dbHost, dbPort, err)
 	}
 	conn.Close()
+	if err := dbCheck(); err != nil {
+		return false, fmt.Sprintf("Slurm test cluster: MariaDB at %s:%d does not let %s in without a password: %v",
+			dbHost, dbPort, dbUser, err)
+	}
 	return true, ""
 }
+
+// dbCheck: the database server takes root without a password over TCP and
+// lets it create databases (checked once per process).
+var dbCheck = sync.OnceValue(func() error {
+	out, err := exec.Command(mysqlClient(), "-h", dbHost, "-P", strconv.Itoa(dbPort), "-u", dbUser, "-N", "-e",
+		"SELECT 1").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%v: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+})
 
 func findBin(name string) string {
 	for _, d := range []string{"/usr/sbin", "/usr/bin", "/usr/local/sbin", "/usr/local/bin"} {
@@ -189,8 +204,19 @@ func pluginExists(name string) bool {
 // fails t when the cluster does not come up (after retrying on port races).
 func Start(t testing.TB, o Options) *Cluster {
 	t.Helper()
+	c, err := StartErr(t, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// StartErr is Start returning the error instead of failing t, for starting
+// clusters from other goroutines (t.Fatal must not be called there).
+func StartErr(t testing.TB, o Options) (*Cluster, error) {
+	t.Helper()
 	if ok, why := Available(); !ok {
-		t.Fatalf("slurmtest.Start: %s", why)
+		return nil, fmt.Errorf("slurmtest.Start: %s", why)
 	}
 	var errs []string
 	for attempt := 1; attempt <= 3; attempt++ {
@@ -203,7 +229,7 @@ func Start(t testing.TB, o Options) *Cluster {
 			})
 			t.Logf("slurmtest: cluster %s up in %v [%s] (%d nodes, dir %s, rest %s)", c.Name,
 				c.StartupTime.Round(time.Millisecond), c.StartupPhases, len(c.Nodes), c.Dir, c.RestURL)
-			return c
+			return c, nil
 		}
 		errs = append(errs, fmt.Sprintf("attempt %d: %v", attempt, err))
 		if c != nil {
@@ -215,8 +241,7 @@ func Start(t testing.TB, o Options) *Cluster {
 			break
 		}
 	}
-	t.Fatalf("slurmtest.Start: %s", strings.Join(errs, "\n"))
-	return nil
+	return nil, fmt.Errorf("slurmtest.Start: %s", strings.Join(errs, "\n"))
 }
 
 type portRaceError struct{ error }

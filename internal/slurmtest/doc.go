@@ -50,8 +50,9 @@
 //
 //   - Available() (bool, string): root, the binaries, plugins and a database
 //     server are there; else the reason, for t.Skip.
-//   - Start(t, Options) *Cluster; (*Cluster).Stop() error (idempotent; Start
-//     registers it with t.Cleanup and fails the test if it finds a leak).
+//   - Start(t, Options) *Cluster; StartErr(t, Options) (*Cluster, error) for
+//     starting from other goroutines; (*Cluster).Stop() error (idempotent;
+//     Start registers it with t.Cleanup and fails the test if it finds a leak).
 //   - Fields: Dir, Name, SlurmConf, RestURL, JWTKeyFile, SlurmUser ("root"),
 //     Nodes, Partition, DBName, JobsDir (world-writable working directory for
 //     jobs), StartupTime and StartupPhases (what the start spent where).

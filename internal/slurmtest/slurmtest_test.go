@@ -157,12 +157,15 @@ func TestTwoClustersAtOnce(t *testing.T) {
 	need(t)
 	var wg sync.WaitGroup
 	cs := make([]*Cluster, 2)
+	errs := make([]error, 2)
 	for i := range cs {
-		wg.Go(func() { cs[i] = Start(t, Options{Nodes: 1, GPUsPerNode: 2, NoRest: i == 1}) })
+		wg.Go(func() { cs[i], errs[i] = StartErr(t, Options{Nodes: 1, GPUsPerNode: 2, NoRest: i == 1}) })
 	}
 	wg.Wait()
-	if cs[0] == nil || cs[1] == nil {
-		t.FailNow()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
 	a, b := cs[0], cs[1]
 	if a.Name == b.Name || a.Dir == b.Dir || a.DBName == b.DBName || a.ctldPort == b.ctldPort {
