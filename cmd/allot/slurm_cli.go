@@ -186,7 +186,7 @@ func cmdSlurm(args []string, stdout, stderr io.Writer) int {
 			return fail(err)
 		}
 		defer closeDB()
-		in, err := slurmPolicyInput(ctx, st)
+		in, err := st.SlurmPolicyInput(ctx)
 		if err != nil {
 			return fail(err)
 		}
@@ -213,7 +213,7 @@ func cmdSlurm(args []string, stdout, stderr io.Writer) int {
 			return fail(err)
 		}
 		defer closeDB()
-		in, err := slurmPolicyInput(ctx, st)
+		in, err := st.SlurmPolicyInput(ctx)
 		if err != nil {
 			return fail(err)
 		}
@@ -268,13 +268,3 @@ func cmdSlurm(args []string, stdout, stderr io.Writer) int {
 	return 2
 }
 
-// slurmPolicyInput is the live policy as slurmpolicy renders it.
-func slurmPolicyInput(ctx context.Context, st *store.Store) (slurmpolicy.Input, error) {
-	pi, ok := any(st).(interface {
-		SlurmPolicyInput(context.Context) (slurmpolicy.Input, error)
-	})
-	if !ok {
-		return slurmpolicy.Input{}, errors.New("rendering is not available")
-	}
-	return pi.SlurmPolicyInput(ctx)
-}

@@ -129,13 +129,9 @@ func (r *Reconciler) sync(ctx context.Context) (syncReport, error) {
 		rep.Resumed++
 	}
 	// 2. Budgets.
-	var over []string
-	if ob, ok := any(st).(interface {
-		OverBudgetTeams(context.Context) ([]string, error)
-	}); ok {
-		if over, err = ob.OverBudgetTeams(ctx); err != nil {
-			return rep, err
-		}
+	over, err := st.OverBudgetTeams(ctx)
+	if err != nil {
+		return rep, err
 	}
 	rep.OverBudget = over
 	if r.OverBudgetFile != "" {

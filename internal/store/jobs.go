@@ -340,10 +340,10 @@ func (s *Store) SubmitJob(ctx context.Context, u *allot.User, spec allot.JobSpec
 				checkpointable, preemptible, demoted, quota_warning, pending_reason, submitted_at,
 				run_as_user, image, memory_bytes, milli_cpus, secret_env)
 			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22)
-			RETURNING id, submitted_at, updated_at`,
+			RETURNING id, submitted_at, updated_at, backend`,
 			spec.Name, spec.Team, u.ID, string(spec.Tier), spec.GPUs, gpuType, perNode, int64(spec.TimeLimit/time.Second),
 			spec.Command, envJSON, spec.WorkDir, spec.Checkpointable, job.Preemptible, q.Preemptible,
-			q.Warning, reason, s.Now(), c.Account, spec.Image, spec.MemoryBytes, spec.MilliCPUs, secretJSON).Scan(&job.ID, &job.SubmittedAt, &job.UpdatedAt)
+			q.Warning, reason, s.Now(), c.Account, spec.Image, spec.MemoryBytes, spec.MilliCPUs, secretJSON).Scan(&job.ID, &job.SubmittedAt, &job.UpdatedAt, &job.Backend)
 		return mapErr("creating job", err)
 	}(s)
 	return job, err
