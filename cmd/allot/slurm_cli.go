@@ -26,6 +26,7 @@ type slurmFlags struct {
 	url, version, user, keyFile, tokenFile, conf string
 	partition, gpuType, overBudgetFile, since    string
 	interval                                     time.Duration
+	batch                                        int
 }
 
 func addSlurmFlags(fs *flag.FlagSet) *slurmFlags {
@@ -40,6 +41,7 @@ func addSlurmFlags(fs *flag.FlagSet) *slurmFlags {
 	fs.StringVar(&f.gpuType, "slurm-gpu-type", "", "Allot GPU type (of backend slurm) for Slurm nodes and jobs whose GRES type names none")
 	fs.StringVar(&f.overBudgetFile, "slurm-over-budget-file", "", "`file` the worker keeps the teams over budget in, for job_submit.lua (\"\": not written; GET /api/v1/slurm/over-budget has it too)")
 	fs.StringVar(&f.since, "slurm-import-since", "", "first accounting import starts here (RFC 3339 or YYYY-MM-DD; default the start of this month)")
+	fs.IntVar(&f.batch, "slurm-import-batch", store.DefaultImportBatch, "accounting runs imported per transaction (a crash redoes at most one batch)")
 	fs.DurationVar(&f.interval, "slurm-sync", jobs.DefaultEngineInterval, "how often the worker syncs with Slurm")
 	return f
 }
@@ -67,6 +69,9 @@ func (f *slurmFlags) client(ctx context.Context, check bool) (*slurm.Client, slu
 	}
 	if f.interval <= 0 {
 		return nil, info, errors.New("--slurm-sync must be a positive duration, e.g. 5s")
+	}
+	if f.batch < 1 {
+		return nil, info, errors.New("--slurm-import-batch must be at least 1")
 	}
 	v := f.version
 	if v == "auto" {
@@ -110,7 +115,7 @@ func (f *slurmFlags) reconciler(ctx context.Context) (func(*store.Store) *backen
 	}
 	return func(st *store.Store) *backend.Reconciler {
 		return &backend.Reconciler{Store: st, Engine: &backend.SlurmEngine{Client: c, Partition: f.partition},
-			Mapping:        store.EngineMapping{Backend: allot.BackendSlurm, DefaultGPUType: f.gpuType},
+			Mapping:        store.EngineMapping{Backend: allot.BackendSlurm, DefaultGPUType: f.gpuType, ImportBatch: f.batch},
 			OverBudgetFile: f.overBudgetFile, ImportSince: since, Cluster: f.url, Version: info.Version + " (Slurm " + info.Release + ")"}
 	}, nil
 }
@@ -267,4 +272,3 @@ func cmdSlurm(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprint(stderr, slurmUsage)
 	return 2
 }
-

@@ -28,6 +28,9 @@ type EngineMapping struct {
 	// DefaultGPUType is the Allot GPU type (of this backend) for engine
 	// nodes and jobs whose GPU type names none of Allot's.
 	DefaultGPUType string
+	// ImportBatch is how many accounting runs one transaction imports (0:
+	// DefaultImportBatch).
+	ImportBatch int
 }
 
 // errUnmapped marks engine data Allot cannot place (an account that is no
@@ -566,9 +569,9 @@ type ImportResult struct {
 	Unmapped                            []string
 }
 
-// importBatch is how many runs one transaction imports: a crash loses at
-// most one batch's work, which the next import redoes.
-const importBatch = 200
+// DefaultImportBatch is how many runs one transaction imports: a crash
+// loses at most one batch's work, which the next import redoes.
+const DefaultImportBatch = 200
 
 // ImportEngineRuns writes runs from the engine's accounting into Allot's
 // usage: one segment per run, its GPUs as allocations (the GPU indices the
@@ -578,6 +581,10 @@ const importBatch = 200
 // nothing. Runs are imported in batches, each in its own transaction.
 func (s *Store) ImportEngineRuns(ctx context.Context, m EngineMapping, runs []allot.EngineRun, live map[int64]map[string][]int) (ImportResult, error) {
 	var res ImportResult
+	batchSize := m.ImportBatch
+	if batchSize <= 0 {
+		batchSize = DefaultImportBatch
+	}
 	sorted := slices.Clone(runs)
 	sort.SliceStable(sorted, func(a, b int) bool {
 		if sorted[a].ExternalID != sorted[b].ExternalID {
@@ -585,8 +592,8 @@ func (s *Store) ImportEngineRuns(ctx context.Context, m EngineMapping, runs []al
 		}
 		return sorted[a].Start.Before(sorted[b].Start)
 	})
-	for lo := 0; lo < len(sorted); lo += importBatch {
-		batch := sorted[lo:min(lo+importBatch, len(sorted))]
+	for lo := 0; lo < len(sorted); lo += batchSize {
+		batch := sorted[lo:min(lo+batchSize, len(sorted))]
 		var br ImportResult
 		err := s.InTx(ctx, func(tx *Store) error {
 			br = ImportResult{}
