@@ -22,6 +22,7 @@ var AdminTabs = []AdminTab{
 	{"/admin/accounts", "Accounts", "accounts"},
 	{"/admin/identity", "Identity", "identity"},
 	{"/admin/node-tokens", "Node tokens", "node-tokens"},
+	{"/admin/slurm", "Slurm", "slurm"},
 	{"/admin/audit", "Audit log", "audit"},
 	{"/admin/versions", "Policy versions", "versions"},
 	{"/nodes", "Nodes", "nodes"},
@@ -219,6 +220,8 @@ type Docs struct {
 	// down, as applied (Policy.LostAfter).
 	HeartbeatMissedAfter string
 	AutoUndrainAfter     string // "" = admins undrain by hand
+	// Slurm is the configuration rendered for a Slurm cluster.
+	Slurm SlurmFiles
 }
 
 // DocTier is one tier as the documentation explains it.

@@ -136,6 +136,9 @@ func (s *Server) docs(c echo.Context) (views.Docs, error) {
 	for _, r := range p.HealthRules {
 		d.HealthRules = append(d.HealthRules, docHealthRule(r))
 	}
+	if d.Slurm, err = s.slurmDocs(ctx); err != nil {
+		return views.Docs{}, err
+	}
 	return d, nil
 }
 

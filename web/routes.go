@@ -76,6 +76,8 @@ func (s *Server) routes() {
 	r(post, "/admin/identity/rules/:id/delete", s.adminIdPRuleDeleteForm, RuleAdmin)
 	r(post, "/admin/identity/link", s.adminLinkForm, RuleAdmin)
 	r(post, "/admin/identity/try", s.adminTryForm, RuleAdmin)
+	r(get, "/admin/slurm", s.adminSlurmPage, RuleAdmin)
+	r(post, "/admin/slurm/sync", s.adminSlurmSyncForm, RuleAdmin)
 	r(get, "/admin/node-tokens", s.adminNodeTokensPage, RuleAdmin)
 	r(post, "/admin/node-tokens", s.adminCreateNodeTokenForm, RuleAdmin)
 	r(post, "/admin/node-tokens/rotate", s.adminRotateNodeTokenForm, RuleAdmin)
@@ -161,6 +163,9 @@ func (s *Server) routes() {
 	r(post, api+"/idp-mappings/try", s.apiTryIdPMappings, RuleAdmin)
 	r(get, api+"/idp-sign-ins", s.apiIdPSignIns, RuleAdmin)
 	r(post, api+"/users/:user/oidc-link", s.apiLinkOIDC, RuleAdmin)
+	// API: the Slurm configuration rendered from the policy (web/slurm.go).
+	r(get, api+"/slurm/config", s.apiSlurmConfig, RuleAdmin)
+	r(get, api+"/slurm/over-budget", s.apiSlurmOverBudget, RuleAdmin)
 	r(get, api+"/audit", s.apiAudit, RuleAdmin)
 	r(get, api+"/audit.csv", s.apiAuditCSV, RuleAdmin)
 	// API: nodes and health.
@@ -183,5 +188,7 @@ func (s *Server) routes() {
 	r(post, ag+"/jobs/started", s.agentStarted, RuleNode)
 	r(post, ag+"/jobs/exited", s.agentExited, RuleNode)
 	r(post, ag+"/jobs/log", s.agentLog, RuleNode)
+	// Slurm hosts keep job_submit.lua's over-budget list current (web/slurm.go).
+	r(get, ag+"/slurm/over-budget", s.agentSlurmOverBudget, RuleNode)
 	r(anyMethod, ag+"/*", s.apiNotFound, RulePublic) // a 404, whoever asks
 }

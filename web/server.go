@@ -79,6 +79,13 @@ type Config struct {
 	// for this long; while it reads, the download lasts as long as it
 	// needs (0: no deadline of the export's own).
 	ExportStallTimeout time.Duration
+	// SlurmEnv is the environment sacctmgr runs with against the Slurm
+	// cluster (SLURM_CONF=…); nil: no Slurm cluster (/admin/slurm shows
+	// the rendered files only).
+	SlurmEnv []string
+	// SlurmOverBudgetFile is the over-budget list's path baked into the
+	// rendered job_submit.lua ("": slurmpolicy.DefaultOverBudgetFile).
+	SlurmOverBudgetFile string
 }
 
 // Server serves the portal and the API.
