@@ -156,8 +156,8 @@ func Available() (bool, string) {
 	return true, ""
 }
 
-// dbCheck: the database server takes root without a password over TCP and
-// lets it create databases (checked once per process).
+// dbCheck: the database server takes root without a password over TCP
+// (checked once per process).
 var dbCheck = sync.OnceValue(func() error {
 	out, err := exec.Command(mysqlClient(), "-h", dbHost, "-P", strconv.Itoa(dbPort), "-u", dbUser, "-N", "-e",
 		"SELECT 1").CombinedOutput()
@@ -293,6 +293,20 @@ func claimPort(p int) bool {
 	return false
 }
 
+// pruneStalePorts removes (once per process) the registrations of processes
+// that are gone, e.g. a test binary killed by its timeout.
+var pruneStalePorts = sync.OnceFunc(func() {
+	ents, _ := os.ReadDir(portsDir)
+	for _, e := range ents {
+		f := filepath.Join(portsDir, e.Name())
+		b, err := os.ReadFile(f)
+		pid, perr := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err == nil && perr == nil && pid > 0 && syscall.Kill(pid, 0) != nil {
+			os.Remove(f)
+		}
+	}
+})
+
 func releasePorts(ports []int) {
 	for _, p := range ports {
 		f := filepath.Join(portsDir, strconv.Itoa(p))
@@ -308,6 +322,7 @@ func releasePorts(ports []int) {
 func freePorts(n int) ([]int, error) {
 	portsMu.Lock()
 	defer portsMu.Unlock()
+	pruneStalePorts()
 	var ls []net.Listener
 	defer func() {
 		for _, l := range ls {

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -231,14 +232,29 @@ const helperEnv = "ALLOT_SLURMTEST_HELPER_OUT"
 func TestKilledTestBinaryLeavesNoProcess(t *testing.T) {
 	need(t)
 	out := filepath.Join(t.TempDir(), "cluster")
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperClusterThenHang$", "-test.v")
-	cmd.Env = append(os.Environ(), helperEnv+"="+out)
+	// The helper test binary runs under a reaper of its own, so the cluster
+	// reapers it orphans are reaped (PID 1 here does not reap).
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(self, "--", self, "-test.run=^TestHelperClusterThenHang$", "-test.v")
+	cmd.Env = append(os.Environ(), helperEnv+"="+out, reaperEnv+"=1")
 	var log bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &log, &log
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	defer func() {
+		stdin.Close() // the outer reaper kills what is left and exits
+		cmd.Wait()
+	}()
 	var dir, db string
+	helper := 0                                  // the test binary: the outer reaper's only child
 	deadline := time.Now().Add(25 * time.Second) // stopwatch
 	for {
 		if b, err := os.ReadFile(out); err == nil {
@@ -249,8 +265,6 @@ func TestKilledTestBinaryLeavesNoProcess(t *testing.T) {
 			}
 		}
 		if time.Now().After(deadline) {
-			cmd.Process.Kill()
-			cmd.Wait()
 			t.Fatalf("helper did not start a cluster:\n%s", log.String())
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -260,15 +274,22 @@ func TestKilledTestBinaryLeavesNoProcess(t *testing.T) {
 		sweep(dir)
 		dropDB(db)
 		os.RemoveAll(dir)
-		releasePortsOf(cmd.Process.Pid)
+		releasePortsOf(helper)
 	})
 	if len(processesUsing(dir)) == 0 {
 		t.Fatal("no cluster processes found while the helper runs")
 	}
-	if err := cmd.Process.Kill(); err != nil {
+	for _, pid := range descendants(cmd.Process.Pid) {
+		if ppid, _, ok := procStat(pid); ok && ppid == cmd.Process.Pid {
+			helper = pid
+		}
+	}
+	if helper == 0 {
+		t.Fatal("helper test binary not found")
+	}
+	if err := syscall.Kill(helper, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	cmd.Wait()
 	began := time.Now() // stopwatch
 	for {
 		ps := processesUsing(dir)
