@@ -77,7 +77,11 @@
 // parameter it sets JOBCOND_FLAG_DUP|NO_TRUNC. The records share job_id;
 // v0.0.38 has no db_index. They differ by time.submission, which a requeue
 // resets to the requeue time (then time.start); Run.Key is job_id@submission
-// and is the same in sacct -D (Submit). Accounting passes start_time and
+// and is the same in sacct -D (Submit). The requeued (PENDING) record is
+// not always written at once: seen both right after a preemption and only
+// when the job started again (BeginTime ~2 minutes later). A run preempted
+// within a second of starting had a PREEMPTED record with time.start 0
+// (slurmctld's start message had not reached slurmdbd): zero usage. Accounting passes start_time and
 // end_time as "uts<epoch>", parse_time's time-zone-free form (a plain epoch is
 // rejected; "2026-12-01T19:00:00" would be slurmrestd's local time and its
 // ':' must be escaped).

@@ -335,3 +335,119 @@ func TestLiveFigures(t *testing.T) {
 	t.Logf("accounting import: %d runs in %v via REST (%.0f runs/s end to end, %d KiB); decode alone %v (%.0f runs/s)",
 		len(runs), best, float64(len(runs))/best.Seconds(), len(body)/1024, dec, float64(len(runs))/dec.Seconds())
 }
+
+// TestLivePreemptRequeue: a preemptible run requeued by a higher partition's
+// job shows in Accounting as a PREEMPTED run plus the requeued record, with
+// distinct keys, and /jobs shows the requeue (BeginTime, restarts).
+func TestLivePreemptRequeue(t *testing.T) {
+	if ok, why := slurmtest.Available(); !ok {
+		t.Skip("no Slurm here: " + why)
+	}
+	slurmtest.EnsureUser(t, liveUser)
+	c := slurmtest.Start(t, slurmtest.Options{
+		Nodes: 1, GPUsPerNode: 4, GPUType: "h100", Accounts: []string{"nlp", "vision"}, Users: []string{liveUser},
+		Enforce: "associations,limits",
+		ConfExtra: "AccountingStoreFlags=job_comment\nAccountingStorageTRES=gres/gpu,gres/gpu:h100\n" +
+			"PreemptType=preempt/partition_prio\nPreemptMode=REQUEUE\nJobRequeue=1\n" +
+			"PartitionName=gpu Nodes={{nodes}} Default=YES MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF\n" +
+			"PartitionName=preemptible Nodes={{nodes}} MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE\n",
+	})
+	cl, err := New(Config{URL: c.RestURL, JWTKeyFile: c.JWTKeyFile, Version: "v0.0.38", SlurmConf: c.SlurmConf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	from := time.Now().Add(-time.Minute)
+	victim, _, err := cl.Submit(ctx, liveUser, JobSubmit{Name: "victim", Account: "vision", Partition: "preemptible",
+		Comment: "allot:job=601", Workdir: c.JobsDir, Script: "#!/bin/sh\nsleep 300\n", GPUsPerNode: 4, GRESType: "h100",
+		TimeLimit: 10 * time.Minute, Requeue: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitJob(t, cl, victim, "running", func(j Job) bool { return j.State == "RUNNING" })
+	time.Sleep(3 * time.Second) // let slurmdbd record the start before the preemption
+	prod, _, err := cl.Submit(ctx, liveUser, JobSubmit{Name: "prod", Account: "nlp", Partition: "gpu",
+		Comment: "allot:job=602", Workdir: c.JobsDir, Script: "#!/bin/sh\nsleep 2\n", GPUsPerNode: 4, TimeLimit: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitJob(t, cl, prod, "running", func(j Job) bool { return j.State == "RUNNING" || finished(j.State) })
+	v := waitJob(t, cl, victim, "requeued", func(j Job) bool { return j.State == "PENDING" && j.Restarts == 1 })
+	if v.Reason != "BeginTime" || ExplainReason(v.Reason, v) != "requeued after preemption: eligible again shortly" {
+		t.Errorf("requeued job = %+v", v)
+	}
+	var recs []Run
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		runs, err := cl.Accounting(ctx, from, time.Now().Add(time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs = recs[:0]
+		for _, r := range runs {
+			if r.JobID == victim {
+				recs = append(recs, r)
+			}
+		}
+		if len(recs) == 2 || (len(recs) == 1 && recs[0].State == "PREEMPTED" && time.Until(deadline) < 11*time.Second) {
+			break
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	if len(recs) == 0 {
+		t.Fatal("victim not in accounting")
+	}
+	a := recs[0]
+	if a.State != "PREEMPTED" || a.GPUs != 4 || a.GRESType != "h100" || a.Start.IsZero() || a.End.Before(a.Start) || a.Comment != "allot:job=601" {
+		t.Errorf("preempted run = %+v", a)
+	}
+	// The requeued record may only be written when it is eligible or
+	// starts (BeginTime is ~2 minutes after the requeue); when present it is
+	// a separate record with its own key.
+	if len(recs) == 2 {
+		b := recs[1]
+		if b.State != "PENDING" || !b.Start.IsZero() || b.Key() == a.Key() || b.Submit.Before(a.End) {
+			t.Errorf("requeued record = %+v (first %+v)", b, a)
+		}
+		t.Logf("preempted run %s: %s → %s; requeued record %s", a.Key(), a.Start.Format(time.TimeOnly), a.End.Format(time.TimeOnly), b.Key())
+	} else {
+		t.Logf("preempted run %s: %s → %s; requeued record not yet in slurmdbd", a.Key(), a.Start.Format(time.TimeOnly), a.End.Format(time.TimeOnly))
+	}
+	for _, id := range []int64{victim, prod} {
+		cl.Cancel(ctx, "", id)
+	}
+}
+
+// TestLiveTokenFileAndProxyRules: a static token from `scontrol token`
+// works; proxied users are held to Slurm's rules.
+func TestLiveTokenFileAndProxyRules(t *testing.T) {
+	c, cl := liveCluster(t)
+	ctx := context.Background()
+	tf := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tf, []byte(c.Token(t, c.SlurmUser, 10*time.Minute)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	st, err := New(Config{URL: c.RestURL, TokenFile: tf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Ping(ctx); err != nil {
+		t.Fatalf("static token: %v", err)
+	}
+	// nobody is a POSIX account without any Slurm association.
+	_, _, err = st.Submit(ctx, "nobody", JobSubmit{Account: "vision", Workdir: c.JobsDir, Script: "#!/bin/sh\n"})
+	if !errors.Is(err, ErrRejected) || !strings.Contains(err.Error(), "(2045)") {
+		t.Errorf("submit outside the user's accounts: %v", err)
+	}
+	// A job of root may not be cancelled by liveUser.
+	id, _, err := cl.Submit(ctx, "root", JobSubmit{Account: "vision", Workdir: c.JobsDir, Script: "#!/bin/sh\nsleep 30\n", Hold: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.Cancel(ctx, liveUser, id); !errors.Is(err, ErrUnauthorized) || !strings.Contains(err.Error(), "Access/permission denied") {
+		t.Errorf("cancel of another user's job: %v", err)
+	}
+	if err := cl.Cancel(ctx, "", id); err != nil {
+		t.Error(err)
+	}
+}
