@@ -109,7 +109,11 @@ func (c *Cluster) renderSlurmConf() string {
 		set("AccountingStoragePort", fmt.Sprint(c.dbdPort))
 		// For DBD connections the munge socket comes from AccountingStoragePass.
 		set("AccountingStoragePass", c.mungeSocket)
-		set("AccountingStorageTRES", "gres/gpu")
+		tres := "gres/gpu"
+		if o.GPUType != "" {
+			tres += ",gres/gpu:" + o.GPUType
+		}
+		set("AccountingStorageTRES", tres)
 		if o.Enforce != "" {
 			set("AccountingStorageEnforce", o.Enforce)
 		}

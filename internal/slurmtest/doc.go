@@ -31,6 +31,11 @@
 //   - slurmrestd (SLURM_JWT=daemon, rest_auth/jwt, openapi/v0.0.38 and
 //     dbv0.0.38) as nobody:nogroup on RestURL; none with Options.NoRest.
 //
+// Options.GPUType makes the GRES typed (Gres=gpu:h100:4, gres.conf Type=h100,
+// AccountingStorageTRES=gres/gpu,gres/gpu:h100): jobs ask --gres=gpu:h100:N
+// or --gres=gpu:N, and sacct's AllocTRES has both gres/gpu=N and
+// gres/gpu:h100=N (TestTypedGPUs).
+//
 // Both slurm.conf and slurmdbd.conf have AuthAltTypes=auth/jwt with
 // AuthAltParameters=jwt_key=JWTKeyFile (32 random bytes). One partition
 // (Options.Partition, default "gpu") holds every node; slurm.conf has

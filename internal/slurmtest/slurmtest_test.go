@@ -371,3 +371,29 @@ func releasePortsOf(pid int) {
 		}
 	}
 }
+
+// TestTypedGPUs: Options.GPUType gives typed GRES (gpu:h100:4) that jobs can
+// ask for by type and that accounting counts both ways.
+func TestTypedGPUs(t *testing.T) {
+	need(t)
+	c := Start(t, Options{Nodes: 1, GPUType: "h100", NoRest: true})
+	if g := strings.TrimSpace(c.Run(t, "sinfo", "-h", "-N", "-o", "%G")); g != "gpu:h100:4" {
+		t.Errorf("node gres %q", g)
+	}
+	id := c.Sbatch(t, "", "--gres=gpu:h100:3", "-o", "/dev/null", "--wrap", "true")
+	if st := c.WaitJob(t, id); st != "COMPLETED" {
+		t.Fatalf("job: %s", st)
+	}
+	var acct string
+	deadline := time.Now().Add(10 * time.Second) // stopwatch
+	for time.Now().Before(deadline) {
+		acct = c.Run(t, "sacct", "-n", "-X", "-P", "-j", strconv.FormatInt(id, 10), "-o", "AllocTRES")
+		if strings.Contains(acct, "gres/gpu:h100=3") {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if !strings.Contains(acct, "gres/gpu=3") || !strings.Contains(acct, "gres/gpu:h100=3") {
+		t.Errorf("AllocTRES %q, want gres/gpu=3 and gres/gpu:h100=3", acct)
+	}
+}
