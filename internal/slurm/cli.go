@@ -235,3 +235,26 @@ func sacctDuration(s string) time.Duration {
 	}
 	return time.Duration(days)*24*time.Hour + time.Duration(h)*time.Hour + time.Duration(m)*time.Minute + time.Duration(sec)*time.Second
 }
+
+// JobsCLI lists jobs with `squeue --json` (data_parser output of the
+// version in use; 22.05 prints the v0.0.38 shape of GET /jobs): the CLI
+// fallback for Jobs when slurmrestd is down but slurmctld is not. It needs
+// the munge key on this host.
+func (c *Client) JobsCLI(ctx context.Context) ([]Job, error) {
+	ad := c.cliAdapter()
+	out, err := c.runCLI(ctx, "squeue", "--all", "--json")
+	if err != nil {
+		return nil, err
+	}
+	return ad.decodeJobs([]byte(out))
+}
+
+// cliAdapter is the adapter in use, or v0.0.38 before detection.
+func (c *Client) cliAdapter() adapter {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ad != nil {
+		return c.ad
+	}
+	return v0038{}
+}

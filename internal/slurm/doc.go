@@ -13,9 +13,11 @@
 //	c.Drain(ctx, node, reason) / c.Resume(ctx, node) // REST from v0.0.40, scontrol on v0.0.38
 //	c.Accounting(ctx, from, to) ([]Run, error)       // every run segment from slurmdbd
 //	c.Sacct(ctx, from, to) ([]Run, error)            // the same from the sacct CLI
+//	c.JobsCLI(ctx) ([]Job, error)                    // squeue --json: same decoder as GET /jobs
 //	slurm.ParseSacct(r) / SacctArgs(from, to) / SacctFields() / c.CLIEnv()
 //	slurm.ExplainReason(reason, job) string          // "waiting for 16 GPUs in one IB domain"
 //	slurm.MintJWT(key, user, iat, lifespan)
+//	slurm.AllotJobID(comment) (id, ok)               // "allot:job=<id>" in a Slurm comment
 //
 // Errors: errors.Is(err, ErrConfig | ErrUnreachable | ErrUnauthorized |
 // ErrUnsupported | ErrNotFound | ErrRejected); *APIError carries Slurm's own

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"sort"
 	"strings"
@@ -104,6 +105,16 @@ func TestLiveSubmitRunAccountCancel(t *testing.T) {
 	}
 	t.Logf("pending job %d: %s, expected start %s (the running job's end)", id2, ExplainReason(j2.Reason, j2), j2.Start.Format(time.RFC3339))
 
+	// The CLI fallback sees the same.
+	cj, err := cl.JobsCLI(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := jobByID(t, cj, id); got.State != "RUNNING" || got.User != liveUser || got.GPUs != 2 || got.GRESType != "h100" ||
+		!reflect.DeepEqual(got.GPUIndices, j.GPUIndices) || !got.Start.Equal(j.Start) || got.Comment != j.Comment {
+		t.Errorf("squeue --json: %+v\n REST: %+v", got, j)
+	}
+
 	// Errors Slurm gives, surfaced.
 	if _, _, err := cl.Submit(ctx, liveUser, JobSubmit{Account: "vision-not", Workdir: c.JobsDir, Script: "#!/bin/sh\n"}); !errors.Is(err, ErrRejected) || !strings.Contains(err.Error(), "Invalid account") {
 		t.Errorf("bad account: %v", err)
@@ -200,6 +211,9 @@ func TestLiveDrainResume(t *testing.T) {
 	}
 	if n := nodeOf(); n.Drain || n.State != "IDLE" {
 		t.Errorf("resumed node = %+v", n)
+	}
+	if err := cl.Resume(ctx, node); err != nil {
+		t.Errorf("resume of a node in service: %v", err)
 	}
 	if err := cl.Drain(ctx, "nosuchnode", "x"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("drain unknown node: %v", err)

@@ -51,3 +51,19 @@ func TestExplainReason(t *testing.T) {
 		}
 	}
 }
+
+func TestAllotJobID(t *testing.T) {
+	for in, want := range map[string]string{
+		"allot:job=42": "42",
+		"allot:job=7f3a allot:demoted-over-budget": "7f3a",
+		"x,allot:job=9;y":                          "9",
+		"":                                         "",
+		"allot:job=":                               "",
+		"sbatch by hand":                           "",
+	} {
+		got, ok := AllotJobID(in)
+		if got != want || ok != (want != "") {
+			t.Errorf("AllotJobID(%q) = %q %v", in, got, ok)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package slurm
 
 import (
+	"strings"
 	"time"
 )
 
@@ -124,4 +125,18 @@ type Run struct {
 // always gives the same key, and the records of a requeued job differ.
 func (r Run) Key() string {
 	return itoa(r.JobID) + "@" + itoa(r.Submit.Unix())
+}
+
+// CommentTag marks jobs Allot submitted: the Slurm comment carries
+// "allot:job=<id>" (other words may surround it).
+const CommentTag = "allot:job="
+
+// AllotJobID finds "allot:job=<id>" in a Slurm comment.
+func AllotJobID(comment string) (string, bool) {
+	for _, w := range strings.FieldsFunc(comment, func(r rune) bool { return r == ' ' || r == ',' || r == ';' }) {
+		if id, ok := strings.CutPrefix(w, CommentTag); ok && id != "" {
+			return id, true
+		}
+	}
+	return "", false
 }
