@@ -348,11 +348,10 @@ func (c *Client) Ping(ctx context.Context) (Info, error) {
 		return Info{}, err
 	}
 	info.Version = v
-	for host, st := range info.Controllers {
+	for _, st := range info.Controllers {
 		if st == "UP" {
 			return info, nil
 		}
-		_ = host
 	}
 	return info, &APIError{Op: "ping", URL: c.base, Status: 200, kind: ErrUnreachable,
 		Body: fmt.Sprintf("no slurmctld is UP: %v", info.Controllers)}

@@ -74,6 +74,7 @@ const (
 	errAuthCredInvalid  = 6001 // ESLURM_AUTH_CRED_INVALID
 	errZeroBytes        = 5005 // SLURM_PROTOCOL_SOCKET_ZERO_BYTES_SENT: a non-proxy token used for another user
 	errProtoSocketError = 5000 // SLURM_PROTOCOL_SOCKET_IMPL_*: slurmctld down
+	errDBConnection     = 7000 // ESLURM_DB_CONNECTION: slurmdbd down
 )
 
 // APIError is a failed call: the operation, the HTTP status and what Slurm
@@ -96,7 +97,11 @@ func (e *APIError) Error() string {
 	case ErrUnauthorized:
 		b.WriteString(": slurmrestd at " + e.URL + " rejected the token")
 	case ErrUnreachable:
-		b.WriteString(": slurmctld behind slurmrestd at " + e.URL + " does not answer")
+		daemon := "slurmctld"
+		if e.Has(errDBConnection) {
+			daemon = "slurmdbd"
+		}
+		b.WriteString(": " + daemon + " behind slurmrestd at " + e.URL + " does not answer")
 	}
 	b.WriteString(": ")
 	var parts []string
@@ -140,6 +145,8 @@ func classify(status int, errs []SlurmError) error {
 			return ErrUnauthorized
 		case errInvalidJobID, errInvalidNodeName:
 			return ErrNotFound
+		case errDBConnection:
+			return ErrUnreachable
 		}
 		if se.Num() > errProtoSocketError && se.Num() < errProtoSocketError+100 && se.Num() != errZeroBytes {
 			return ErrUnreachable

@@ -259,6 +259,14 @@ func TestLiveBadConfig(t *testing.T) {
 	}
 	t.Logf("slurmctld down: %v", err)
 	c.StartCtld(t)
+	// slurmdbd down.
+	c.StopDBD(t)
+	_, err = cl.Accounting(ctx, time.Now().Add(-time.Hour), time.Now())
+	if !errors.Is(err, ErrUnreachable) {
+		t.Errorf("slurmdbd down: %v", err)
+	}
+	t.Logf("slurmdbd down: %v", err)
+	c.StartDBD(t)
 }
 
 // TestLiveFigures measures REST submit latency (200 sequential submits as a
