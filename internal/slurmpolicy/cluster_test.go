@@ -26,6 +26,8 @@ const (
 	// harness's KillWait (5 s), so a preemptor that waits for it shows the
 	// grace time, not the kill wait.
 	grace = 12 * time.Second
+	// killWait is the harness's KillWait: SIGTERM to SIGKILL.
+	killWait = 5 * time.Second
 )
 
 func clusterInput(t *testing.T) slurmpolicy.Input {
@@ -192,37 +194,40 @@ func TestSlurmSyncAndDemotion(t *testing.T) {
 	t.Run("tier 1 preempts preemptible work with requeue after the grace time", func(t *testing.T) {
 		c.WaitIdle(t)
 		dir := c.JobsDir
-		pre := fmt.Sprintf(`date +%%s >> %s/h3-start-$SLURM_JOB_ID; sleep 300`, dir)
+		// The preemptible job's work runs as a step (srun): Slurm 22.05
+		// sends the SIGTERM that starts the grace time to a job's steps,
+		// not to its batch shell. The step notes when it is told to stop
+		// and keeps running until it is killed.
+		script := filepath.Join(dir, "h3-preemptible.sh")
+		body := fmt.Sprintf("#!/bin/bash\nsrun bash -c \"trap 'date +%%s.%%N >> %s/h3-term-\\$SLURM_JOB_ID; sleep 100' TERM; date +%%s >> %s/h3-start-\\$SLURM_JOB_ID; while true; do sleep 0.2; done\"\n", dir, dir)
+		if err := os.WriteFile(script, []byte(body), 0o755); err != nil {
+			t.Fatal(err)
+		}
 		out, err := c.ExecAs(userB, "sbatch", "--parsable", "-A", "vision", "--qos=allot-preemptible", "--gres=gpu:2", "--requeue",
-			"-o", "/dev/null", "-t", "10", "--wrap", pre)
+			"-o", "/dev/null", "-t", "10", script)
 		if err != nil {
 			t.Fatal(err)
 		}
 		victim := lastID(t, out)
 		c.WaitJob(t, victim, "RUNNING")
 		waitFile(t, filepath.Join(dir, fmt.Sprintf("h3-start-%d", victim)))
-		out, err = c.ExecAs(userA, "sbatch", "--parsable", "-A", "nlp", "--qos=allot-t1", "--gres=gpu:2", "-o", "/dev/null", "-t", "5", "--wrap", "sleep 1")
+		out, err = c.ExecAs(userA, "sbatch", "--parsable", "-A", "nlp", "--qos=allot-t1", "--gres=gpu:2", "-o", "/dev/null", "-t", "5",
+			"--wrap", fmt.Sprintf("date +%%s.%%N > %s/h3-t1-$SLURM_JOB_ID", dir))
 		if err != nil {
 			t.Fatal(err)
 		}
 		urgent := lastID(t, out)
 		c.WaitJob(t, urgent, "COMPLETED")
-		// The tier-1 job waited for the grace time (without it, Slurm
-		// would requeue at once and kill after KillWait, 5 s).
-		times := strings.Fields(c.Run(t, "env", "SLURM_TIME_FORMAT=%s", "sacct", "-n", "-P", "-X", "-j", strconv.FormatInt(urgent, 10), "-o", "Submit,Start"))
-		if len(times) != 1 {
-			t.Fatalf("sacct of the tier-1 job: %q", times)
-		}
-		sub, start, _ := strings.Cut(times[0], "|")
-		s1, err1 := strconv.ParseInt(sub, 10, 64)
-		s2, err2 := strconv.ParseInt(start, 10, 64)
-		if err1 != nil || err2 != nil {
-			t.Fatalf("sacct of the tier-1 job: %q", times)
-		}
-		waited := time.Duration(s2-s1) * time.Second
-		t.Logf("tier-1 job waited %v for the preemptible job's grace time (%v)", waited, grace)
-		if waited < grace-time.Second || waited > grace+15*time.Second {
-			t.Errorf("tier-1 job waited %v to start, want about the grace time %v\n%s", waited, grace, logLines(c, "preempt", "grace", "requeue"))
+		// The preemptible job got SIGTERM when it was picked, and the
+		// tier-1 job started once the grace time was over (without it,
+		// Slurm would requeue at once and kill after KillWait, 5 s); a step
+		// that ignores the SIGTERM is killed KillWait after the grace time.
+		term := readTime(t, filepath.Join(dir, fmt.Sprintf("h3-term-%d", victim)))
+		started := readTime(t, filepath.Join(dir, fmt.Sprintf("h3-t1-%d", urgent)))
+		waited := started.Sub(term)
+		t.Logf("tier-1 job started %v after the preemptible job's SIGTERM (grace time %v)", waited.Round(10*time.Millisecond), grace)
+		if waited < grace-time.Second || waited > grace+killWait+15*time.Second {
+			t.Errorf("tier-1 job started %v after the preemptible job's SIGTERM, want about the grace time %v\n%s", waited, grace, logLines(c, "preempt", "grace", "requeue"))
 		}
 		// The victim was requeued: a PREEMPTED run in accounting, and the job is back in its QOS.
 		acct := c.Run(t, "sacct", "-n", "-P", "-X", "-D", "-j", strconv.FormatInt(victim, 10), "-o", "JobID,State,QOS")
@@ -267,6 +272,19 @@ func waitFile(t *testing.T, path string) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// readTime reads the first "seconds.nanoseconds" a job wrote to path
+// (the jobs' own clock: real time, as Slurm's grace time is).
+func readTime(t *testing.T, path string) time.Time {
+	t.Helper()
+	waitFile(t, path)
+	b, _ := os.ReadFile(path)
+	f, err := strconv.ParseFloat(strings.Fields(string(b))[0], 64)
+	if err != nil {
+		t.Fatalf("%s: %q", path, b)
+	}
+	return time.Unix(0, int64(f*1e9))
 }
 
 // logLines are slurmctld's log lines that mention any of words.
