@@ -148,7 +148,7 @@ func (c *Client) call(ctx context.Context, op, method, path string, query url.Va
 			switch {
 			case perr != nil && errors.As(perr, &pe) && pe.kind == ErrUnauthorized:
 				ae.kind = ErrUnauthorized
-				ae.Op += " (token user " + c.cfg.TokenUser + ")"
+				ae.badToken = true
 				ae.Errors = append(ae.Errors, pe.Errors...)
 			case perr == nil || errors.Is(perr, ErrRejected):
 				ae.kind = ErrUnreachable
@@ -221,7 +221,7 @@ func (c *Client) do(ctx context.Context, op, method, path string, query url.Valu
 	if resp.StatusCode/100 == 2 && len(errs) == 0 && jsonErr == nil {
 		return b, nil
 	}
-	ae := &APIError{Op: op, URL: c.base, Status: resp.StatusCode, Errors: errs}
+	ae := &APIError{Op: op, URL: c.base, Status: resp.StatusCode, Errors: errs, TokenUser: c.cfg.TokenUser, AsUser: asUser}
 	if jsonErr != nil || len(errs) == 0 {
 		ae.Body = trimBody(b)
 	}
@@ -229,9 +229,7 @@ func (c *Client) do(ctx context.Context, op, method, path string, query url.Valu
 		return nil, fmt.Errorf("slurm: %s: answer from %s is not JSON: %s", op, c.base, ae.Body)
 	}
 	ae.kind = classify(resp.StatusCode, errs)
-	if ae.kind == ErrUnauthorized && (resp.StatusCode == 401 || resp.StatusCode == 403 || hasNum(errs, errProtocolAuth, errAuthCredInvalid)) {
-		ae.Op += " (token user " + c.cfg.TokenUser + ", acting for " + asUser + ")"
-	}
+	ae.badToken = ae.kind == ErrUnauthorized && (resp.StatusCode == 401 || resp.StatusCode == 403 || hasNum(errs, errProtocolAuth, errAuthCredInvalid))
 	return nil, ae
 }
 

@@ -86,7 +86,10 @@ type APIError struct {
 	Status int
 	Errors []SlurmError
 	Body   string // a non-JSON answer, trimmed
-	kind   error
+	// TokenUser is whose token was sent; AsUser the X-SLURM-USER-NAME.
+	TokenUser, AsUser string
+	kind              error
+	badToken          bool // the token itself was rejected (not a permission)
 }
 
 func (e *APIError) Error() string {
@@ -95,7 +98,14 @@ func (e *APIError) Error() string {
 	b.WriteString(e.Op)
 	switch e.kind {
 	case ErrUnauthorized:
-		b.WriteString(": slurmrestd at " + e.URL + " rejected the token")
+		if e.badToken {
+			b.WriteString(": slurmrestd at " + e.URL + " rejected the token for user " + e.TokenUser)
+			if e.AsUser != "" && e.AsUser != e.TokenUser {
+				b.WriteString(" (acting for " + e.AsUser + ")")
+			}
+		} else {
+			b.WriteString(": Slurm refused it for user " + e.AsUser)
+		}
 	case ErrUnreachable:
 		daemon := "slurmctld"
 		if e.Has(errDBConnection) {
