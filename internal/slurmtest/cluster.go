@@ -28,9 +28,9 @@ import (
 
 // The accounting database server every cluster uses (its own database on it).
 const (
-	dbHost = "127.0.0.1"
-	dbPort = 3306
-	dbUser = "root"
+	dbHost       = "127.0.0.1"
+	systemDBPort = 3306
+	dbUser       = "root"
 	// If set, Stop copies the cluster's log dir to $ALLOT_SLURMTEST_LOGS/<Name>/ first.
 	keepLogsEnv = "ALLOT_SLURMTEST_LOGS"
 	// If set, every command and daemon stop is written to stderr with its duration.
@@ -90,14 +90,15 @@ type Cluster struct {
 	StartupTime   time.Duration
 	StartupPhases string
 
-	opts        Options
-	host        string
-	mungeSocket string
-	ctldPort    int
-	dbdPort     int
-	restPort    int
-	slurmdPorts []int
-	env         []string
+	opts         Options
+	host         string
+	mungeSocket  string
+	ctldPort     int
+	dbdPort      int
+	dbServerPort int // the MariaDB slurmdbd stores into
+	restPort     int
+	slurmdPorts  []int
+	env          []string
 
 	mu      sync.Mutex
 	daemons map[string]*daemon
@@ -144,28 +145,17 @@ func Available() (bool, string) {
 		return false, "Slurm test cluster: missing plugins " + strings.Join(missing, ", ") +
 			" (Debian: slurm-wlm-jwt-plugin slurm-wlm-mysql-plugin slurmrestd)"
 	}
-	conn, err := net.DialTimeout("tcp", net.JoinHostPort(dbHost, strconv.Itoa(dbPort)), time.Second)
-	if err != nil {
-		return false, fmt.Sprintf("Slurm test cluster: no MariaDB/MySQL at %s:%d (%v)", dbHost, dbPort, err)
-	}
-	conn.Close()
-	if err := dbCheck(); err != nil {
-		return false, fmt.Sprintf("Slurm test cluster: MariaDB at %s:%d does not let %s in without a password: %v",
-			dbHost, dbPort, dbUser, err)
+	if os.Getenv(dbEnv) != "private" {
+		if err := systemDBCheck(); err == nil {
+			return true, ""
+		} else if !privateDBPossible() {
+			return false, fmt.Sprintf("Slurm test cluster: %v, and no mariadbd/mariadb-install-db for a private one", err)
+		}
+	} else if !privateDBPossible() {
+		return false, "Slurm test cluster: " + dbEnv + "=private but no mariadbd/mariadb-install-db"
 	}
 	return true, ""
 }
-
-// dbCheck: the database server takes root without a password over TCP
-// (checked once per process).
-var dbCheck = sync.OnceValue(func() error {
-	out, err := exec.Command(mysqlClient(), "-h", dbHost, "-P", strconv.Itoa(dbPort), "-u", dbUser, "-N", "-e",
-		"SELECT 1").CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("%v: %s", err, strings.TrimSpace(string(out)))
-	}
-	return nil
-})
 
 func findBin(name string) string {
 	for _, d := range []string{"/usr/sbin", "/usr/bin", "/usr/local/sbin", "/usr/local/bin"} {
@@ -386,6 +376,11 @@ func start(o Options) (*Cluster, error) {
 	}
 	if !o.NoDBD {
 		c.DBName = "allot_slurm_" + id
+		port, err := dbPort()
+		if err != nil {
+			return nil, err
+		}
+		c.dbServerPort = port
 	}
 	c.host, _ = os.Hostname()
 	if i := strings.IndexByte(c.host, '.'); i > 0 {
@@ -700,11 +695,18 @@ func (c *Cluster) startDaemonEnv(name string, extraEnv []string, argv ...string)
 }
 
 func (c *Cluster) spawn(d *daemon) error {
+	return spawnReaped(d, "slurmtest-reaper["+c.Name+"/"+d.name+"]", filepath.Join(c.Dir, "log", d.name+".out"),
+		c.Dir, append(slices.Clone(c.env), d.env...))
+}
+
+// spawnReaped starts d.argv under a reaper (a re-executed copy of this
+// binary) whose command line starts with label, output to logPath.
+func spawnReaped(d *daemon, label, logPath, dir string, env []string) error {
 	self, err := os.Executable()
 	if err != nil {
 		return err
 	}
-	logf, err := os.OpenFile(filepath.Join(c.Dir, "log", d.name+".out"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
 	}
@@ -716,9 +718,9 @@ func (c *Cluster) spawn(d *daemon) error {
 	defer r.Close()
 	cmd := &exec.Cmd{
 		Path:   self,
-		Args:   append([]string{"slurmtest-reaper[" + c.Name + "/" + d.name + "]", "--"}, d.argv...),
-		Env:    append(append(slices.Clone(c.env), reaperEnv+"=1", reaperGraceEnv+"=5000"), d.env...),
-		Dir:    c.Dir,
+		Args:   append([]string{label, "--"}, d.argv...),
+		Env:    append(slices.Clone(env), reaperEnv+"=1", reaperGraceEnv+"=5000"),
+		Dir:    dir,
 		Stdin:  r,
 		Stdout: logf,
 		Stderr: logf,
@@ -1190,14 +1192,12 @@ func (c *Cluster) Stop() error {
 }
 
 func dropDB(name string) error {
-	cl := mysqlClient()
-	if cl == "" {
-		return errors.New("no mariadb client to drop database " + name)
-	}
-	out, err := exec.Command(cl, "-h", dbHost, "-P", strconv.Itoa(dbPort), "-u", dbUser,
-		"-e", "DROP DATABASE IF EXISTS `"+name+"`").CombinedOutput()
+	port, err := dbPort()
 	if err != nil {
-		return fmt.Errorf("drop database %s: %v: %s", name, err, out)
+		return err
+	}
+	if err := dbQuery(port, "DROP DATABASE IF EXISTS `"+name+"`"); err != nil {
+		return fmt.Errorf("drop database %s: %v", name, err)
 	}
 	return nil
 }

@@ -175,7 +175,7 @@ func (c *Cluster) renderDBDConf() string {
 		{"PidFile", filepath.Join(c.Dir, "run", "slurmdbd.pid")},
 		{"StorageType", "accounting_storage/mysql"},
 		{"StorageHost", dbHost},
-		{"StoragePort", fmt.Sprint(dbPort)},
+		{"StoragePort", fmt.Sprint(c.dbServerPort)},
 		{"StorageUser", dbUser},
 		{"StorageLoc", c.DBName},
 	} {

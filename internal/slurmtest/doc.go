@@ -21,7 +21,11 @@
 //   - slurmdbd -D on its own port, storing into its own database
 //     allot_slurm_<random> on the MariaDB at 127.0.0.1:3306 (user root, no
 //     password; slurmdbd creates the database, Stop drops it); none with
-//     Options.NoDBD;
+//     Options.NoDBD. Where no such server answers (a fresh CI image, whose
+//     policy-rc.d keeps the package's service from starting) or with
+//     ALLOT_SLURMTEST_DB=private, the test process starts a private mariadbd
+//     (mariadb-install-db, ~2 s, once per process) on a free port under a
+//     reaper; it stops, and its directory goes, when the process exits;
 //   - slurmctld -D with ClusterName st<random>, SlurmUser=root;
 //   - one slurmd -D -N <node> per node (Debian's slurmd has MULTIPLE_SLURMD),
 //     node names NodePrefix01.. (default sn01, sn02), each with GPUsPerNode
@@ -54,7 +58,7 @@
 // # API
 //
 //   - Available() (bool, string): root, the binaries, plugins and a database
-//     server are there; else the reason, for t.Skip.
+//     server (or mariadbd to start one) are there; else the reason, for t.Skip.
 //   - Start(t, Options) *Cluster; StartErr(t, Options) (*Cluster, error) for
 //     starting from other goroutines; (*Cluster).Stop() error (idempotent;
 //     Start registers it with t.Cleanup and fails the test if it finds a leak).

@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -34,6 +35,7 @@ import (
 const (
 	reaperEnv      = "ALLOT_SLURMTEST_REAPER"       // "1" in the re-executed copy
 	reaperGraceEnv = "ALLOT_SLURMTEST_REAPER_GRACE" // ms the daemon has after SIGTERM before it is killed
+	reaperRmdirEnv = "ALLOT_SLURMTEST_REAPER_RMDIR" // a directory to remove once all is stopped
 )
 
 func init() { MaybeReap() }
@@ -78,7 +80,8 @@ func reap(args []string) int {
 
 	var env []string
 	for _, e := range os.Environ() {
-		if !strings.HasPrefix(e, reaperEnv+"=") && !strings.HasPrefix(e, reaperGraceEnv+"=") {
+		if !strings.HasPrefix(e, reaperEnv+"=") && !strings.HasPrefix(e, reaperGraceEnv+"=") &&
+			!strings.HasPrefix(e, reaperRmdirEnv+"=") {
 			env = append(env, e)
 		}
 	}
@@ -152,6 +155,11 @@ func reap(args []string) int {
 	}
 	fmt.Fprintf(os.Stderr, "slurmtest reaper %d: pid %d exited (%d); killing what is left\n", os.Getpid(), child, status)
 	killDescendants(os.Getpid(), leftWait)
+	if d := os.Getenv(reaperRmdirEnv); d != "" && filepath.IsAbs(d) && d != "/" {
+		if err := os.RemoveAll(d); err != nil {
+			fmt.Fprintf(os.Stderr, "slurmtest reaper %d: %v\n", os.Getpid(), err)
+		}
+	}
 	return status
 }
 

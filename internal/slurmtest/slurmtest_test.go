@@ -63,7 +63,11 @@ func rest(t *testing.T, c *Cluster, method, path, userName, token string, body a
 
 func dbExists(t *testing.T, name string) bool {
 	t.Helper()
-	out, err := exec.Command(mysqlClient(), "-h", dbHost, "-P", strconv.Itoa(dbPort), "-u", dbUser, "-N", "-e",
+	port, err := dbPort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(mysqlClient(), "-h", dbHost, "-P", strconv.Itoa(port), "-u", dbUser, "-N", "-e",
 		"SELECT COUNT(*) FROM information_schema.schemata WHERE schema_name='"+name+"'").CombinedOutput()
 	if err != nil {
 		t.Fatalf("query databases: %v: %s", err, out)
