@@ -84,9 +84,14 @@ func TestSlurmSyncAndDemotion(t *testing.T) {
 		t.Fatal("a fresh cluster already has Allot's QOS and accounts")
 	}
 	t.Logf("%d changes on a fresh cluster:\n%s", len(changes), texts(changes))
+	start := time.Now() // stopwatch
 	if err := slurmpolicy.Apply(ctx, c.Env(), changes); err != nil {
 		t.Fatal(err)
 	}
+	applied := time.Since(start)
+	start = time.Now()
+	read(t, c)
+	t.Logf("applying %d changes took %v, reading the state %v", len(changes), applied.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 	if left := slurmpolicy.Diff(r.Desired, read(t, c)); len(left) != 0 {
 		t.Fatalf("after applying, still:\n%s\nread: %+v", texts(left), read(t, c))
 	}
@@ -138,7 +143,23 @@ func TestSlurmSyncAndDemotion(t *testing.T) {
 		t.Fatalf("back to the first policy, still:\n%s", texts(left))
 	}
 
-	// The shell script is idempotent too: run on the synced cluster, it changes nothing.
+	// Hand edits show in the diff, clearing a preemption list included.
+	c.Run(t, "sacctmgr", "-i", "modify", "qos", "where", "name=allot-t3", "set", "Priority=9", "Preempt=allot-t4")
+	changes = slurmpolicy.Diff(r.Desired, read(t, c))
+	if got := texts(changes); len(changes) != 2 || !strings.Contains(got, "qos allot-t3: priority 9 → 3") ||
+		!strings.Contains(got, "qos allot-t3: preempt allot-t4 → none") {
+		t.Errorf("after hand edits of allot-t3, changes:\n%s", got)
+	}
+	if err := slurmpolicy.Apply(ctx, c.Env(), changes); err != nil {
+		t.Fatal(err)
+	}
+	if left := slurmpolicy.Diff(r.Desired, read(t, c)); len(left) != 0 {
+		t.Fatalf("after undoing the hand edits, still:\n%s", texts(left))
+	}
+
+	// The shell script fixes drift too, and is idempotent.
+	c.Run(t, "sacctmgr", "-i", "modify", "account", "where", "name=vision", "set", "Fairshare=7")
+	c.Run(t, "sacctmgr", "-i", "modify", "qos", "where", "name=allot-t4", "set", "GraceTime=1")
 	script := filepath.Join(t.TempDir(), "sacctmgr.sh")
 	if err := os.WriteFile(script, []byte(r.Sacctmgr), 0o700); err != nil {
 		t.Fatal(err)
