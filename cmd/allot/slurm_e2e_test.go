@@ -155,7 +155,8 @@ func startSlurmStack(t *testing.T) *slurmStack {
 		var nodes []string
 		for _, n := range s.c.Nodes {
 			var node web.NodeJSON
-			if z.api("GET", "/api/v1/nodes/"+n, "", &node) == http.StatusOK && node.GPUs == 4 && node.GPUType == "h100" {
+			code, body := z.apiAs(token, "GET", "/api/v1/nodes/"+n, "")
+			if code == http.StatusOK && json.Unmarshal(body, &node) == nil && node.GPUs == 4 && node.GPUType == "h100" {
 				nodes = append(nodes, n)
 			}
 		}
@@ -166,7 +167,11 @@ func startSlurmStack(t *testing.T) *slurmStack {
 
 func (s *slurmStack) submit(name string, gpus int, cmd ...string) web.JobJSON {
 	s.z.t.Helper()
-	b, _ := json.Marshal(map[string]any{"name": name, "team": "ml", "tier": 3, "gpus": gpus, "gpu_type": "h100", "time_limit": "10m", "command": cmd})
+	// workdir: the cluster's own job directory. Without one Allot submits
+	// with workdir /tmp, where Slurm writes slurm-<id>.out: other private
+	// clusters' job 1, 2 … (other users) leave theirs there.
+	b, _ := json.Marshal(map[string]any{"name": name, "team": "ml", "tier": 3, "gpus": gpus, "gpu_type": "h100", "time_limit": "10m", "command": cmd,
+		"workdir": s.c.JobsDir})
 	code, body := s.z.apiAs(s.engToken, "POST", "/api/v1/jobs", string(b))
 	var j web.JobJSON
 	if err := json.Unmarshal(body, &j); code != http.StatusCreated || err != nil {
@@ -191,6 +196,20 @@ func (s *slurmStack) slurmID(id int64) int64 {
 	return n
 }
 
+// slurmDebug is what Slurm says about job id, and its daemons' log tails.
+func (s *slurmStack) slurmDebug(id int64) string {
+	var b strings.Builder
+	out, _ := s.c.Exec("sacct", "-n", "-P", "-j", strconv.FormatInt(id, 10), "-o", "JobID,User,Account,QOS,State,ExitCode,DerivedExitCode,Reason,WorkDir,NodeList")
+	b.WriteString(out)
+	logs, _ := filepath.Glob(filepath.Join(s.c.Dir, "log", "*"))
+	for _, l := range logs {
+		data, _ := os.ReadFile(l)
+		lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+		fmt.Fprintf(&b, "==> %s <==\n%s\n", l, strings.Join(lines[max(0, len(lines)-15):], "\n"))
+	}
+	return b.String()
+}
+
 var engineJobIDRe = regexp.MustCompile(`data-testid="engine-job-id">(\d+)<`)
 
 // TestSlurmEndToEnd: from an empty database to a job submitted through
@@ -207,7 +226,7 @@ func TestSlurmEndToEnd(t *testing.T) {
 		return done.State == "completed" || done.State == "failed" || done.State == "cancelled"
 	})
 	if done.State != "completed" || done.RunAsUser != seEng {
-		t.Fatalf("job = %+v\nworker log:\n%s", done, z.logOf(s.workerLog))
+		t.Fatalf("job = %+v\nworker log:\n%s\nSlurm:\n%s", done, z.logOf(s.workerLog), s.slurmDebug(s.slurmID(j.ID)))
 	}
 	// The portal's job page, for the engineer: it runs on Slurm, as job N.
 	code, page := z.apiAs(s.engToken, "GET", fmt.Sprintf("/jobs/%d", j.ID), "")
@@ -316,7 +335,7 @@ func TestSlurmBadConfig(t *testing.T) {
 	slurmtest.EnsureUser(t, seBad)
 	z := &zero{t: t, env: map[string]string{"DATABASE_URL": storetest.EmptyURL(t)}, dir: t.TempDir()}
 	z.must("migrate")
-	c := slurmtest.Start(t, slurmtest.Options{Nodes: 1, GPUsPerNode: 1, Users: []string{seBad}, NoDBD: true})
+	c := slurmtest.Start(t, slurmtest.Options{Nodes: 1, GPUsPerNode: 1, Users: []string{seBad}}) // with slurmdbd: on 22.05 only it names a rejected token
 	closed := "http://" + freeAddr(t) // nothing listens there
 	wrongKey := filepath.Join(z.dir, "wrong.key")
 	key := make([]byte, 32)
