@@ -66,6 +66,7 @@ func waitJob(t *testing.T, cl *Client, id int64, what string, ok func(Job) bool)
 }
 
 func TestLiveSubmitRunAccountCancel(t *testing.T) {
+	t.Parallel() // each test has its own cluster
 	c, cl := liveCluster(t)
 	ctx := context.Background()
 	info, err := cl.Ping(ctx)
@@ -184,6 +185,7 @@ func TestLiveSubmitRunAccountCancel(t *testing.T) {
 }
 
 func TestLiveDrainResume(t *testing.T) {
+	t.Parallel() // each test has its own cluster
 	c, cl := liveCluster(t)
 	ctx := context.Background()
 	node := c.Nodes[1]
@@ -221,6 +223,7 @@ func TestLiveDrainResume(t *testing.T) {
 }
 
 func TestLiveBadConfig(t *testing.T) {
+	t.Parallel() // each test has its own cluster
 	c, cl := liveCluster(t)
 	ctx := context.Background()
 	if _, err := cl.Ping(ctx); err != nil {
@@ -362,6 +365,7 @@ func TestLiveFigures(t *testing.T) {
 // job shows in Accounting as a PREEMPTED run plus the requeued record, with
 // distinct keys, and /jobs shows the requeue (BeginTime, restarts).
 func TestLivePreemptRequeue(t *testing.T) {
+	t.Parallel() // each test has its own cluster
 	if ok, why := slurmtest.Available(); !ok {
 		t.Skip("no Slurm here: " + why)
 	}
@@ -443,6 +447,7 @@ func TestLivePreemptRequeue(t *testing.T) {
 // TestLiveTokenFileAndProxyRules: a static token from `scontrol token`
 // works; proxied users are held to Slurm's rules.
 func TestLiveTokenFileAndProxyRules(t *testing.T) {
+	t.Parallel() // each test has its own cluster
 	c, cl := liveCluster(t)
 	ctx := context.Background()
 	tf := filepath.Join(t.TempDir(), "token")
