@@ -350,3 +350,21 @@ var (
 	a40 adapter = v0040{}
 	a41 adapter = v0041{}
 )
+
+// BenchmarkDecodeAccountingV0038: decode rate of recorded dbv0.0.38
+// records (runs/s is the import ceiling on the client side).
+func BenchmarkDecodeAccountingV0038(b *testing.B) {
+	body, err := os.ReadFile(filepath.Join("testdata", "dbv0038_jobs.json"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	runs := 0
+	for b.Loop() {
+		r, err := a38.decodeRuns(body)
+		if err != nil {
+			b.Fatal(err)
+		}
+		runs += len(r)
+	}
+	b.ReportMetric(float64(runs)/b.Elapsed().Seconds(), "runs/s")
+}
