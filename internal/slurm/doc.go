@@ -44,10 +44,10 @@
 // v0.0.41 at slurm-24-05-0-1) and replayed through the client by a stand-in
 // server; no newer slurmrestd ran here.
 //
-// # Figures (this machine, 2 cores, loopback; TestLiveFigures with
-// ALLOT_SLURM_FIGURES=1, BenchmarkDecodeAccountingV0038)
+// # Figures
 //
-// 200 sequential REST submits as a user (v0.0.38, 1 GPU each): p50 8.2 ms,
+// On this machine (2 cores, loopback; TestLiveFigures with
+// ALLOT_SLURM_FIGURES=1, BenchmarkDecodeAccountingV0038): 200 sequential REST submits as a user (v0.0.38, 1 GPU each): p50 8.2 ms,
 // p99 32 ms, max 78 ms; plain sbatch (fork+exec, 20): p50 10.3 ms, p99
 // 13 ms. Accounting import of 220 runs: 0.55 s through REST (≈400 runs/s,
 // slurmdbd-bound, 1.3 MiB), decode alone ≈7,800–8,800 runs/s.
