@@ -38,6 +38,7 @@ func clusterInput(t *testing.T) slurmpolicy.Input {
 	in.Members = map[string][]string{"nlp": {userA}, "vision": {userB}}
 	in.OverBudget = []string{"vision"}
 	in.OverBudgetFile = filepath.Join(t.TempDir(), "allot-over-budget")
+	in.OverBudgetRefresh = time.Second
 	return in
 }
 
@@ -194,6 +195,23 @@ func TestSlurmSyncAndDemotion(t *testing.T) {
 		if q, cm := jobField(t, c, id2, "%q"), jobField(t, c, id2, "%k"); q != slurmpolicy.QOSPreemptible || cm != "allot:job=7 "+slurmpolicy.DemotedTag {
 			t.Errorf("vision's job without --qos: QOS %q comment %q", q, cm)
 		}
+		// No -A: the user's default account (vision) counts; tier 1 is never demoted.
+		out, err = c.ExecAs(userB, "sbatch", "--parsable", "-t", "5", "--wrap", "sleep 60")
+		if err != nil {
+			t.Fatal(err)
+		}
+		id4 := lastID(t, out)
+		if q, a := jobField(t, c, id4, "%q"), jobField(t, c, id4, "%a"); q != slurmpolicy.QOSPreemptible || a != "vision" || !strings.Contains(out, msg) {
+			t.Errorf("vision's member without -A: account %q QOS %q, sbatch said %q", a, q, out)
+		}
+		out, err = c.ExecAs(userB, "sbatch", "--parsable", "-A", "vision", "--qos=allot-t1", "-t", "5", "--wrap", "sleep 60")
+		if err != nil {
+			t.Fatal(err)
+		}
+		id5 := lastID(t, out)
+		if q := jobField(t, c, id5, "%q"); q != "allot-t1" || strings.Contains(out, "budget") {
+			t.Errorf("vision's tier-1 job: QOS %q, sbatch said %q", q, out)
+		}
 		// Another account stays in its tier, without a message.
 		out, err = c.ExecAs(userA, "sbatch", "--parsable", "-A", "nlp", "--qos=allot-t3", "-t", "5", "--wrap", "sleep 60")
 		if err != nil {
@@ -206,8 +224,31 @@ func TestSlurmSyncAndDemotion(t *testing.T) {
 		if q := jobField(t, c, id3, "%q"); q != "allot-t3" {
 			t.Errorf("nlp's tier-3 job runs in QOS %q, want allot-t3", q)
 		}
-		c.Run(t, "scancel", strconv.FormatInt(id, 10), strconv.FormatInt(id2, 10), strconv.FormatInt(id3, 10))
-		for _, j := range []int64{id, id2, id3} {
+		// The list changes (Allot rewrites the file): the script reads it
+		// again after its refresh interval (1 s here).
+		in2 := in
+		in2.OverBudget = []string{"nlp"}
+		writeAtomically(t, in.OverBudgetFile, slurmpolicy.Render(in2).OverBudgetList)
+		time.Sleep(1100 * time.Millisecond) // the script's refresh interval, in real time
+		out, err = c.ExecAs(userA, "sbatch", "--parsable", "-A", "nlp", "-t", "5", "--wrap", "sleep 60")
+		if err != nil {
+			t.Fatal(err)
+		}
+		id6 := lastID(t, out)
+		out, err = c.ExecAs(userB, "sbatch", "--parsable", "-A", "vision", "-t", "5", "--wrap", "sleep 60")
+		if err != nil {
+			t.Fatal(err)
+		}
+		id7 := lastID(t, out)
+		if q6, q7 := jobField(t, c, id6, "%q"), jobField(t, c, id7, "%q"); q6 != slurmpolicy.QOSPreemptible || q7 != "allot-t3" {
+			t.Errorf("after the list changed to nlp: nlp's job in %q, vision's in %q", q6, q7)
+		}
+		writeAtomically(t, in.OverBudgetFile, r.OverBudgetList)
+		ids := []int64{id, id2, id3, id4, id5, id6, id7}
+		for _, j := range ids {
+			c.Run(t, "scancel", strconv.FormatInt(j, 10))
+		}
+		for _, j := range ids {
 			c.WaitJob(t, j)
 		}
 	})
@@ -292,6 +333,19 @@ func waitFile(t *testing.T, path string) {
 			t.Fatalf("%s not written after 30 s", path)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// writeAtomically replaces path with content (a rename, as Allot writes
+// the list: the script never reads half a file).
+func writeAtomically(t *testing.T, path, content string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
 	}
 }
 
