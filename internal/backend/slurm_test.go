@@ -2,6 +2,7 @@ package backend_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -70,6 +71,7 @@ func setup(t *testing.T) *env {
 	in.Policy.MinRuntime = 0
 	in.Policy.GracePeriod = 5 * time.Second
 	in.OverBudgetFile = filepath.Join(t.TempDir(), "over-budget")
+	in.OverBudgetRefresh = time.Second
 	r := slurmpolicy.Render(in)
 	e.c = slurmtest.Start(t, slurmtest.Options{Nodes: 2, GPUsPerNode: 4, Users: []string{engA, engB, engC},
 		ConfExtra: r.SlurmConf, JobSubmitLua: r.JobSubmitLua, Enforce: "associations,limits,qos"})
@@ -105,12 +107,16 @@ func (e *env) sync() backend.Report {
 func (e *env) until(what string, ok func() bool) {
 	e.t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
-	for !ok() {
+	for {
+		e.sync()
+		if ok() {
+			return
+		}
 		if time.Now().After(deadline) {
-			e.t.Fatalf("timed out waiting for %s", what)
+			out, _ := e.c.Exec("squeue", "-a", "-o", "%i %u %a %q %T %r %b %N")
+			e.t.Fatalf("timed out waiting for %s; squeue:\n%s", what, out)
 		}
 		time.Sleep(300 * time.Millisecond)
-		e.sync()
 	}
 }
 
@@ -134,7 +140,7 @@ func (e *env) engineJob(id int64) store.EngineJobInfo {
 func (e *env) submit(u *allot.User, tier allot.TierID, gpus int, cmd ...string) allot.Job {
 	e.t.Helper()
 	j, err := e.st.SubmitJob(e.ctx, u, allot.JobSpec{Name: "t", Team: u.Memberships[0].Team, Tier: tier, GPUs: gpus, GPUType: "h100",
-		TimeLimit: 10 * time.Minute, Command: cmd})
+		TimeLimit: 10 * time.Minute, Command: cmd, WorkDir: e.c.JobsDir})
 	must(e.t, err)
 	if j.Backend != allot.BackendSlurm {
 		e.t.Fatalf("job %d backend %q, want slurm", j.ID, j.Backend)
@@ -244,6 +250,108 @@ func TestSlurmBackend(t *testing.T) {
 		}
 	})
 
+	e.run(t, "preemption with requeue is credited", func(t *testing.T) {
+		var low []allot.Job
+		for range e.c.Nodes {
+			low = append(low, e.submit(&e.alice, allot.TierPreemptible, 4, "sleep", "300"))
+		}
+		e.until("preemptible jobs running", func() bool {
+			return e.job(low[0].ID).State == allot.JobRunning && e.job(low[1].ID).State == allot.JobRunning
+		})
+		hi := e.submit(&e.alice, allot.Tier1, 4, "sleep", "1")
+		var victim allot.Job
+		e.until("a preempted run imported and the urgent job done", func() bool {
+			if e.job(hi.ID).State != allot.JobCompleted {
+				return false
+			}
+			for _, j := range low {
+				if in := e.engineJob(j.ID); len(in.Runs) >= 1 && in.Runs[0].State == "PREEMPTED" && !in.Runs[0].End.IsZero() {
+					victim = e.job(j.ID)
+					return true
+				}
+			}
+			return false
+		})
+		if victim.Preemptions != 1 {
+			t.Fatalf("victim %d: %d preemptions", victim.ID, victim.Preemptions)
+		}
+		segs, err := e.st.JobUsageSegments(ctx, victim.ID, e.st.Now().Add(time.Hour))
+		must(t, err)
+		credited := false
+		for _, s := range segs {
+			credited = credited || (s.Segment == 1 && !s.PreemptedAt.IsZero())
+		}
+		if !credited {
+			t.Fatalf("the preempted run is not marked for the preemption credit: %+v", segs)
+		}
+		for _, j := range low {
+			_, err := e.st.CancelJob(ctx, &e.alice, j.ID)
+			must(t, err)
+		}
+		e.until("preemptible jobs cancelled in Slurm", func() bool {
+			return e.squeueField(e.engineJob(low[0].ID).ExternalID, "%T") == "" && e.squeueField(e.engineJob(low[1].ID).ExternalID, "%T") == ""
+		})
+	})
+
+	e.run(t, "over budget: demoted at submission and in the queue", func(t *testing.T) {
+		held := e.c.Sbatch(t, engC, "-A", "vision", "--qos=allot-t3", "-H", "--gres=gpu:1", "--wrap", "sleep 1")
+		e.sync() // imported while vision is within budget
+		e.overBudget(&e.vic, "vision")
+		rep := e.sync()
+		if rep.Demoted != 1 || !slices.Contains(rep.OverBudget, "vision") {
+			t.Fatalf("sync report %+v", rep)
+		}
+		if q := e.squeueField(held, "%q"); q != "allot-preemptible" {
+			t.Fatalf("queued job %d has QOS %q, want allot-preemptible", held, q)
+		}
+		// sbatch, through job_submit.lua reading the list the sync wrote
+		// (it re-reads it every OverBudgetRefresh: let that pass).
+		time.Sleep(2 * time.Second)
+		out := e.c.RunAs(t, engC, "sh", "-c", "sbatch --parsable -A vision --qos=allot-t3 -H --gres=gpu:1 --wrap 'sleep 1' 2>&1")
+		if !strings.Contains(out, "account vision is over its GPU-hour budget; job runs as preemptible") {
+			t.Fatalf("sbatch said %q", out)
+		}
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		id, err := strconv.ParseInt(strings.Split(lines[len(lines)-1], ";")[0], 10, 64)
+		must(t, err)
+		if q := e.squeueField(id, "%q"); q != "allot-preemptible" {
+			t.Fatalf("sbatch job has QOS %q", q)
+		}
+		// Through Allot: the budget check demotes it, Slurm runs it preemptible.
+		j := e.submit(&e.vic, allot.Tier3, 1, "sleep", "1")
+		if !j.Demoted {
+			t.Fatalf("Allot did not demote job %d", j.ID)
+		}
+		e.sync()
+		if q := e.squeueField(e.engineJob(j.ID).ExternalID, "%q"); q != "allot-preemptible" {
+			t.Fatalf("Allot's job has QOS %q in Slurm", q)
+		}
+		e.c.Run(t, "scancel", itoa(held), itoa(id))
+	})
+
+	e.run(t, "pending: Slurm's reason and expected start", func(t *testing.T) {
+		var fill []allot.Job
+		for range e.c.Nodes {
+			fill = append(fill, e.submit(&e.alice, allot.Tier3, 4, "sleep", "60"))
+		}
+		wait := e.submit(&e.alice, allot.Tier3, 4, "sleep", "1")
+		e.until("the last job waits with Slurm's reason", func() bool {
+			in := e.engineJob(wait.ID)
+			return in.State == "PENDING" && in.Reason != "" && e.job(wait.ID).PendingReason != ""
+		})
+		in := e.engineJob(wait.ID)
+		why := e.job(wait.ID).PendingReason
+		if strings.HasPrefix(why, "Slurm: ") || why == "queued in Slurm" {
+			t.Fatalf("reason %q not in Allot's words (code %s)", why, in.Reason)
+		}
+		t.Logf("Slurm reason %s → %q; expected start %v", in.Reason, why, in.StartEstimate)
+		for _, j := range append(fill, wait) {
+			_, err := e.st.CancelJob(ctx, &e.alice, j.ID)
+			must(t, err)
+		}
+		e.sync()
+	})
+
 	e.run(t, "drain both ways", func(t *testing.T) {
 		n := e.c.Nodes[0]
 		_, err := e.st.DrainNode(ctx, e.admin.Email, n, "XID 79 on GPU 3", false)
@@ -271,6 +379,30 @@ func TestSlurmBackend(t *testing.T) {
 			t.Fatalf("after resume in Slurm Allot shows %s", info.State)
 		}
 	})
+
+	e.run(t, "Slurm down: said clearly, caught up after", func(t *testing.T) {
+		e.c.StopRest(t)
+		j := e.submit(&e.alice, allot.Tier3, 1, "sleep", "1")
+		if _, err := e.rec.Sync(ctx); err == nil || !errors.Is(err, slurm.ErrUnreachable) {
+			t.Fatalf("sync with slurmrestd down: %v", err)
+		}
+		sync, err := e.st.EngineSync(ctx)
+		must(t, err)
+		if sync.DownSince.IsZero() || !strings.Contains(sync.LastError, "not reachable") {
+			t.Fatalf("sync state %+v", sync)
+		}
+		if why := e.job(j.ID).PendingReason; !strings.Contains(why, "Slurm") {
+			t.Fatalf("pending reason while Slurm is down: %q", why)
+		}
+		e.c.StartRest(t)
+		e.until("submitted and run after Slurm is back", func() bool {
+			r := e.engineJob(j.ID).Runs
+			return e.job(j.ID).State == allot.JobCompleted && len(r) == 1 && !r[0].End.IsZero()
+		})
+		if sync, _ = e.st.EngineSync(ctx); !sync.DownSince.IsZero() || sync.LastError != "" {
+			t.Fatalf("sync state after recovery %+v", sync)
+		}
+	})
 }
 
 // allocations is the allocations table as text, "open" marking open rows.
@@ -282,6 +414,43 @@ func (e *env) run(t *testing.T, name string, fn func(t *testing.T)) {
 		defer func() { e.t = parent }()
 		fn(t)
 	})
+}
+
+// squeueField is one %-field of a job from squeue ("" once it is gone).
+func (e *env) squeueField(id int64, format string) string {
+	e.t.Helper()
+	out, _ := e.c.Exec("squeue", "-h", "-j", itoa(id), "-o", format)
+	return strings.TrimSpace(out)
+}
+
+// overBudget makes team over its budget: the demotion threshold at 1 %
+// and enough finished usage this month (back to the month's start at
+// most: any instant works once the test has run a few seconds).
+func (e *env) overBudget(u *allot.User, team string) {
+	e.t.Helper()
+	_, err := e.st.UpdatePolicy(e.ctx, store.PolicyChange{Actor: e.admin.Email, Action: "policy.update", Object: "policy"}, func(v *store.PolicyValues) error {
+		v.BudgetWarnPct, v.BudgetDemotePct = 1, 1
+		return nil
+	})
+	must(e.t, err)
+	now := e.st.Now().UTC().Truncate(time.Second)
+	start := now.Add(-time.Hour)
+	if ms := store.MonthStart(now); ms.After(start) {
+		start = ms
+	}
+	secs := int64(now.Sub(start) / time.Second)
+	if secs < 2 {
+		e.t.Fatalf("only %d s of this month so far", secs)
+	}
+	for used := int64(0); used*100 < 3600; used += 4 * (secs - 1) {
+		must(e.t, e.st.RecordFinishedJob(e.ctx, u, allot.JobSpec{Name: "past", Team: team, Tier: allot.Tier3, GPUs: 4, GPUType: "h100",
+			TimeLimit: time.Hour, Command: []string{"true"}}, allot.JobCompleted, start, start, now.Add(-time.Second), e.c.Nodes[0], []int{0, 1, 2, 3}))
+	}
+	over, err := e.st.OverBudgetTeams(e.ctx)
+	must(e.t, err)
+	if !slices.Contains(over, team) {
+		e.t.Fatalf("%s not over budget: %v", team, over)
+	}
 }
 
 func allocations(t *testing.T, st *store.Store) string {

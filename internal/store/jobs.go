@@ -344,6 +344,14 @@ func (s *Store) SubmitJob(ctx context.Context, u *allot.User, spec allot.JobSpec
 			spec.Name, spec.Team, u.ID, string(spec.Tier), spec.GPUs, gpuType, perNode, int64(spec.TimeLimit/time.Second),
 			spec.Command, envJSON, spec.WorkDir, spec.Checkpointable, job.Preemptible, q.Preemptible,
 			q.Warning, reason, s.Now(), c.Account, spec.Image, spec.MemoryBytes, spec.MilliCPUs, secretJSON).Scan(&job.ID, &job.SubmittedAt, &job.UpdatedAt, &job.Backend)
+		if err != nil {
+			return mapErr("creating job", err)
+		}
+		if job.Backend != allot.BackendNative {
+			// Another engine (Slurm) places it: the reconciler submits it.
+			job.PendingReason = "waiting to be submitted to Slurm"
+			_, err = tx.db.Exec(ctx, `UPDATE jobs SET pending_reason = $2 WHERE id = $1`, job.ID, job.PendingReason)
+		}
 		return mapErr("creating job", err)
 	}(s)
 	return job, err
