@@ -27,6 +27,7 @@ type slurmFlags struct {
 	partition, gpuType, overBudgetFile, since    string
 	interval                                     time.Duration
 	batch                                        int
+	manage                                       bool
 }
 
 func addSlurmFlags(fs *flag.FlagSet) *slurmFlags {
@@ -41,6 +42,7 @@ func addSlurmFlags(fs *flag.FlagSet) *slurmFlags {
 	fs.StringVar(&f.gpuType, "slurm-gpu-type", "", "Allot GPU type (of backend slurm) for Slurm nodes and jobs whose GRES type names none")
 	fs.StringVar(&f.overBudgetFile, "slurm-over-budget-file", "", "`file` the worker keeps the teams over budget in, for job_submit.lua (\"\": not written; GET /api/v1/slurm/over-budget has it too)")
 	fs.StringVar(&f.since, "slurm-import-since", "", "first accounting import starts here (RFC 3339 or YYYY-MM-DD; default the start of this month)")
+	fs.BoolVar(&f.manage, "slurm-manage-accounts", false, "the worker keeps Slurm's accounts, users and QOS what Allot's policy says (sacctmgr on this host, every minute; see allot slurm diff)")
 	fs.IntVar(&f.batch, "slurm-import-batch", store.DefaultImportBatch, "accounting runs imported per transaction (a crash redoes at most one batch)")
 	fs.DurationVar(&f.interval, "slurm-sync", jobs.DefaultEngineInterval, "how often the worker syncs with Slurm")
 	return f
@@ -114,9 +116,13 @@ func (f *slurmFlags) reconciler(ctx context.Context) (func(*store.Store) *backen
 		return nil, err
 	}
 	return func(st *store.Store) *backend.Reconciler {
-		return &backend.Reconciler{Store: st, Engine: &backend.SlurmEngine{Client: c, Partition: f.partition},
+		r := &backend.Reconciler{Store: st, Engine: &backend.SlurmEngine{Client: c, Partition: f.partition},
 			Mapping:        store.EngineMapping{Backend: allot.BackendSlurm, DefaultGPUType: f.gpuType, ImportBatch: f.batch},
 			OverBudgetFile: f.overBudgetFile, ImportSince: since, Cluster: f.url, Version: info.Version + " (Slurm " + info.Release + ")"}
+		if f.manage {
+			r.ApplyPolicy = func(ctx context.Context) (int, error) { return applySlurmPolicy(ctx, st, f.env()) }
+		}
+		return r
 	}, nil
 }
 
@@ -218,16 +224,10 @@ func cmdSlurm(args []string, stdout, stderr io.Writer) int {
 			return fail(err)
 		}
 		defer closeDB()
-		in, err := st.SlurmPolicyInput(ctx)
+		changes, err := slurmChanges(ctx, st, sf.env())
 		if err != nil {
 			return fail(err)
 		}
-		r := slurmpolicy.Render(in)
-		actual, err := slurmpolicy.ReadClusterState(ctx, sf.env())
-		if err != nil {
-			return fail(err)
-		}
-		changes := slurmpolicy.Diff(r.Desired, actual)
 		if len(changes) == 0 {
 			fmt.Fprintln(stdout, "the cluster's accounts and QOS are what Allot's policy says")
 			return 0
@@ -271,4 +271,27 @@ func cmdSlurm(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprint(stderr, slurmUsage)
 	return 2
+}
+
+// slurmChanges are what the cluster's accounts and QOS lack against what
+// the live policy renders to.
+func slurmChanges(ctx context.Context, st *store.Store, env []string) ([]slurmpolicy.Change, error) {
+	in, err := st.SlurmPolicyInput(ctx)
+	if err != nil {
+		return nil, err
+	}
+	actual, err := slurmpolicy.ReadClusterState(ctx, env)
+	if err != nil {
+		return nil, err
+	}
+	return slurmpolicy.Diff(slurmpolicy.Render(in).Desired, actual), nil
+}
+
+// applySlurmPolicy applies slurmChanges and returns how many there were.
+func applySlurmPolicy(ctx context.Context, st *store.Store, env []string) (int, error) {
+	changes, err := slurmChanges(ctx, st, env)
+	if err != nil || len(changes) == 0 {
+		return 0, err
+	}
+	return len(changes), slurmpolicy.Apply(ctx, env, changes)
 }

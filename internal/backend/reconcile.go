@@ -55,10 +55,19 @@ type Reconciler struct {
 	// Cluster and Version name the cluster in the sync state.
 	Cluster, Version string
 	Logger           *slog.Logger
+	// ApplyPolicy, when set, makes the engine's accounts and classes what
+	// Allot's live policy says (Slurm: sacctmgr from slurmpolicy) and
+	// returns how many changes it made; it runs first in a Sync, at most
+	// every PolicyEvery (default 1 minute), so a new team or member can
+	// submit without anyone editing Slurm by hand.
+	ApplyPolicy func(ctx context.Context) (int, error)
+	PolicyEvery time.Duration
+	policyAt    time.Time
 }
 
 // Report says what one Sync did.
 type Report struct {
+	PolicyChanges              int
 	Nodes, Drained, Resumed    int
 	Jobs, ImportedJobs         int
 	Submitted, SubmitFailed    int
@@ -99,6 +108,18 @@ func (r *Reconciler) sync(ctx context.Context) (syncReport, error) {
 	var rep syncReport
 	st := r.Store
 	e := r.Engine
+	every := r.PolicyEvery
+	if every <= 0 {
+		every = time.Minute
+	}
+	// A stopwatch between applications, not product time.
+	if r.ApplyPolicy != nil && (r.policyAt.IsZero() || time.Since(r.policyAt) >= every) {
+		n, err := r.ApplyPolicy(ctx)
+		if err != nil {
+			return rep, fmt.Errorf("applying Allot's policy to %s: %w", e.Name(), err)
+		}
+		r.policyAt, rep.PolicyChanges = time.Now(), n
+	}
 	// 1. Nodes and drains.
 	nodes, err := e.Nodes(ctx)
 	if err != nil {
