@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/slurm"
 	"github.com/allotlabs/allot/internal/slurmpolicy"
 	"github.com/allotlabs/allot/internal/slurmtest"
 )
@@ -49,7 +50,7 @@ func startCluster(t *testing.T, r slurmpolicy.Rendered) *slurmtest.Cluster {
 	}
 	slurmtest.EnsureUser(t, userA)
 	slurmtest.EnsureUser(t, userB)
-	return slurmtest.Start(t, slurmtest.Options{Nodes: 1, GPUsPerNode: 2, NoRest: true,
+	return slurmtest.Start(t, slurmtest.Options{Nodes: 1, GPUsPerNode: 2,
 		ConfExtra: r.SlurmConf, JobSubmitLua: r.JobSubmitLua, Enforce: "associations,limits,qos"})
 }
 
@@ -224,6 +225,19 @@ func TestSlurmSyncAndDemotion(t *testing.T) {
 		if q := jobField(t, c, id3, "%q"); q != "allot-t3" {
 			t.Errorf("nlp's tier-3 job runs in QOS %q, want allot-t3", q)
 		}
+		// Through slurmrestd too (how Allot submits, as the engineer).
+		cl, err := slurm.New(slurm.Config{URL: c.RestURL, JWTKeyFile: c.JWTKeyFile, TokenUser: c.SlurmUser, SlurmConf: c.SlurmConf, Timeout: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		id8, userMsg, err := cl.Submit(ctx, userB, slurm.JobSubmit{Name: "rest", Account: "vision", QOS: "allot-t4", Comment: "allot:job=9",
+			Workdir: c.JobsDir, Script: "#!/bin/sh\nsleep 60\n", TimeLimit: 5 * time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if q, cm := jobField(t, c, id8, "%q"), jobField(t, c, id8, "%k"); q != slurmpolicy.QOSPreemptible || cm != "allot:job=9 "+slurmpolicy.DemotedTag || !strings.Contains(userMsg, msg) {
+			t.Errorf("REST submission for vision: QOS %q comment %q, message %q", q, cm, userMsg)
+		}
 		// The list changes (Allot rewrites the file): the script reads it
 		// again after its refresh interval (1 s here).
 		in2 := in
@@ -244,7 +258,7 @@ func TestSlurmSyncAndDemotion(t *testing.T) {
 			t.Errorf("after the list changed to nlp: nlp's job in %q, vision's in %q", q6, q7)
 		}
 		writeAtomically(t, in.OverBudgetFile, r.OverBudgetList)
-		ids := []int64{id, id2, id3, id4, id5, id6, id7}
+		ids := []int64{id, id2, id3, id4, id5, id6, id7, id8}
 		for _, j := range ids {
 			c.Run(t, "scancel", strconv.FormatInt(j, 10))
 		}
