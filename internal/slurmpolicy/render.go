@@ -260,12 +260,19 @@ func desired(in Input) ClusterState {
 }
 
 // SlurmText is s as Slurm's accounting stores a description or an
-// organization: sacctmgr lower-cases them and turns quotes into
-// backquotes; '|' (the parsable output's separator) and line breaks become
+// organization: sacctmgr lower-cases them (ASCII letters) and turns
+// quotes into backquotes; '|' (the parsable output's separator) and line breaks become
 // '/' and ' ' here so what is read back matches.
 func SlurmText(s string) string {
-	s = strings.ToLower(strings.TrimSpace(s))
-	return strings.NewReplacer(`'`, "`", `"`, "`", "|", "/", "\n", " ", "\r", " ", "\t", " ").Replace(s)
+	s = strings.NewReplacer(`'`, "`", `"`, "`", "|", "/", "\n", " ", "\r", " ", "\t", " ").Replace(strings.TrimSpace(s))
+	// sacctmgr lower-cases byte by byte in the C locale: ASCII letters only.
+	b := []byte(s)
+	for i, c := range b {
+		if 'A' <= c && c <= 'Z' {
+			b[i] = c + 'a' - 'A'
+		}
+	}
+	return string(b)
 }
 
 // slurmDuration formats d as a slurm.conf time: days-hours:minutes:seconds

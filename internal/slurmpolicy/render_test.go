@@ -124,6 +124,9 @@ func TestRenderDesired(t *testing.T) {
 	if d := cmp.Diff(want, r.Desired); d != "" {
 		t.Errorf("desired state (-want +got):\n%s", d)
 	}
+	if got := slurmpolicy.SlurmText(" Équipe ÉTÉ 'A' "); got != "Équipe ÉtÉ `a`" {
+		t.Errorf("SlurmText lower-cases like sacctmgr (ASCII only): %q", got)
+	}
 	// Tiers sharing a class order share a priority; the ranks stay dense.
 	in := testInput()
 	in.Tiers[3].ClassOrder = 3
