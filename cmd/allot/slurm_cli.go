@@ -120,7 +120,7 @@ func (f *slurmFlags) reconciler(ctx context.Context) (func(*store.Store) *backen
 			Mapping:        store.EngineMapping{Backend: allot.BackendSlurm, DefaultGPUType: f.gpuType, ImportBatch: f.batch},
 			OverBudgetFile: f.overBudgetFile, ImportSince: since, Cluster: f.url, Version: info.Version + " (Slurm " + info.Release + ")"}
 		if f.manage {
-			r.ApplyPolicy = func(ctx context.Context) (int, error) { return applySlurmPolicy(ctx, st, f.env()) }
+			r.ApplyPolicy = backend.SlurmPolicyApplier(st, f.env())
 		}
 		return r
 	}, nil
@@ -224,7 +224,7 @@ func cmdSlurm(args []string, stdout, stderr io.Writer) int {
 			return fail(err)
 		}
 		defer closeDB()
-		changes, err := slurmChanges(ctx, st, sf.env())
+		changes, err := backend.SlurmPolicyChanges(ctx, st, sf.env())
 		if err != nil {
 			return fail(err)
 		}
@@ -271,27 +271,4 @@ func cmdSlurm(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprint(stderr, slurmUsage)
 	return 2
-}
-
-// slurmChanges are what the cluster's accounts and QOS lack against what
-// the live policy renders to.
-func slurmChanges(ctx context.Context, st *store.Store, env []string) ([]slurmpolicy.Change, error) {
-	in, err := st.SlurmPolicyInput(ctx)
-	if err != nil {
-		return nil, err
-	}
-	actual, err := slurmpolicy.ReadClusterState(ctx, env)
-	if err != nil {
-		return nil, err
-	}
-	return slurmpolicy.Diff(slurmpolicy.Render(in).Desired, actual), nil
-}
-
-// applySlurmPolicy applies slurmChanges and returns how many there were.
-func applySlurmPolicy(ctx context.Context, st *store.Store, env []string) (int, error) {
-	changes, err := slurmChanges(ctx, st, env)
-	if err != nil || len(changes) == 0 {
-		return 0, err
-	}
-	return len(changes), slurmpolicy.Apply(ctx, env, changes)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/allotlabs/allot/internal/allot"
 	"github.com/allotlabs/allot/internal/slurm"
 	"github.com/allotlabs/allot/internal/slurmpolicy"
+	"github.com/allotlabs/allot/internal/store"
 )
 
 // SlurmEngine is allot.Engine over slurmrestd. Teams are Slurm accounts of
@@ -234,4 +235,31 @@ func (e *SlurmEngine) Drain(ctx context.Context, node, reason string) error {
 // Undrain resumes a node.
 func (e *SlurmEngine) Undrain(ctx context.Context, node string) error {
 	return e.Client.Resume(ctx, node)
+}
+
+// SlurmPolicyChanges are what the cluster's accounts, users and QOS lack
+// against what Allot's live policy renders to (sacctmgr with env's
+// SLURM_CONF).
+func SlurmPolicyChanges(ctx context.Context, st *store.Store, env []string) ([]slurmpolicy.Change, error) {
+	in, err := st.SlurmPolicyInput(ctx)
+	if err != nil {
+		return nil, err
+	}
+	actual, err := slurmpolicy.ReadClusterState(ctx, env)
+	if err != nil {
+		return nil, err
+	}
+	return slurmpolicy.Diff(slurmpolicy.Render(in).Desired, actual), nil
+}
+
+// SlurmPolicyApplier is a Reconciler.ApplyPolicy for Slurm: it applies
+// SlurmPolicyChanges and returns how many there were.
+func SlurmPolicyApplier(st *store.Store, env []string) func(ctx context.Context) (int, error) {
+	return func(ctx context.Context) (int, error) {
+		changes, err := SlurmPolicyChanges(ctx, st, env)
+		if err != nil || len(changes) == 0 {
+			return 0, err
+		}
+		return len(changes), slurmpolicy.Apply(ctx, env, changes)
+	}
 }

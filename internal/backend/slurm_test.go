@@ -13,6 +13,7 @@ import (
 
 	"github.com/allotlabs/allot/internal/allot"
 	"github.com/allotlabs/allot/internal/backend"
+	"github.com/allotlabs/allot/internal/health"
 	"github.com/allotlabs/allot/internal/slurm"
 	"github.com/allotlabs/allot/internal/slurmpolicy"
 	"github.com/allotlabs/allot/internal/slurmtest"
@@ -377,6 +378,40 @@ func TestSlurmBackend(t *testing.T) {
 		e.sync()
 		if info, _ = e.st.NodeInfoByName(ctx, m); info.State != allot.NodeUp {
 			t.Fatalf("after resume in Slurm Allot shows %s", info.State)
+		}
+	})
+
+	e.run(t, "a health rule drains the Slurm node", func(t *testing.T) {
+		n := e.c.Nodes[1]
+		_, err := e.st.EvaluateHealth(ctx, n, []health.GPU{{Index: 0}, {Index: 1}, {Index: 2, XIDs: []int{79}}, {Index: 3}}, "")
+		must(t, err)
+		e.sync()
+		out := e.c.Run(t, "scontrol", "show", "node", n)
+		if !strings.Contains(out, "DRAIN") || !strings.Contains(out, "Reason=allot: ") || !strings.Contains(out, "xid") {
+			t.Fatalf("health drain not in Slurm: %s", out)
+		}
+		must(t, e.st.UndrainNode(ctx, e.admin.Email, n, "GPU replaced"))
+		e.sync()
+		if out := e.c.Run(t, "scontrol", "show", "node", n); strings.Contains(out, "DRAIN") {
+			t.Fatalf("still drained in Slurm: %s", out)
+		}
+	})
+
+	e.run(t, "a new member can submit: accounts follow Allot", func(t *testing.T) {
+		const engD = "allot-sb4"
+		slurmtest.EnsureUser(t, engD)
+		dana := allot.User{OIDCSubject: "dana", Email: "dana@corp.example", Name: "Dana", PosixUser: engD,
+			Memberships: []allot.Membership{{Team: "nlp", Role: allot.TeamRoleMember}}}
+		must(t, e.st.CreateUser(ctx, &dana))
+		e.rec.ApplyPolicy = backend.SlurmPolicyApplier(e.st, e.c.Env())
+		defer func() { e.rec.ApplyPolicy = nil }()
+		if rep := e.sync(); rep.PolicyChanges == 0 {
+			t.Fatalf("no account change for a new member: %+v", rep)
+		}
+		j := e.submit(&dana, allot.Tier3, 1, "true")
+		e.until("the new member's job ran", func() bool { return e.job(j.ID).State == allot.JobCompleted })
+		if changes, err := backend.SlurmPolicyChanges(ctx, e.st, e.c.Env()); err != nil || len(changes) != 0 {
+			t.Fatalf("after applying: %v %v", changes, err)
 		}
 	})
 
