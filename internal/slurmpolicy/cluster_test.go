@@ -36,7 +36,7 @@ func clusterInput(t *testing.T) slurmpolicy.Input {
 	in.Policy.GracePeriod = grace
 	in.Policy.MinRuntime = 0 // preemptible jobs are preempted at once
 	in.Teams[0].PosixAccount = ""
-	in.Teams[1].Name += " Équipe ÉTÉ" // non-ASCII: sacctmgr lower-cases ASCII only
+	in.Teams[1].Name += ", Équipe ÉTÉ = 2" // a comma, an equals sign, non-ASCII (sacctmgr lower-cases ASCII only)
 	in.Members = map[string][]string{"nlp": {userA}, "vision": {userB}}
 	in.OverBudget = []string{"vision"}
 	in.OverBudgetFile = filepath.Join(t.TempDir(), "allot-over-budget")
