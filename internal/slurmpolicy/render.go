@@ -24,6 +24,11 @@
 //     PreemptMode=requeue and GraceTime = the policy's grace period (Slurm
 //     sends SIGTERM, then SIGKILL once the grace time is over).
 //     The policy's minimum runtime becomes PreemptExemptTime (when > 0).
+//     Measured on Debian's 22.05: the SIGTERM that starts the grace time
+//     goes to the job's steps (srun) only, not to its batch shell; the
+//     batch script's own processes get SIGTERM when the grace time is
+//     over, KillWait before SIGKILL. Work that checkpoints on SIGTERM
+//     should run under srun.
 //   - UsageFactor stays 1 on every QOS (rendered explicitly, so a hand edit
 //     shows in the diff): Allot's fair share counts every GPU-second alike
 //     whatever the tier, and the tier multiplier is a price, which Allot's
