@@ -219,7 +219,7 @@ func TestSlurmEndToEnd(t *testing.T) {
 	s := startSlurmStack(t)
 	z, c := s.z, s.c
 
-	j := s.submit("hello", 2, "sh", "-c", "sleep 3; echo hello from $USER")
+	j := s.submit("hello", 2, "sh", "-c", "sleep 3; echo hello from $(id -un); echo USER=$USER")
 	var done web.JobJSON
 	z.eventually(60*time.Second, "the Slurm job to complete in Allot", func() bool {
 		done = s.job(j.ID)
@@ -257,6 +257,16 @@ func TestSlurmEndToEnd(t *testing.T) {
 	})
 	if gpus != 2 || elapsed < 3 {
 		t.Fatalf("Slurm: %d GPUs for %d s", gpus, elapsed)
+	}
+	// Its output, written by the job itself: it ran as the engineer.
+	b, err := os.ReadFile(filepath.Join(c.JobsDir, fmt.Sprintf("slurm-%d.out", slurmID)))
+	if err != nil || !strings.Contains(string(b), "hello from "+seEng+"\n") {
+		t.Errorf("job output: %q %v", b, err)
+	}
+	if !strings.Contains(string(b), "USER="+seEng) {
+		// Allot's REST submission passes only its own variables: Slurm's
+		// environment then has no USER (sbatch would pass the caller's).
+		t.Logf("known gap: the job's environment has no USER: %q", b)
 	}
 	// The run's import: its allocations are closed.
 	z.eventually(30*time.Second, "the run imported", func() bool {
@@ -336,7 +346,7 @@ func TestSlurmBadConfig(t *testing.T) {
 	z := &zero{t: t, env: map[string]string{"DATABASE_URL": storetest.EmptyURL(t)}, dir: t.TempDir()}
 	z.must("migrate")
 	c := slurmtest.Start(t, slurmtest.Options{Nodes: 1, GPUsPerNode: 1, Users: []string{seBad}}) // with slurmdbd: on 22.05 only it names a rejected token
-	closed := "http://" + freeAddr(t) // nothing listens there
+	closed := "http://" + freeAddr(t)                                                            // nothing listens there
 	wrongKey := filepath.Join(z.dir, "wrong.key")
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
