@@ -426,6 +426,9 @@ func TestSlurmBackend(t *testing.T) {
 		if sync.DownSince.IsZero() || !strings.Contains(sync.LastError, "not reachable") {
 			t.Fatalf("sync state %+v", sync)
 		}
+		if m, err := e.st.MetricsState(ctx); err != nil || m.Engine == nil || m.Engine.DownSince.IsZero() {
+			t.Fatalf("metrics state: %+v %v (allot_engine_up must be 0)", m.Engine, err)
+		}
 		if why := e.job(j.ID).PendingReason; !strings.Contains(why, "Slurm") {
 			t.Fatalf("pending reason while Slurm is down: %q", why)
 		}

@@ -31,7 +31,7 @@ type State struct {
 	errs float64   // failed reads
 
 	pending, pendingGPUH, running, allocated, total, nodeState, nodesLost, burstNodes, burstThreshold,
-	budget, fairShare, lastCycle, period, river, stateErrors *prometheus.Desc
+	budget, fairShare, lastCycle, period, river, stateErrors, engineUp, engineSync, engineUnmapped *prometheus.Desc
 }
 
 // NewState returns the collector over st.
@@ -56,8 +56,12 @@ func NewState(st *store.Store) *State {
 		fairShare: d("allot_team_fair_share", "A team's fair-share factor F = 2^(-U/S) as the scheduler computes it (0..1; 1 = used nothing of its share)."+live, "team"),
 		lastCycle: d("allot_scheduling_last_cycle_timestamp_seconds",
 			"Unix time (Allot's clock) at which the newest recorded scheduling cycle of any worker started. Absent before the first cycle."+live),
-		period: d("allot_scheduling_period_seconds", "The policy's scheduling period (cycle), in seconds: a cycle runs at least this often, and at once on submits, finishes and node changes."+live),
-		river:  d("allot_river_jobs", "River jobs by queue and state (available, scheduled, running, retryable, completed, discarded, cancelled, pending), from the river_job table."+live, "queue", "state"),
+		period:   d("allot_scheduling_period_seconds", "The policy's scheduling period (cycle), in seconds: a cycle runs at least this often, and at once on submits, finishes and node changes."+live),
+		river:    d("allot_river_jobs", "River jobs by queue and state (available, scheduled, running, retryable, completed, discarded, cancelled, pending), from the river_job table."+live, "queue", "state"),
+		engineUp: d("allot_engine_up", "1 while the external engine (Slurm) answered the worker's last sync, 0 while it does not; absent without one."+live, "engine"),
+		engineSync: d("allot_engine_last_sync_timestamp_seconds",
+			"Unix time (Allot's clock) of the last sync with the external engine (Slurm) that worked."+live, "engine"),
+		engineUnmapped: d("allot_engine_unmapped_records", "Engine records the last sync could not map to Allot (an account that is no team, a node of no GPU type)."+live, "engine"),
 		stateErrors: d("allot_metrics_state_errors_total",
 			"Scrapes whose read of the live state from PostgreSQL failed (their DB-derived series are missing)."),
 	}
@@ -66,7 +70,7 @@ func NewState(st *store.Store) *State {
 // Describe implements prometheus.Collector.
 func (c *State) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.pending, c.pendingGPUH, c.running, c.allocated, c.total, c.nodeState, c.nodesLost, c.burstNodes,
-		c.burstThreshold, c.budget, c.fairShare, c.lastCycle, c.period, c.river, c.stateErrors} {
+		c.burstThreshold, c.budget, c.fairShare, c.lastCycle, c.period, c.river, c.stateErrors, c.engineUp, c.engineSync, c.engineUnmapped} {
 		ch <- d
 	}
 }
@@ -153,6 +157,21 @@ func (c *State) Collect(ch chan<- prometheus.Metric) {
 	g(c.period, s.Policy.Cycle.Seconds())
 	for _, r := range s.River {
 		g(c.river, float64(r.Jobs), r.Queue, r.State)
+	}
+	if e := s.Engine; e != nil {
+		up := 1.0
+		if !e.DownSince.IsZero() {
+			up = 0
+		}
+		g(c.engineUp, up, allot.BackendSlurm)
+		if !e.LastOK.IsZero() {
+			g(c.engineSync, float64(e.LastOK.UnixNano())/1e9, allot.BackendSlurm)
+		}
+		n := 0
+		for _, v := range e.Unmapped {
+			n += v
+		}
+		g(c.engineUnmapped, float64(n), allot.BackendSlurm)
 	}
 }
 

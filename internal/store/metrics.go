@@ -25,6 +25,9 @@ type MetricsState struct {
 	Budgets    []TeamBudgetUse
 	Shares     []TeamShareInput
 	River      []RiverCount
+	// Engine is the last word from an external engine (Slurm); nil when
+	// none is configured.
+	Engine *EngineSyncState
 }
 
 // JobCount is the pending or running jobs of one tier × team × GPU type
@@ -156,6 +159,13 @@ func (s *Store) metricsState(ctx context.Context) (MetricsState, error) {
 		return c, r.Scan(&c.Queue, &c.State, &c.Jobs)
 	}); err != nil {
 		return m, err
+	}
+	sync, err := s.EngineSync(ctx)
+	if err != nil {
+		return m, err
+	}
+	if !sync.LastOK.IsZero() || !sync.LastErrorAt.IsZero() {
+		m.Engine = &sync
 	}
 	return m, nil
 }
