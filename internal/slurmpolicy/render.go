@@ -320,11 +320,12 @@ func renderConf(in Input) string {
 	fmt.Fprintf(&b, "PriorityWeightAssoc=0\n")
 	fmt.Fprintf(&b, "PriorityDecayHalfLife=%s\n", slurmDuration(p.HalfLife))
 	fmt.Fprintf(&b, "PriorityMaxAge=%s\n", slurmDuration(p.MaxAge))
-	b.WriteString("#\n# Preemption: a tier's QOS preempts the QOS of the tiers it may preempt; preempted jobs are requeued\n")
-	b.WriteString("# after the QOS's GraceTime (SIGTERM first, then SIGKILL).\n")
+	b.WriteString("#\n# Preemption: a tier's QOS preempts the QOS of the tiers it may preempt; a preempted job gets SIGTERM\n")
+	b.WriteString("# (its srun steps), runs on for its QOS's GraceTime (Allot's grace period), then is requeued.\n")
 	b.WriteString("PreemptType=preempt/qos\n")
 	b.WriteString("PreemptMode=REQUEUE\n")
 	if p.MinRuntime > 0 {
+		b.WriteString("# Allot's minimum runtime: no job is preempted sooner after it starts.\n")
 		fmt.Fprintf(&b, "PreemptExemptTime=%s\n", slurmDuration(p.MinRuntime))
 	}
 	b.WriteString("#\n# Over-budget demotion at submission (job_submit.lua).\n")
@@ -521,8 +522,8 @@ return slurm.SUCCESS
 
 func renderList(in Input) string {
 	var b strings.Builder
-	b.WriteString(comment("#", "Accounts over their GPU-hour budget, one a line, written by Allot (policy version "+
-		strconv.FormatInt(in.Policy.Version, 10)+").\nTheir tier-3/4 jobs run as preemptible (job_submit.lua)."))
+	b.WriteString(comment("#", fmt.Sprintf("Accounts at %d %% of their monthly GPU-hour budget or more, one a line, written by Allot (policy version %d).\n"+
+		"Their tier-3/4 jobs run as preemptible (job_submit.lua).", in.Policy.BudgetDemotePct, in.Policy.Version)))
 	teams := slices.Clone(in.OverBudget)
 	for i := range teams {
 		teams[i] = strings.ToLower(strings.TrimSpace(teams[i]))
