@@ -318,10 +318,18 @@ func (s *Store) RightSizing(ctx context.Context, from, to time.Time, scope Right
 	rows, err := s.db.Query(ctx, `
 		SELECT h.job_id, j.name, j.team, u.email,
 			CASE WHEN j.run_as <> '' THEN j.run_as WHEN j.preemptible THEN 'preemptible' ELSE j.tier END, j.gpus,
-			h.segment, h.hour, h.gpu_type, h.gpus, h.gpu_seconds, h.samples, h.mean_util_pct, h.mean_mem_used_mib, h.peak_mem_used_mib, h.mem_total_mib
+			h.segment, h.hour, h.gpu_type, h.gpus, h.gpu_seconds,
+			-- A Slurm run has no agent samples: its mean utilization and
+			-- memory come from Slurm's accounting (gres/gpuutil,
+			-- gres/gpumem), one value for the whole run.
+			CASE WHEN h.samples = 0 AND sr.gpu_util_pct IS NOT NULL THEN 1 ELSE h.samples END,
+			coalesce(h.mean_util_pct, sr.gpu_util_pct), coalesce(h.mean_mem_used_mib, sr.gpu_mem_mib::float8),
+			coalesce(h.peak_mem_used_mib, sr.gpu_mem_mib), coalesce(h.mem_total_mib, CASE WHEN sr.gpu_util_pct IS NOT NULL THEN gt.memory_gb * 1024::bigint END)
 		FROM job_usage_hours h
 		JOIN jobs j ON j.id = h.job_id
 		JOIN users u ON u.id = j.user_id
+		LEFT JOIN slurm_runs sr ON sr.job_id = h.job_id AND sr.segment = h.segment
+		LEFT JOIN gpu_types gt ON gt.name = h.gpu_type
 		WHERE h.hour >= $1 AND h.hour < $2 AND ($3::text[] IS NULL OR j.team = ANY($3)) AND ($4 = 0 OR j.user_id = $4)
 		ORDER BY h.job_id, h.segment, h.hour`, from, to, scope.Teams, scope.UserID)
 	if err != nil {
