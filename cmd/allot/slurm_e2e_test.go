@@ -225,7 +225,7 @@ func TestSlurmEndToEnd(t *testing.T) {
 		done = s.job(j.ID)
 		return done.State == "completed" || done.State == "failed" || done.State == "cancelled"
 	})
-	if done.State != "completed" || done.RunAsUser != seEng {
+	if done.State != "completed" || done.RunAsUser != seEng || done.StartedAt == nil || done.EndedAt == nil {
 		t.Fatalf("job = %+v\nworker log:\n%s\nSlurm:\n%s", done, z.logOf(s.workerLog), s.slurmDebug(s.slurmID(j.ID)))
 	}
 	// The portal's job page, for the engineer: it runs on Slurm, as job N.
@@ -334,6 +334,11 @@ func TestSlurmEndToEnd(t *testing.T) {
 	})
 	if found.Team != "ml" || found.Tier != "4" || found.GPUs != 1 || s.slurmID(found.ID) != direct {
 		t.Errorf("sbatch job %d in Allot: %+v (Slurm id %d)", direct, found, s.slurmID(found.ID))
+	}
+	// Its page, for the engineer: Slurm's job, submitted with sbatch.
+	code, page = z.apiAs(s.engToken, "GET", fmt.Sprintf("/jobs/%d", found.ID), "")
+	if m := engineJobIDRe.FindSubmatch(page); code != http.StatusOK || m == nil || string(m[1]) != strconv.FormatInt(direct, 10) {
+		t.Errorf("/jobs/%d: %d, no engine article with Slurm job %d", found.ID, code, direct)
 	}
 }
 
