@@ -278,3 +278,32 @@ func TestSlurmAdminPageSync(t *testing.T) {
 		t.Errorf("after the second sync the cluster does not match")
 	}
 }
+
+// TestSlurmAdminPageBrokenCluster: a cluster that cannot be read is said
+// so on the page at once (the files still shown), and a sync fails with
+// the reason and writes no audit entry.
+func TestSlurmAdminPageBrokenCluster(t *testing.T) {
+	t.Parallel()
+	r := newSlurmRig(t, []string{"SLURM_CONF=/nonexistent/slurm.conf"})
+	admin := r.login("admin")
+	start := time.Now() // stopwatch: sacctmgr itself would retry for a minute
+	st, page := admin.get("/admin/slurm")
+	if st != http.StatusOK || !strings.Contains(page, `data-testid="slurm-read-error"`) || !strings.Contains(page, "SLURM_CONF=/nonexistent/slurm.conf") ||
+		!strings.Contains(page, "PriorityWeightQOS=") {
+		t.Errorf("GET /admin/slurm with a broken cluster: %d\n%s", st, page)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("the page took %v", d)
+	}
+	if st, body := admin.post("/admin/slurm/sync", url.Values{}); st != http.StatusBadGateway || !strings.Contains(body, "The sync failed: reading the cluster: SLURM_CONF=/nonexistent/slurm.conf") {
+		t.Errorf("sync with a broken cluster: %d\n%s", st, body)
+	}
+	if entries, err := r.st.AuditLog(context.Background(), store.AuditFilter{Action: "slurm.sync"}); err != nil || len(entries) != 0 {
+		t.Errorf("a failed read was audited: %+v %v", entries, err)
+	}
+	st, _, body := r.api("/api/v1/slurm/config", r.tokens["ada@example.com"])
+	var cfg web.SlurmConfigJSON
+	if st != http.StatusOK || json.Unmarshal([]byte(body), &cfg) != nil || !cfg.Cluster || !strings.Contains(cfg.ReadError, "no such file") {
+		t.Errorf("GET /api/v1/slurm/config with a broken cluster: %d %+v", st, cfg)
+	}
+}

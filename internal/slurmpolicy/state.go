@@ -24,6 +24,9 @@ var (
 // sacctmgr runs `sacctmgr args...` with env added to this process's
 // environment, and returns its standard output.
 func sacctmgr(ctx context.Context, env []string, args ...string) (string, error) {
+	if err := checkConf(env); err != nil {
+		return "", err
+	}
 	cmd := exec.CommandContext(ctx, "sacctmgr", args...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.WaitDelay = 5 * time.Second
@@ -42,6 +45,9 @@ func sacctmgr(ctx context.Context, env []string, args ...string) (string, error)
 // and users. Associations of other clusters of the same slurmdbd are left
 // out when SLURM_CONF names the cluster.
 func ReadClusterState(ctx context.Context, env []string) (ClusterState, error) {
+	if err := checkConf(env); err != nil {
+		return ClusterState{}, err
+	}
 	qos, err := sacctmgr(ctx, env, "-n", "-P", "show", "qos", qosFormat)
 	if err != nil {
 		return ClusterState{}, err
@@ -57,15 +63,37 @@ func ReadClusterState(ctx context.Context, env []string) (ClusterState, error) {
 	return ParseClusterState(qos, accts, assocs, clusterOf(env))
 }
 
-// clusterOf is the ClusterName of the slurm.conf env's SLURM_CONF names
-// ("" when unknown).
-func clusterOf(env []string) string {
+// confPath is the slurm.conf that env's (or this process's) SLURM_CONF
+// names ("" when neither sets it).
+func confPath(env []string) string {
 	path := os.Getenv("SLURM_CONF")
 	for _, e := range env {
 		if v, ok := strings.CutPrefix(e, "SLURM_CONF="); ok {
 			path = v
 		}
 	}
+	return path
+}
+
+// checkConf fails at once when SLURM_CONF names no readable file: sacctmgr
+// would retry for a minute before saying so.
+func checkConf(env []string) error {
+	path := confPath(env)
+	if path == "" {
+		return nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("SLURM_CONF=%s: %w", path, err)
+	}
+	f.Close()
+	return nil
+}
+
+// clusterOf is the ClusterName of the slurm.conf env's SLURM_CONF names
+// ("" when unknown).
+func clusterOf(env []string) string {
+	path := confPath(env)
 	if path == "" {
 		path = "/etc/slurm/slurm.conf"
 	}
