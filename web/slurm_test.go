@@ -277,6 +277,16 @@ func TestSlurmAdminPageSync(t *testing.T) {
 	if _, page := admin.get("/admin/slurm"); !strings.Contains(page, `data-testid="slurm-in-sync"`) {
 		t.Errorf("after the second sync the cluster does not match")
 	}
+	// slurmdbd down: the page says so, soon.
+	c.StopDBD(t)
+	start := time.Now() // stopwatch
+	st, page = admin.get("/admin/slurm")
+	took := time.Since(start)
+	t.Logf("with slurmdbd down the page answered in %v", took.Round(time.Millisecond))
+	if st != http.StatusOK || !strings.Contains(page, `data-testid="slurm-read-error"`) || took > 20*time.Second {
+		t.Errorf("GET /admin/slurm with slurmdbd down: %d after %v\n%s", st, took, page)
+	}
+	c.StartDBD(t)
 }
 
 // TestSlurmAdminPageBrokenCluster: a cluster that cannot be read is said
