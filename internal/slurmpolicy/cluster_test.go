@@ -72,7 +72,11 @@ func texts(cs []slurmpolicy.Change) string {
 	return b.String()
 }
 
-func TestSlurmSyncAndDemotion(t *testing.T) {
+// TestSlurmSync: render → apply → the diff is empty; each policy change
+// and hand edit is exactly its difference, and applying it empties the
+// diff again; the sacctmgr script fixes drift and is idempotent.
+func TestSlurmSync(t *testing.T) {
+	t.Parallel()
 	in := clusterInput(t)
 	r := slurmpolicy.Render(in)
 	if err := os.WriteFile(in.OverBudgetFile, []byte(r.OverBudgetList), 0o644); err != nil {
@@ -170,6 +174,24 @@ func TestSlurmSyncAndDemotion(t *testing.T) {
 	c.Run(t, "sh", script)
 	if left := slurmpolicy.Diff(r.Desired, read(t, c)); len(left) != 0 {
 		t.Fatalf("after the script, changes:\n%s", texts(left))
+	}
+}
+
+// TestSlurmDemotionAndPreemption: on a cluster synced to the policy,
+// job_submit.lua demotes an over-budget account's sbatch and REST
+// submissions with the message, and tier 1 preempts preemptible work with
+// requeue after the grace time.
+func TestSlurmDemotionAndPreemption(t *testing.T) {
+	t.Parallel()
+	in := clusterInput(t)
+	r := slurmpolicy.Render(in)
+	if err := os.WriteFile(in.OverBudgetFile, []byte(r.OverBudgetList), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := startCluster(t, r)
+	ctx := context.Background()
+	if err := slurmpolicy.Apply(ctx, c.Env(), slurmpolicy.Diff(r.Desired, read(t, c))); err != nil {
+		t.Fatal(err)
 	}
 
 	t.Run("job_submit.lua demotes an over-budget account", func(t *testing.T) {
