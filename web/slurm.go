@@ -33,6 +33,9 @@ func (s *Server) slurmRender(ctx context.Context, users bool) (slurmpolicy.Input
 		return in, slurmpolicy.Rendered{}, err
 	}
 	in.OverBudgetFile = s.cfg.SlurmOverBudgetFile
+	if s.slurmConfigured() {
+		in.ClusterName = slurmpolicy.ClusterName(s.cfg.SlurmEnv)
+	}
 	if !users {
 		in.Members = nil
 		for i := range in.Teams {

@@ -245,6 +245,9 @@ func TestSlurmAdminPageSync(t *testing.T) {
 		!strings.Contains(page, "account nlp: add user noah") || !strings.Contains(page, `data-testid="slurm-sync"`) {
 		t.Fatalf("GET /admin/slurm with a fresh cluster: %d\n%s", st, page)
 	}
+	if !strings.Contains(page, "for cluster "+c.Name) {
+		t.Errorf("the rendered files do not name the cluster %s", c.Name)
+	}
 	st, loc := admin.post("/admin/slurm/sync", url.Values{})
 	if st != http.StatusSeeOther || !strings.HasPrefix(loc, "/admin/slurm?synced=") {
 		t.Fatalf("sync: %d %s", st, loc)

@@ -60,7 +60,7 @@ func ReadClusterState(ctx context.Context, env []string) (ClusterState, error) {
 	if err != nil {
 		return ClusterState{}, err
 	}
-	return ParseClusterState(qos, accts, assocs, clusterOf(env))
+	return ParseClusterState(qos, accts, assocs, ClusterName(env))
 }
 
 // confPath is the slurm.conf that env's (or this process's) SLURM_CONF
@@ -90,9 +90,9 @@ func checkConf(env []string) error {
 	return nil
 }
 
-// clusterOf is the ClusterName of the slurm.conf env's SLURM_CONF names
-// ("" when unknown).
-func clusterOf(env []string) string {
+// ClusterName is the ClusterName of the slurm.conf env's SLURM_CONF
+// names (lower case; "" when unknown).
+func ClusterName(env []string) string {
 	path := confPath(env)
 	if path == "" {
 		path = "/etc/slurm/slurm.conf"
