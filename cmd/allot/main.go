@@ -205,6 +205,10 @@ func cmdServe(name string, args []string, stderr io.Writer) int {
 	if name == "worker" {
 		cfg.MaxStartsPerCycle = *maxStarts
 		if sf.enabled() {
+			if err := sf.validate(); err != nil {
+				fmt.Fprintf(stderr, "allot %s: %v\n", name, err)
+				return 2
+			}
 			if cfg.Engine, err = sf.reconciler(ctx); err != nil {
 				fmt.Fprintf(stderr, "allot %s: %v\n", name, err)
 				return 1

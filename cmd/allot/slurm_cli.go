@@ -25,6 +25,7 @@ import (
 type slurmFlags struct {
 	url, version, user, keyFile, tokenFile, conf string
 	partition, gpuType, overBudgetFile, since    string
+	workdir                                      string
 	interval                                     time.Duration
 	batch                                        int
 	manage                                       bool
@@ -38,6 +39,7 @@ func addSlurmFlags(fs *flag.FlagSet) *slurmFlags {
 	fs.StringVar(&f.keyFile, "slurm-jwt-key", "", "`file` with slurmctld's HS256 JWT key (AuthAltParameters=jwt_key=…): Allot mints 5-minute tokens from it")
 	fs.StringVar(&f.tokenFile, "slurm-token-file", "", "`file` with a token from `scontrol token username=slurm lifespan=…`, instead of --slurm-jwt-key")
 	fs.StringVar(&f.conf, "slurm-conf", "", "slurm.conf `path` for the Slurm commands Allot runs (scontrol drain on 22.05, sacctmgr for accounts and QOS); \"\": the default")
+	fs.StringVar(&f.workdir, "slurm-workdir", "/tmp", "working `directory` of Slurm jobs that name none (their output: allot-<id>-<Slurm id>.out there)")
 	fs.StringVar(&f.partition, "slurm-partition", "", "partition Allot submits to (\"\": the cluster's default)")
 	fs.StringVar(&f.gpuType, "slurm-gpu-type", "", "Allot GPU type (of backend slurm) for Slurm nodes and jobs whose GRES type names none")
 	fs.StringVar(&f.overBudgetFile, "slurm-over-budget-file", "", "`file` the worker keeps the teams over budget in, for job_submit.lua (\"\": not written; GET /api/v1/slurm/over-budget has it too)")
@@ -59,21 +61,30 @@ func (f *slurmFlags) env() []string {
 	return env
 }
 
-// client checks the flags and connects; check pings slurmrestd, so that a
+// validate checks the flags themselves (a usage error: exit 2).
+func (f *slurmFlags) validate() error {
+	switch {
+	case f.keyFile != "" && f.tokenFile != "":
+		return errors.New("give --slurm-jwt-key or --slurm-token-file, not both")
+	case f.keyFile == "" && f.tokenFile == "":
+		return errors.New("--slurm-url needs --slurm-jwt-key (slurmctld's JWT key) or --slurm-token-file")
+	case f.interval <= 0:
+		return errors.New("--slurm-sync must be a positive duration, e.g. 5s")
+	case f.batch < 1:
+		return errors.New("--slurm-import-batch must be at least 1")
+	case !filepath.IsAbs(f.workdir):
+		return errors.New("--slurm-workdir must be an absolute path")
+	}
+	_, err := f.importSince()
+	return err
+}
+
+// client connects (after validate); check pings slurmrestd, so that a
 // wrong URL or token is an error at start, not a silent queue.
 func (f *slurmFlags) client(ctx context.Context, check bool) (*slurm.Client, slurm.Info, error) {
 	var info slurm.Info
-	if f.keyFile != "" && f.tokenFile != "" {
-		return nil, info, errors.New("give --slurm-jwt-key or --slurm-token-file, not both")
-	}
-	if f.keyFile == "" && f.tokenFile == "" {
-		return nil, info, errors.New("--slurm-url needs --slurm-jwt-key (slurmctld's JWT key) or --slurm-token-file")
-	}
-	if f.interval <= 0 {
-		return nil, info, errors.New("--slurm-sync must be a positive duration, e.g. 5s")
-	}
-	if f.batch < 1 {
-		return nil, info, errors.New("--slurm-import-batch must be at least 1")
+	if err := f.validate(); err != nil {
+		return nil, info, err
 	}
 	v := f.version
 	if v == "auto" {
@@ -116,7 +127,7 @@ func (f *slurmFlags) reconciler(ctx context.Context) (func(*store.Store) *backen
 		return nil, err
 	}
 	return func(st *store.Store) *backend.Reconciler {
-		r := &backend.Reconciler{Store: st, Engine: &backend.SlurmEngine{Client: c, Partition: f.partition},
+		r := &backend.Reconciler{Store: st, Engine: &backend.SlurmEngine{Client: c, Partition: f.partition, WorkDir: f.workdir},
 			Mapping:        store.EngineMapping{Backend: allot.BackendSlurm, DefaultGPUType: f.gpuType, ImportBatch: f.batch},
 			OverBudgetFile: f.overBudgetFile, ImportSince: since, Cluster: f.url, Version: info.Version + " (Slurm " + info.Release + ")"}
 		if f.manage {
@@ -185,6 +196,10 @@ func cmdSlurm(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stderr, "allot slurm check: --slurm-url is required")
 			return 2
 		}
+		if err := sf.validate(); err != nil {
+			fmt.Fprintf(stderr, "allot slurm check: %v\n", err)
+			return 2
+		}
 		_, info, err := sf.client(ctx, true)
 		if err != nil {
 			return fail(err)
@@ -246,6 +261,10 @@ func cmdSlurm(args []string, stdout, stderr io.Writer) int {
 	case "sync":
 		if !sf.enabled() {
 			fmt.Fprintln(stderr, "allot slurm sync: --slurm-url is required")
+			return 2
+		}
+		if err := sf.validate(); err != nil {
+			fmt.Fprintf(stderr, "allot slurm sync: %v\n", err)
 			return 2
 		}
 		st, closeDB, err := openStore()

@@ -24,6 +24,9 @@ type SlurmEngine struct {
 	Client *slurm.Client
 	// Partition to submit to ("" = the cluster's default).
 	Partition string
+	// WorkDir is where a job without a working directory of its own runs
+	// ("" = /tmp); its output goes to allot-<Allot id>-<Slurm id>.out there.
+	WorkDir string
 
 	mu       sync.Mutex
 	gres     map[string]string // lower-case GRES type → as Slurm spells it
@@ -75,6 +78,14 @@ func ShellQuote(argv []string) string {
 	return strings.Join(out, " ")
 }
 
+// jobScript runs argv as the batch script, with HOME the account's home
+// (a REST submission carries no login environment).
+func jobScript(argv []string) string {
+	return "#!/bin/sh\n" +
+		"[ -n \"$HOME\" ] || HOME=$(getent passwd \"$(id -un)\" | cut -d: -f6); export HOME\n" +
+		"exec " + ShellQuote(argv) + "\n"
+}
+
 // rejected turns Slurm's refusals into allot.ErrEngineRejected (a retry
 // cannot fix them); being unreachable or unauthorized stays as it is.
 func rejected(err error) error {
@@ -96,13 +107,23 @@ func (e *SlurmEngine) Submit(ctx context.Context, asUser string, j allot.EngineS
 		Partition: e.Partition,
 		Comment:   AllotTag(j.AllotJobID),
 		Workdir:   j.WorkDir,
-		Script:    "#!/bin/sh\nexec " + ShellQuote(j.Command) + "\n",
-		Env:       j.Env,
+		Script:    jobScript(j.Command),
+		Env:       map[string]string{},
 		TimeLimit: j.TimeLimit,
 		Requeue:   true,
+		Output:    fmt.Sprintf("allot-%d-%%j.out", j.AllotJobID),
+	}
+	if s.Workdir == "" {
+		s.Workdir = e.WorkDir
 	}
 	if s.Workdir == "" {
 		s.Workdir = "/tmp"
+	}
+	// Slurm starts a REST job with exactly the environment given: the
+	// login variables sbatch would have passed are the engineer's.
+	s.Env["USER"], s.Env["LOGNAME"] = asUser, asUser
+	for k, v := range j.Env {
+		s.Env[k] = v
 	}
 	if j.GPUsPerNode > 0 && j.GPUsPerNode < j.GPUs {
 		s.Nodes, s.GPUsPerNode = j.GPUs/j.GPUsPerNode, j.GPUsPerNode

@@ -58,6 +58,9 @@ type JobSubmit struct {
 	Hold        bool
 	// CPUsPerTask: 0 leaves Slurm's default.
 	CPUsPerTask int
+	// Output is the batch script's stdout and stderr file, relative to
+	// Workdir ("%j" is the job id); "" leaves Slurm's slurm-%j.out.
+	Output string
 }
 
 // JobUpdate changes a queued or running job; nil fields are left alone.

@@ -57,6 +57,7 @@ func (v0038) submitBody(s JobSubmit) any {
 	setStr(j, "qos", s.QOS)
 	setStr(j, "partition", s.Partition)
 	setStr(j, "comment", s.Comment)
+	setStr(j, "standard_output", s.Output)
 	if m := minutesUp(s.TimeLimit); m > 0 {
 		j["time_limit"] = m
 	}

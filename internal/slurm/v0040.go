@@ -52,6 +52,7 @@ func jobDesc40(s JobSubmit) map[string]any {
 	setStr(j, "qos", s.QOS)
 	setStr(j, "partition", s.Partition)
 	setStr(j, "comment", s.Comment)
+	setStr(j, "standard_output", s.Output)
 	if m := minutesUp(s.TimeLimit); m > 0 {
 		j["time_limit"] = map[string]any{"set": true, "infinite": false, "number": m}
 	}

@@ -390,17 +390,20 @@ func (s *Store) engineJobID(ctx context.Context, m EngineMapping, types []string
 	if r.allotID > 0 {
 		// Allot submitted it (the record of the submission may have been
 		// lost to a crash): link it.
+		// Only a Slurm job of the same team and POSIX account: a comment
+		// copied into someone else's sbatch job links nothing.
 		tag, err := s.db.Exec(ctx, `INSERT INTO slurm_jobs (job_id, slurm_job_id, origin, submitted_at)
-			SELECT id, $2, 'allot', $3 FROM jobs WHERE id = $1 AND backend = $4
-			ON CONFLICT (job_id) DO UPDATE SET slurm_job_id = EXCLUDED.slurm_job_id WHERE slurm_jobs.slurm_job_id IS NULL`, r.allotID, r.ext, s.Now(), m.Backend)
+			SELECT id, $2, 'allot', $3 FROM jobs WHERE id = $1 AND backend = $4 AND team = $5 AND run_as_user = $6 AND run_as_user <> ''
+			ON CONFLICT (job_id) DO UPDATE SET slurm_job_id = EXCLUDED.slurm_job_id WHERE slurm_jobs.slurm_job_id IS NULL`,
+			r.allotID, r.ext, s.Now(), m.Backend, r.account, r.user)
 		if err != nil {
 			return 0, false, mapErr("linking engine job", err)
 		}
 		if tag.RowsAffected() == 1 {
 			return r.allotID, false, nil
 		}
-		// A comment naming a job that is not this job's: an sbatch job
-		// that copied it. Imported as its own.
+		// A comment naming a job that is not this one's (another team or
+		// account, or linked already): imported as an sbatch job of its own.
 	}
 	if r.gpus < 1 {
 		return 0, false, fmt.Errorf("%w: no GPUs (Allot bills GPU jobs only)", errUnmapped)
