@@ -78,6 +78,9 @@ type Config struct {
 	// SlurmEnv is the environment of the Slurm commands the server runs for
 	// /admin/slurm (sacctmgr with SLURM_CONF; nil: no Slurm cluster).
 	SlurmEnv []string
+	// SlurmOverBudgetFile is the over-budget list's path job_submit.lua
+	// reads (--slurm-over-budget-file; "" = slurmpolicy's default).
+	SlurmOverBudgetFile string
 	// RateLimits are the server's per-IP, per-token and per-node request
 	// limits (`allot server --api-rate`…); the zero value, what tests
 	// boot with, limits nothing.
@@ -282,7 +285,7 @@ func (m *Main) Run(ctx context.Context) error {
 		if oidcCfg.Enabled() && oidcCfg.RedirectURL == "" {
 			oidcCfg.RedirectURL = m.URL() + "/oidc/callback"
 		}
-		srv := web.New(web.Config{OIDC: oidcCfg, SecureCookies: strings.HasPrefix(oidcCfg.RedirectURL, "https://"),
+		srv := web.New(web.Config{SlurmEnv: m.SlurmEnv, SlurmOverBudgetFile: m.SlurmOverBudgetFile, OIDC: oidcCfg, SecureCookies: strings.HasPrefix(oidcCfg.RedirectURL, "https://"),
 			Store: m.Store, Logger: m.Logger, Registry: m.Registry, DevMode: m.DevMode, Burst: m.Burst,
 			OnJobEvent: m.Trigger, HeartbeatInterval: m.HeartbeatInterval, APITokenTTL: m.APITokenTTL, MetricsToken: m.MetricsToken,
 			AgentStore: m.AgentStore, HeartbeatStore: heartbeatStore, ExportStore: exportStore, RateLimits: m.RateLimits, BodyReadTimeout: limits.BodyTimeout, ExportStallTimeout: limits.ExportStallTimeout,

@@ -219,6 +219,7 @@ func cmdServe(name string, args []string, stderr io.Writer) int {
 	if sf.conf != "" || sf.enabled() {
 		cfg.SlurmEnv = sf.env()
 	}
+	cfg.SlurmOverBudgetFile = sf.overBudgetFile
 	if name == "server" {
 		cfg.Addr, cfg.APITokenTTL = addr, tokenTTL()
 		if cfg.OIDC, err = oidcConfig(); err != nil {

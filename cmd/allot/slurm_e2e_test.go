@@ -219,7 +219,7 @@ func TestSlurmEndToEnd(t *testing.T) {
 	s := startSlurmStack(t)
 	z, c := s.z, s.c
 
-	j := s.submit("hello", 2, "sh", "-c", "sleep 3; echo hello from $(id -un); echo USER=$USER")
+	j := s.submit("hello", 2, "sh", "-c", "sleep 3; echo hello from $(id -un); echo USER=$USER HOME=$HOME")
 	var done web.JobJSON
 	z.eventually(60*time.Second, "the Slurm job to complete in Allot", func() bool {
 		done = s.job(j.ID)
@@ -259,14 +259,14 @@ func TestSlurmEndToEnd(t *testing.T) {
 		t.Fatalf("Slurm: %d GPUs for %d s", gpus, elapsed)
 	}
 	// Its output, written by the job itself: it ran as the engineer.
-	b, err := os.ReadFile(filepath.Join(c.JobsDir, fmt.Sprintf("slurm-%d.out", slurmID)))
+	b, err := os.ReadFile(filepath.Join(c.JobsDir, fmt.Sprintf("allot-%d-%d.out", j.ID, slurmID)))
 	if err != nil || !strings.Contains(string(b), "hello from "+seEng+"\n") {
 		t.Errorf("job output: %q %v", b, err)
 	}
-	if !strings.Contains(string(b), "USER="+seEng) {
-		// Allot's REST submission passes only its own variables: Slurm's
-		// environment then has no USER (sbatch would pass the caller's).
-		t.Logf("known gap: the job's environment has no USER: %q", b)
+	// A REST submission carries no login environment: Allot gives the job
+	// the engineer's USER, LOGNAME and HOME, as sbatch would.
+	if !strings.Contains(string(b), "USER="+seEng) || !strings.Contains(string(b), "HOME=/") {
+		t.Errorf("the job's login environment: %q", b)
 	}
 	// The run's import: its allocations are closed.
 	z.eventually(30*time.Second, "the run imported", func() bool {

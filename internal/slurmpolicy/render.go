@@ -332,6 +332,9 @@ func renderConf(in Input) string {
 	b.WriteString("JobSubmitPlugins=lua\n")
 	b.WriteString("#\n# QOS and accounts need accounting (slurmdbd); enforcing them makes the QOS of a job count.\n")
 	b.WriteString("#AccountingStorageEnforce=associations,limits,qos\n")
+	b.WriteString("# Accounting keeps the comment that names the Allot job (allot:job=<id>) and GPUs as a TRES.\n")
+	b.WriteString("AccountingStoreFlags=job_comment\n")
+	b.WriteString("#AccountingStorageTRES=gres/gpu\n")
 	return b.String()
 }
 
