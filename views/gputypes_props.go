@@ -3,6 +3,7 @@ package views
 // GPUTypeRow is one GPU type on /admin/gpu-types with its edit form.
 type GPUTypeRow struct {
 	Name, Memory, Rate, Status string
+	Backend                    string // native or slurm
 	CapacityCost               string // per GPU-hour of owned capacity; "" not set
 	Retired                    bool
 	Nodes                      int
@@ -15,6 +16,7 @@ type GPUTypeRow struct {
 type GPUTypeFormValues struct {
 	Name, MemoryGB, Rate, Note string
 	CapacityCost               string
+	Backend                    string // creation only
 }
 
 // AdminGPUTypes is /admin/gpu-types.

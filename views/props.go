@@ -68,7 +68,7 @@ type JobDetail struct {
 	Page
 	Job JobRow
 	// Engine is the Slurm side of a job Slurm runs (nil: a native job).
-	Engine         *EngineView
+	Engine *EngineView
 
 	Command        string
 	Env            []Option

@@ -51,6 +51,9 @@ type JobJSON struct {
 	// RunAsUser is the POSIX account the job runs as on its nodes ("" for
 	// jobs from before accounts: the agent's default job user).
 	RunAsUser string `json:"run_as_user"`
+	// Backend is the engine that runs it: native (Allot's agents) or
+	// slurm (its GPU type's; the job page has Slurm's side).
+	Backend string `json:"backend"`
 	// EnvRedacted says env's values are hidden from the caller ("***"):
 	// only the submitter, the team's leads and admins see them.
 	EnvRedacted bool `json:"env_redacted"`
@@ -78,7 +81,7 @@ func toJSON(j *allot.Job) JobJSON {
 		SubmittedAt: j.SubmittedAt.UTC(), StartedAt: timePtr(j.StartedAt), EndedAt: timePtr(j.EndedAt), ExitCode: j.ExitCode,
 		PendingReason: j.PendingReason, Priority: j.Priority, PriorityBreakdown: j.Breakdown, QuotaWarning: quotaWarning(j),
 		RunAs: string(j.RunAs), Segment: j.Segment, Preemptions: j.Preemptions, EndReason: j.EndReason,
-		RunAsUser: j.RunAsUser, EnvRedacted: j.EnvRedacted, SecretEnv: map[string]string{}, Image: j.Image, MemoryBytes: j.MemoryBytes,
+		RunAsUser: j.RunAsUser, Backend: j.Backend, EnvRedacted: j.EnvRedacted, SecretEnv: map[string]string{}, Image: j.Image, MemoryBytes: j.MemoryBytes,
 		CPUs: float64(j.MilliCPUs) / 1000, MilliCPUs: j.MilliCPUs}
 	for _, k := range j.SecretEnvKeys {
 		out.SecretEnv[k] = allot.Redacted

@@ -220,7 +220,7 @@ func (s *Server) gpuTypesView(c echo.Context, edited, created *views.GPUTypeRow)
 	a := views.AdminGPUTypes{Page: s.page(c, "GPU types · Admin"), Currency: cur, New: views.GPUTypeRow{Errors: map[string]string{}}}
 	for _, g := range list {
 		row := views.GPUTypeRow{Name: g.Name, Memory: fmt.Sprintf("%d GB", g.MemoryGB), Rate: g.HourlyRate.String(), Status: "in use",
-			Retired: g.Retired(), Nodes: g.Nodes, Values: views.GPUTypeFormValues{MemoryGB: strconv.Itoa(g.MemoryGB)}, Errors: map[string]string{}}
+			Retired: g.Retired(), Nodes: g.Nodes, Backend: g.Backend, Values: views.GPUTypeFormValues{MemoryGB: strconv.Itoa(g.MemoryGB)}, Errors: map[string]string{}}
 		if g.CapacityCost != nil {
 			row.CapacityCost, row.Values.CapacityCost = g.CapacityCost.String(), g.CapacityCost.Decimal()
 		}
@@ -246,8 +246,9 @@ func (s *Server) adminCreateGPUTypeForm(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	v := views.GPUTypeFormValues{Name: c.FormValue("name"), MemoryGB: c.FormValue("memory_gb"), Rate: c.FormValue("hourly_rate"), Note: c.FormValue("note")}
-	req := GPUTypeRequest{Name: v.Name, HourlyRate: &v.Rate, Note: v.Note}
+	v := views.GPUTypeFormValues{Name: c.FormValue("name"), MemoryGB: c.FormValue("memory_gb"), Rate: c.FormValue("hourly_rate"), Note: c.FormValue("note"),
+		Backend: c.FormValue("backend")}
+	req := GPUTypeRequest{Name: v.Name, HourlyRate: &v.Rate, Note: v.Note, Backend: v.Backend}
 	var r store.AdminResult
 	if mem, perr := strconv.Atoi(strings.TrimSpace(v.MemoryGB)); perr == nil {
 		req.MemoryGB = &mem

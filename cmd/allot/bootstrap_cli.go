@@ -153,13 +153,13 @@ func cmdGPUType(args []string, stdout, stderr io.Writer) int {
 			return reportErr(stderr, "gpu-type list", err)
 		}
 		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "NAME\tMEMORY\tRATE/GPU-HOUR\tNODES\tSTATUS")
+		fmt.Fprintln(tw, "NAME\tMEMORY\tRATE/GPU-HOUR\tNODES\tBACKEND\tSTATUS")
 		for _, g := range list {
 			status := "in use"
 			if g.Retired {
 				status = "retired"
 			}
-			fmt.Fprintf(tw, "%s\t%d GB\t%s %s\t%d\t%s\n", g.Name, g.MemoryGB, g.HourlyRate, g.Currency, g.Nodes, status)
+			fmt.Fprintf(tw, "%s\t%d GB\t%s %s\t%d\t%s\t%s\n", g.Name, g.MemoryGB, g.HourlyRate, g.Currency, g.Nodes, g.Backend, status)
 		}
 		tw.Flush()
 		return 0

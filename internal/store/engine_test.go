@@ -57,3 +57,32 @@ func TestEngineRunsRightSizing(t *testing.T) {
 		t.Fatalf("flagged job %+v", j)
 	}
 }
+
+// TestGPUTypeBackend: a GPU type names its backend; a job's backend is
+// its type's, and an unknown backend is a field error that creates
+// nothing.
+func TestGPUTypeBackend(t *testing.T) {
+	ctx := context.Background()
+	st := storetest.New(t)
+	c := store.PolicyChange{Actor: "admin@example.com"}
+	_, err := st.CreateGPUTypeAudited(ctx, c, allot.GPUType{Name: "x1", MemoryGB: 10, HourlyRate: allot.Money{Currency: "USD"}, Backend: "kueue"})
+	if f := allot.Fields(err); f["backend"] == "" {
+		t.Fatalf("backend kueue: %v", err)
+	}
+	types, err := st.GPUTypeInfos(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range types {
+		if g.Name == "x1" {
+			t.Fatal("a refused GPU type was created")
+		}
+	}
+	if _, err := st.CreateGPUTypeAudited(ctx, c, allot.GPUType{Name: "s1", MemoryGB: 80, HourlyRate: allot.Money{Currency: "USD"}, Backend: allot.BackendSlurm}); err != nil {
+		t.Fatal(err)
+	}
+	g, err := st.GPUTypeInfo(ctx, "s1")
+	if err != nil || g.Backend != allot.BackendSlurm {
+		t.Fatalf("s1: %+v %v", g, err)
+	}
+}
