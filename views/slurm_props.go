@@ -29,4 +29,14 @@ type AdminSlurm struct {
 	Changes    []SlurmChange
 	Saved      string // after a sync
 	SyncError  string // a sync that failed
+	// Sync is the worker's last sync with the cluster.
+	Sync SlurmSyncState
+}
+
+// SlurmSyncState is what the worker's syncs with Slurm last said ("":
+// never).
+type SlurmSyncState struct {
+	Cluster, Version, LastOK, LastError, DownSince, Cursor string
+	Runs, Jobs                                             string // runs and sbatch jobs imported so far
+	Unmapped                                               []string
 }

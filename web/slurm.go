@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -107,14 +108,40 @@ func (s *Server) renderSlurm(c echo.Context, status int, a views.AdminSlurm) err
 	a.Files = slurmFiles(in, r)
 	a.Configured = s.slurmConfigured()
 	if a.Configured {
-		a.Env = strings.Join(s.cfg.SlurmEnv, " ")
+		// Only Slurm's own variables: the process environment holds secrets.
+		var env []string
+		for _, kv := range s.cfg.SlurmEnv {
+			if strings.HasPrefix(kv, "SLURM_") {
+				env = append(env, kv)
+			}
+		}
+		a.Env = strings.Join(env, " ")
 		changes, err := s.slurmDiff(ctx, r)
 		if err != nil {
 			a.ReadError = err.Error()
 		}
 		a.Changes = viewChanges(changes)
 	}
+	sync, err := s.st.EngineSync(ctx)
+	if err != nil {
+		return err
+	}
+	a.Sync = engineSyncView(sync)
 	return render(c, status, views.AdminSlurmView(a))
+}
+
+// engineSyncView is the worker's last word from Slurm ("" fields: never).
+func engineSyncView(st store.EngineSyncState) views.SlurmSyncState {
+	v := views.SlurmSyncState{Cluster: st.Cluster, Version: st.Version, LastOK: fmtTime(st.LastOK), LastError: st.LastError,
+		Cursor: fmtTime(st.Cursor), Runs: strconv.FormatInt(st.RunsImported, 10), Jobs: strconv.FormatInt(st.JobsImported, 10)}
+	if !st.DownSince.IsZero() {
+		v.DownSince = fmtTime(st.DownSince)
+	}
+	for what, n := range st.Unmapped {
+		v.Unmapped = append(v.Unmapped, fmt.Sprintf("%d × %s", n, what))
+	}
+	sort.Strings(v.Unmapped)
+	return v
 }
 
 // slurmSyncAudit is what a sync's audit entry records.

@@ -3,6 +3,7 @@ package web_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -297,13 +298,25 @@ func TestSlurmAdminPageSync(t *testing.T) {
 // the reason and writes no audit entry.
 func TestSlurmAdminPageBrokenCluster(t *testing.T) {
 	t.Parallel()
-	r := newSlurmRig(t, []string{"SLURM_CONF=/nonexistent/slurm.conf"})
+	// The process environment the server hands sacctmgr holds secrets:
+	// the page shows only Slurm's variables.
+	r := newSlurmRig(t, []string{"DATABASE_URL=postgres://allot:hunter2@db/allot", "SLURM_CONF=/nonexistent/slurm.conf"})
+	// The worker's last sync failed: the page says since when and why.
+	if err := r.st.RecordEngineSync(context.Background(), "http://slurmctl:6820", "v0.0.38", errors.New("slurmrestd at http://slurmctl:6820 is not reachable: connection refused"), time.Time{}, nil); err != nil {
+		t.Fatal(err)
+	}
 	admin := r.login("admin")
 	start := time.Now() // stopwatch: sacctmgr itself would retry for a minute
 	st, page := admin.get("/admin/slurm")
 	if st != http.StatusOK || !strings.Contains(page, `data-testid="slurm-read-error"`) || !strings.Contains(page, "SLURM_CONF=/nonexistent/slurm.conf") ||
 		!strings.Contains(page, "PriorityWeightQOS=") {
 		t.Errorf("GET /admin/slurm with a broken cluster: %d\n%s", st, page)
+	}
+	if strings.Contains(page, "hunter2") {
+		t.Errorf("the admin page shows the server's environment")
+	}
+	if !strings.Contains(page, `data-testid="slurm-down"`) || !strings.Contains(page, "is not reachable: connection refused") {
+		t.Errorf("the page does not say the worker cannot reach Slurm:\n%s", page)
 	}
 	if d := time.Since(start); d > 10*time.Second {
 		t.Errorf("the page took %v", d)

@@ -48,24 +48,6 @@ func slurmArgs(c *slurmtest.Cluster, extra ...string) []string {
 		"--slurm-conf", c.SlurmConf, "--slurm-gpu-type", "h100"}, extra...)
 }
 
-// apiAs calls the JSON API (or a portal page) with token: status and body.
-func (z *zero) apiAs(token, method, path, body string) (int, []byte) {
-	z.t.Helper()
-	req, _ := http.NewRequest(method, z.env["ALLOT_URL"]+path, strings.NewReader(body))
-	req.Header.Set("Authorization", "Bearer "+token)
-	if body != "" {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		z.t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	var buf bytes.Buffer
-	_, _ = buf.ReadFrom(resp.Body)
-	return resp.StatusCode, buf.Bytes()
-}
-
 // slurmStack is Allot (server + worker) over a private Slurm cluster whose
 // accounts, QOS and job_submit.lua Allot rendered, with one engineer of
 // team ml mapped to the POSIX account seEng.

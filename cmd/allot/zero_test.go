@@ -143,8 +143,23 @@ func (z *zero) logOf(path string) string {
 // api calls the server's JSON API with the admin's token.
 func (z *zero) api(method, path, body string, out any) int {
 	z.t.Helper()
+	code, b := z.apiAs(z.env["ALLOT_TOKEN"], method, path, body)
+	if out != nil && code < 300 {
+		if err := json.Unmarshal(b, out); err != nil {
+			z.t.Fatalf("%s %s: %v\n%s", method, path, err, b)
+		}
+	}
+	if code >= 300 && out != nil {
+		z.t.Logf("%s %s: %d %s", method, path, code, b)
+	}
+	return code
+}
+
+// apiAs calls the JSON API (or a portal page) with token: status and body.
+func (z *zero) apiAs(token, method, path, body string) (int, []byte) {
+	z.t.Helper()
 	req, _ := http.NewRequest(method, z.env["ALLOT_URL"]+path, strings.NewReader(body))
-	req.Header.Set("Authorization", "Bearer "+z.env["ALLOT_TOKEN"])
+	req.Header.Set("Authorization", "Bearer "+token)
 	if body != "" {
 		req.Header.Set("Content-Type", "application/json")
 	}
@@ -155,15 +170,7 @@ func (z *zero) api(method, path, body string, out any) int {
 	defer resp.Body.Close()
 	var buf bytes.Buffer
 	_, _ = buf.ReadFrom(resp.Body)
-	if out != nil && resp.StatusCode < 300 {
-		if err := json.Unmarshal(buf.Bytes(), out); err != nil {
-			z.t.Fatalf("%s %s: %v\n%s", method, path, err, buf.String())
-		}
-	}
-	if resp.StatusCode >= 300 && out != nil {
-		z.t.Logf("%s %s: %d %s", method, path, resp.StatusCode, buf.String())
-	}
-	return resp.StatusCode
+	return resp.StatusCode, buf.Bytes()
 }
 
 func (z *zero) eventually(limit time.Duration, what string, ok func() bool) {
@@ -252,7 +259,7 @@ func TestFromZeroToFirstJob(t *testing.T) {
 	if out := z.must("gpu-type", "create", "H100", "--memory-gb", "80", "--rate", "4.10"); !strings.Contains(out, "GPU type H100: 80 GB, 4.10 USD per GPU-hour") {
 		t.Errorf("create: %q", out)
 	}
-	if list := z.must("gpu-type", "list"); !regexp.MustCompile(`H100\s+80 GB\s+4\.10 USD\s+0\s+in use`).MatchString(list) {
+	if list := z.must("gpu-type", "list"); !regexp.MustCompile(`H100\s+80 GB\s+4\.10 USD\s+0\s+native\s+in use`).MatchString(list) {
 		t.Errorf("list:\n%s", list)
 	}
 	// Owned capacity's cost per GPU-hour, for the capacity report.
