@@ -175,10 +175,13 @@ type Main struct {
 	served   chan error
 	stopBg   context.CancelFunc
 	triggers chan struct{}
-	serverID string
-	bgDone   chan struct{}
-	Registry *prometheus.Registry
-	metrics  *metricsServer // the MetricsAddr listener (metricsrv.go)
+	// engineTrigger wakes the Slurm sync on job events (submissions and
+	// cancels reach Slurm without waiting for the sync's period).
+	engineTrigger jobs.EngineTrigger
+	serverID      string
+	bgDone        chan struct{}
+	Registry      *prometheus.Registry
+	metrics       *metricsServer // the MetricsAddr listener (metricsrv.go)
 }
 
 func hostname() string {
@@ -204,6 +207,9 @@ func (m *Main) triggerLoop(ctx context.Context) {
 		case <-m.triggers:
 			if err := jobs.Trigger(ctx, m.Store, m.river); err != nil && ctx.Err() == nil {
 				m.Logger.Warn("requesting a scheduling cycle", "err", err)
+			}
+			if err := m.engineTrigger.Sync(ctx, m.Store, m.river); err != nil && ctx.Err() == nil {
+				m.Logger.Warn("requesting a Slurm sync", "err", err)
 			}
 		}
 	}

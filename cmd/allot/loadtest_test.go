@@ -13,6 +13,7 @@ import (
 	"github.com/allotlabs/allot/internal/demo"
 	"github.com/allotlabs/allot/internal/loadtest"
 	"github.com/allotlabs/allot/internal/store/storetest"
+	"github.com/allotlabs/allot/internal/testlock"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -25,6 +26,7 @@ import (
 // have run, nothing may have failed, and the fresh database must be gone
 // afterwards. It checks no speed: figures come from full-size runs.
 func TestLoadtestSelfHosted(t *testing.T) {
+	testlock.Exclusive(t) // its figures are bounded by time: not beside Slurm clusters
 	loadtestNeedsDB(t)
 	var out, errb bytes.Buffer
 	code := cmdLoadtest([]string{"--database-url", storetest.AdminURL(), "--warmup", "1s", "--duration", "3s", "--submitters", "4", "--submit-rate", "40",

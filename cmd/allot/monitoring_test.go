@@ -22,6 +22,7 @@ import (
 	"github.com/allotlabs/allot/internal/agent"
 	"github.com/allotlabs/allot/internal/allot"
 	"github.com/allotlabs/allot/internal/demo"
+	"github.com/allotlabs/allot/internal/testlock"
 	"github.com/allotlabs/allot/web"
 )
 
@@ -42,6 +43,7 @@ const (
 // error, and promtool checks the rules, the config and the rules' unit
 // tests (alerts_test.yml).
 func TestMonitoringDashboardsAgainstPrometheus(t *testing.T) {
+	testlock.Exclusive(t) // its figures are bounded by time: not beside Slurm clusters
 	dashboards := loadDashboards(t)
 	checkComposeMounts(t)
 	promBin, err := exec.LookPath("prometheus")

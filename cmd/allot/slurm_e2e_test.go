@@ -60,7 +60,8 @@ type slurmStack struct {
 	serverLog string
 }
 
-func startSlurmStack(t *testing.T) *slurmStack {
+// startSlurmStack starts it with the worker syncing every sync.
+func startSlurmStack(t *testing.T, sync string) *slurmStack {
 	t.Helper()
 	needSlurm(t)
 	ctx := context.Background()
@@ -131,7 +132,7 @@ func startSlurmStack(t *testing.T) *slurmStack {
 		t.Fatalf("slurm diff after apply: %q", out)
 	}
 	_, s.workerLog = z.start("worker", append([]string{"worker", "--metrics-addr", freeAddr(t)},
-		slurmArgs(s.c, "--slurm-sync", "1s", "--slurm-over-budget-file", overBudget)...)...)
+		slurmArgs(s.c, "--slurm-sync", sync, "--slurm-over-budget-file", overBudget)...)...)
 	// The worker syncs Slurm's nodes into Allot.
 	z.eventually(30*time.Second, "Slurm's nodes in Allot", func() bool {
 		var nodes []string
@@ -198,7 +199,7 @@ var engineJobIDRe = regexp.MustCompile(`data-testid="engine-job-id">(\d+)<`)
 // Allot's API that runs in Slurm as the engineer, completes and is billed
 // by Slurm's own accounting; and an sbatch job that shows up in Allot.
 func TestSlurmEndToEnd(t *testing.T) {
-	s := startSlurmStack(t)
+	s := startSlurmStack(t, "1s")
 	z, c := s.z, s.c
 
 	j := s.submit("hello", 2, "sh", "-c", "sleep 3; echo hello from $(id -un); echo USER=$USER HOME=$HOME")
@@ -334,6 +335,18 @@ func TestSlurmEndToEnd(t *testing.T) {
 // TestSlurmBadConfig: a worker pointed at a wrong URL or with a wrong key
 // stops at once with a message saying which; `allot slurm check` says the
 // same, and with the right settings prints what answers.
+// TestSlurmSubmitWakesSync: with a sync period of an hour, a job submitted
+// through Allot still reaches Slurm at once (the submission wakes the
+// sync) and runs there.
+func TestSlurmSubmitWakesSync(t *testing.T) {
+	t.Parallel()
+	s := startSlurmStack(t, "1h")
+	t0 := time.Now() // a stopwatch
+	j := s.submit("woken", 1, "sleep", "1")
+	s.z.eventually(20*time.Second, "the job in Slurm without waiting for the hourly sync", func() bool { return s.slurmID(j.ID) != 0 })
+	t.Logf("submitted to Slurm %s after the POST", time.Since(t0).Round(time.Millisecond))
+}
+
 func TestSlurmBadConfig(t *testing.T) {
 	needSlurm(t)
 	slurmtest.EnsureUser(t, seBad)
@@ -599,7 +612,7 @@ func TestSlurmFigures(t *testing.T) {
 	if os.Getenv("ALLOT_SLURM_FIGURES") == "" {
 		t.Skip("takes ~2 min; run with ALLOT_SLURM_FIGURES=1")
 	}
-	s := startSlurmStack(t)
+	s := startSlurmStack(t, "5s")
 	c := s.c
 	const n = 50
 	running := func(id int64) bool {
@@ -642,7 +655,7 @@ func TestSlurmFigures(t *testing.T) {
 		slices.Sort(d)
 		return d[int(math.Ceil(p*float64(len(d))))-1].Round(time.Millisecond)
 	}
-	t.Logf("FIGURE submit → RUNNING (squeue), %d jobs each: through Allot (POST /api/v1/jobs, worker --slurm-sync 1s) p50 %s p99 %s; plain sbatch p50 %s p99 %s",
+	t.Logf("FIGURE submit → RUNNING (squeue), %d jobs each: through Allot (POST /api/v1/jobs, worker --slurm-sync 5s: a submission wakes the sync) p50 %s p99 %s; plain sbatch p50 %s p99 %s",
 		n, pct(viaAllot, .5), pct(viaAllot, .99), pct(viaSbatch, .5), pct(viaSbatch, .99))
 
 	// Import speed: more finished runs, then one import into a fresh database.

@@ -32,6 +32,7 @@ import (
 	"github.com/allotlabs/allot/internal/clock"
 	"github.com/allotlabs/allot/internal/demo"
 	"github.com/allotlabs/allot/internal/jobs"
+	"github.com/allotlabs/allot/internal/testlock"
 	"github.com/allotlabs/allot/web"
 )
 
@@ -144,6 +145,7 @@ func p99(d []time.Duration) time.Duration {
 // timed for at least two body timeouts, so every trickle is closed and
 // reconnects (400 token lookups at once) while they are.
 func TestStalledClientsCannotStallTheControlPlane(t *testing.T) {
+	testlock.Exclusive(t) // its figures are bounded by time: not beside Slurm clusters
 	const (
 		stalled     = 40
 		trickling   = 400

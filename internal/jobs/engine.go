@@ -3,11 +3,14 @@ package jobs
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/rivertype"
 
 	"github.com/allotlabs/allot/internal/backend"
+	"github.com/allotlabs/allot/internal/store"
 )
 
 // DefaultEngineInterval is how often the worker syncs an external engine.
@@ -15,14 +18,17 @@ const DefaultEngineInterval = 5 * time.Second
 
 // EngineSyncArgs runs one sync with the external engine (Slurm): nodes,
 // drains, jobs, submissions, cancels, demotions and the accounting import.
-type EngineSyncArgs struct{}
+// Woken: asked for by a job event (EngineTrigger), not the period.
+type EngineSyncArgs struct {
+	Woken bool `json:"woken,omitempty"`
+}
 
 // Kind names the job in River's table.
 func (EngineSyncArgs) Kind() string { return "engine_sync" }
 
 // EngineSyncWorker runs EngineSyncArgs. Only one sync runs at a time in
-// the whole installation (River keeps the periodic job unique while one is
-// queued or running), so no job is submitted twice.
+// the whole installation (a PostgreSQL session lock; River keeps at most
+// one periodic and one woken sync queued), so no job is submitted twice.
 type EngineSyncWorker struct {
 	river.WorkerDefaults[EngineSyncArgs]
 	Reconciler *backend.Reconciler
@@ -36,10 +42,23 @@ func (w *EngineSyncWorker) Timeout(*river.Job[EngineSyncArgs]) time.Duration { r
 // Work syncs once. An unreachable engine is not a River failure to retry
 // in a tight loop: it is recorded (the portal shows it) and the next
 // period tries again.
-func (w *EngineSyncWorker) Work(ctx context.Context, _ *river.Job[EngineSyncArgs]) error {
+func (w *EngineSyncWorker) Work(ctx context.Context, job *river.Job[EngineSyncArgs]) error {
 	if w.Reconciler == nil {
 		return nil
 	}
+	release, ok, err := w.Reconciler.Store.TryEngineSyncLock(ctx)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		if job.Args.Woken {
+			// The sync in progress may have passed the submissions: run
+			// again once it is done.
+			return river.JobSnooze(time.Second)
+		}
+		return nil
+	}
+	defer release()
 	rep, err := w.Reconciler.Sync(ctx)
 	if err != nil {
 		w.Logger.Warn("engine sync failed", "engine", w.Reconciler.Engine.Name(), "err", err)
@@ -51,4 +70,45 @@ func (w *EngineSyncWorker) Work(ctx context.Context, _ *river.Job[EngineSyncArgs
 			"took", rep.Took.String())
 	}
 	return nil
+}
+
+// engineSyncOpts keep at most one sync of each kind (periodic, woken)
+// queued or running.
+func engineSyncOpts() *river.InsertOpts {
+	return &river.InsertOpts{UniqueOpts: river.UniqueOpts{ByArgs: true, ByState: []rivertype.JobState{
+		rivertype.JobStateAvailable, rivertype.JobStatePending, rivertype.JobStateRunning, rivertype.JobStateRetryable, rivertype.JobStateScheduled}}}
+}
+
+// EngineTrigger asks for a sync with the external engine now, when one is
+// in use (a GPU type of another backend exists; looked up at most every
+// 10 s): a job submitted or cancelled through Allot reaches Slurm without
+// waiting for the sync's period. A sync already queued covers the ask.
+type EngineTrigger struct {
+	mu      sync.Mutex
+	checked time.Time
+	engine  bool
+}
+
+// Sync inserts an engine sync if an engine is in use.
+func (t *EngineTrigger) Sync(ctx context.Context, st *store.Store, client Inserter) error {
+	if client == nil {
+		return nil
+	}
+	t.mu.Lock()
+	// A stopwatch for the cache, not product time.
+	if t.checked.IsZero() || time.Since(t.checked) > 10*time.Second {
+		types, err := st.EngineGPUTypes(ctx)
+		if err != nil {
+			t.mu.Unlock()
+			return err
+		}
+		t.engine, t.checked = len(types) > 0, time.Now()
+	}
+	engine := t.engine
+	t.mu.Unlock()
+	if !engine {
+		return nil
+	}
+	_, err := client.Insert(ctx, EngineSyncArgs{Woken: true}, engineSyncOpts())
+	return err
 }

@@ -255,10 +255,8 @@ func NewClient(cfg Config) (*river.Client[pgx.Tx], error) {
 			every = DefaultEngineInterval
 		}
 		client.PeriodicJobs().Add(river.NewPeriodicJob(river.PeriodicInterval(every),
-			func() (river.JobArgs, *river.InsertOpts) {
-				return EngineSyncArgs{}, &river.InsertOpts{UniqueOpts: river.UniqueOpts{ByState: []rivertype.JobState{
-					rivertype.JobStateAvailable, rivertype.JobStatePending, rivertype.JobStateRunning, rivertype.JobStateRetryable, rivertype.JobStateScheduled}}}
-			}, &river.PeriodicJobOpts{RunOnStart: true}))
+			func() (river.JobArgs, *river.InsertOpts) { return EngineSyncArgs{}, engineSyncOpts() },
+			&river.PeriodicJobOpts{RunOnStart: true}))
 	}
 	if cfg.Burst.Provider != nil {
 		every := burster.Config.Interval

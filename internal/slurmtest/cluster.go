@@ -24,6 +24,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/allotlabs/allot/internal/testlock"
 )
 
 // The accounting database server every cluster uses (its own database on it).
@@ -208,6 +210,13 @@ func StartErr(t testing.TB, o Options) (*Cluster, error) {
 	if ok, why := Available(); !ok {
 		return nil, fmt.Errorf("slurmtest.Start: %s", why)
 	}
+	// A cluster loads the machine: tests that measure time wait for it
+	// (internal/testlock).
+	release, err := testlock.Shared()
+	if err != nil {
+		return nil, err
+	}
+	t.Cleanup(release) // after the cluster's own Stop (cleanups run last-first)
 	var errs []string
 	for attempt := 1; attempt <= 3; attempt++ {
 		c, err := start(o)

@@ -58,6 +58,12 @@ func (s *Store) engineGPUTypes(ctx context.Context, backend string) ([]string, e
 
 // engineType maps an engine GPU type name to an Allot GPU type of the
 // backend: the type of that name (any case), else the default.
+// EngineGPUTypes lists the GPU types in service that another engine
+// (Slurm, the only one) runs.
+func (s *Store) EngineGPUTypes(ctx context.Context) ([]string, error) {
+	return s.engineGPUTypes(ctx, allot.BackendSlurm)
+}
+
 func engineType(types []string, name, def string) string {
 	for _, t := range types {
 		if strings.EqualFold(t, name) {
@@ -953,4 +959,26 @@ func (s *Store) EngineJob(ctx context.Context, id int64) (EngineJobInfo, bool, e
 		return x, err
 	})
 	return in, true, mapErr("loading Slurm runs", err)
+}
+
+// TryEngineSyncLock takes the engine sync's lock (a PostgreSQL session
+// lock on a connection of its own), so that one sync runs at a time across
+// workers; ok false: another sync holds it.
+func (s *Store) TryEngineSyncLock(ctx context.Context) (release func(), ok bool, err error) {
+	p := s.Pool()
+	if p == nil {
+		return nil, false, errors.New("the engine sync lock needs the pool, not a transaction")
+	}
+	conn, err := p.Acquire(ctx)
+	if err != nil {
+		return nil, false, mapErr("taking the engine sync lock", err)
+	}
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtext('allot.engine_sync'))`).Scan(&ok); err != nil || !ok {
+		conn.Release()
+		return nil, false, mapErr("taking the engine sync lock", err)
+	}
+	return func() {
+		_, _ = conn.Exec(context.Background(), `SELECT pg_advisory_unlock(hashtext('allot.engine_sync'))`)
+		conn.Release()
+	}, true, nil
 }
