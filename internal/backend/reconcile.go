@@ -89,9 +89,17 @@ func (r *Reconciler) log() *slog.Logger {
 // records that (the portal says so) and returns the error; the next Sync
 // catches up: submissions wait, and the import reads from where the last
 // one that worked ended.
-func (r *Reconciler) Sync(ctx context.Context) (Report, error) {
+func (r *Reconciler) Sync(ctx context.Context) (Report, error) { return r.run(ctx, false) }
+
+// SyncJobs is the part of Sync a job event needs at once: the engine's
+// queue (which also links a submission whose record a crash lost, so
+// nothing is submitted twice), cancels, demotions and submissions; not
+// nodes, the policy or the accounting import.
+func (r *Reconciler) SyncJobs(ctx context.Context) (Report, error) { return r.run(ctx, true) }
+
+func (r *Reconciler) run(ctx context.Context, jobsOnly bool) (Report, error) {
 	start := time.Now() // a stopwatch for the report, not product time
-	rep, err := r.sync(ctx)
+	rep, err := r.sync(ctx, jobsOnly)
 	rep.Took = time.Since(start)
 	if rerr := r.Store.RecordEngineSync(ctx, r.Cluster, r.Version, err, rep.cursor, rep.Unmapped); rerr != nil && err == nil {
 		err = rerr
@@ -104,10 +112,14 @@ type syncReport struct {
 	cursor time.Time
 }
 
-func (r *Reconciler) sync(ctx context.Context) (syncReport, error) {
+func (r *Reconciler) sync(ctx context.Context, jobsOnly bool) (syncReport, error) {
 	var rep syncReport
 	st := r.Store
 	e := r.Engine
+	if jobsOnly {
+		_, err := r.syncJobs(ctx, &rep)
+		return rep, err
+	}
 	every := r.PolicyEvery
 	if every <= 0 {
 		every = time.Minute
@@ -149,67 +161,84 @@ func (r *Reconciler) sync(ctx context.Context) (syncReport, error) {
 		}
 		rep.Resumed++
 	}
+	jobs, err := r.syncJobs(ctx, &rep)
+	if err != nil {
+		return rep, err
+	}
+	return rep, r.importRuns(ctx, &rep, jobs)
+}
+
+// syncJobs is steps 2–4: budgets, the engine's queue, submissions. It
+// returns the queue, whose running jobs' GPU indices the import uses.
+func (r *Reconciler) syncJobs(ctx context.Context, rep *syncReport) ([]allot.EngineJob, error) {
+	st, e := r.Store, r.Engine
 	// 2. Budgets.
 	over, err := st.OverBudgetTeams(ctx)
 	if err != nil {
-		return rep, err
+		return nil, err
 	}
 	rep.OverBudget = over
 	if r.OverBudgetFile != "" {
 		if err := WriteOverBudget(r.OverBudgetFile, over); err != nil {
-			return rep, err
+			return nil, err
 		}
 	}
 	// 3. Jobs.
 	jobs, err := e.Jobs(ctx)
 	if err != nil {
-		return rep, fmt.Errorf("listing %s jobs: %w", e.Name(), err)
+		return nil, fmt.Errorf("listing %s jobs: %w", e.Name(), err)
 	}
 	rep.Jobs = len(jobs)
 	ja, err := st.SyncEngineJobs(ctx, r.Mapping, jobs, over)
 	if err != nil {
-		return rep, err
+		return nil, err
 	}
 	rep.ImportedJobs = ja.Imported
 	rep.Unmapped = append(rep.Unmapped, ja.Unmapped...)
 	for _, c := range ja.Cancel {
 		if err := e.Cancel(ctx, c.User, c.ExternalID); err != nil {
-			return rep, fmt.Errorf("cancelling job %d (%s job %d): %w", c.JobID, e.Name(), c.ExternalID, err)
+			return nil, fmt.Errorf("cancelling job %d (%s job %d): %w", c.JobID, e.Name(), c.ExternalID, err)
 		}
 		if err := st.RecordEngineSent(ctx, c.JobID, "cancel"); err != nil {
-			return rep, err
+			return nil, err
 		}
 		rep.Cancelled++
 	}
 	for _, d := range ja.Demote {
 		why := fmt.Sprintf("account %s is over its GPU-hour budget; job runs as preemptible", d.Team)
 		if err := e.Demote(ctx, d.ExternalID, why); err != nil {
-			return rep, fmt.Errorf("demoting job %d (%s job %d): %w", d.JobID, e.Name(), d.ExternalID, err)
+			return nil, fmt.Errorf("demoting job %d (%s job %d): %w", d.JobID, e.Name(), d.ExternalID, err)
 		}
 		if err := st.RecordEngineSent(ctx, d.JobID, "demote"); err != nil {
-			return rep, err
+			return nil, err
 		}
 		rep.Demoted++
 	}
 	// 4. Submissions.
 	subs, err := st.PendingEngineSubmits(ctx, r.Mapping.Backend, 500)
 	if err != nil {
-		return rep, err
+		return nil, err
 	}
 	for _, s := range subs {
 		if err := r.submit(ctx, s); err != nil {
 			if !errors.Is(err, allot.ErrEngineRejected) {
-				return rep, err // the engine is down: the rest wait too
+				return nil, err // the engine is down: the rest wait too
 			}
 			rep.SubmitFailed++
 			continue
 		}
 		rep.Submitted++
 	}
+	return jobs, nil
+}
+
+// importRuns is step 5: the accounting import.
+func (r *Reconciler) importRuns(ctx context.Context, rep *syncReport, jobs []allot.EngineJob) error {
+	st, e := r.Store, r.Engine
 	// 5. Accounting.
 	sync, err := st.EngineSync(ctx)
 	if err != nil {
-		return rep, err
+		return err
 	}
 	to := st.Now().UTC().Truncate(time.Second)
 	from := sync.Cursor
@@ -227,7 +256,7 @@ func (r *Reconciler) sync(ctx context.Context) (syncReport, error) {
 	}
 	runs, err := e.Runs(ctx, from, to)
 	if err != nil {
-		return rep, fmt.Errorf("reading %s accounting: %w", e.Name(), err)
+		return fmt.Errorf("reading %s accounting: %w", e.Name(), err)
 	}
 	live := map[int64]map[string][]int{}
 	for _, j := range jobs {
@@ -237,12 +266,12 @@ func (r *Reconciler) sync(ctx context.Context) (syncReport, error) {
 	}
 	ir, err := st.ImportEngineRuns(ctx, r.Mapping, runs, live)
 	if err != nil {
-		return rep, err
+		return err
 	}
 	rep.Runs, rep.NewRuns, rep.UpdatedRuns = ir.Runs, ir.NewRuns, ir.UpdatedRuns
 	rep.Unmapped = append(rep.Unmapped, ir.Unmapped...)
 	rep.cursor = to
-	return rep, nil
+	return nil
 }
 
 func (r *Reconciler) submit(ctx context.Context, s store.EngineSubmitJob) error {

@@ -46,20 +46,32 @@ func (w *EngineSyncWorker) Work(ctx context.Context, job *river.Job[EngineSyncAr
 	if w.Reconciler == nil {
 		return nil
 	}
-	release, ok, err := w.Reconciler.Store.TryEngineSyncLock(ctx)
-	if err != nil {
+	// A woken sync waits for one in progress (which may have passed the
+	// submissions already); a periodic one finding a sync running has
+	// nothing to add.
+	release, ok, err := w.Reconciler.Store.EngineSyncLock(ctx, job.Args.Woken)
+	if err != nil || !ok {
 		return err
 	}
-	if !ok {
-		if job.Args.Woken {
-			// The sync in progress may have passed the submissions: run
-			// again once it is done.
-			return river.JobSnooze(time.Second)
-		}
-		return nil
-	}
 	defer release()
-	rep, err := w.Reconciler.Sync(ctx)
+	var rep backend.Report
+	if !job.Args.Woken {
+		rep, err = w.Reconciler.Sync(ctx)
+	} else {
+		// A job event: the queue and submissions, now, again while jobs
+		// arrived meanwhile (their wake-up found this one still running and
+		// was folded into it).
+		for range 20 {
+			if rep, err = w.Reconciler.SyncJobs(ctx); err != nil {
+				break
+			}
+			more, perr := w.Reconciler.Store.PendingEngineSubmits(ctx, w.Reconciler.Mapping.Backend, 1)
+			if perr != nil || len(more) == 0 {
+				err = perr
+				break
+			}
+		}
+	}
 	if err != nil {
 		w.Logger.Warn("engine sync failed", "engine", w.Reconciler.Engine.Name(), "err", err)
 		return nil

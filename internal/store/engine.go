@@ -961,10 +961,11 @@ func (s *Store) EngineJob(ctx context.Context, id int64) (EngineJobInfo, bool, e
 	return in, true, mapErr("loading Slurm runs", err)
 }
 
-// TryEngineSyncLock takes the engine sync's lock (a PostgreSQL session
-// lock on a connection of its own), so that one sync runs at a time across
-// workers; ok false: another sync holds it.
-func (s *Store) TryEngineSyncLock(ctx context.Context) (release func(), ok bool, err error) {
+// EngineSyncLock takes the engine sync's lock (a PostgreSQL session lock
+// on a connection of its own), so that one sync runs at a time across
+// workers. With wait it waits for the sync that holds it (until ctx ends);
+// without, ok is false when another sync holds it.
+func (s *Store) EngineSyncLock(ctx context.Context, wait bool) (release func(), ok bool, err error) {
 	p := s.Pool()
 	if p == nil {
 		return nil, false, errors.New("the engine sync lock needs the pool, not a transaction")
@@ -973,7 +974,11 @@ func (s *Store) TryEngineSyncLock(ctx context.Context) (release func(), ok bool,
 	if err != nil {
 		return nil, false, mapErr("taking the engine sync lock", err)
 	}
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtext('allot.engine_sync'))`).Scan(&ok); err != nil || !ok {
+	q := `SELECT pg_try_advisory_lock(hashtext('allot.engine_sync'))`
+	if wait {
+		q = `SELECT pg_advisory_lock(hashtext('allot.engine_sync')) IS NOT NULL`
+	}
+	if err := conn.QueryRow(ctx, q).Scan(&ok); err != nil || !ok {
 		conn.Release()
 		return nil, false, mapErr("taking the engine sync lock", err)
 	}
