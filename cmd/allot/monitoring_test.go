@@ -43,7 +43,6 @@ const (
 // error, and promtool checks the rules, the config and the rules' unit
 // tests (alerts_test.yml).
 func TestMonitoringDashboardsAgainstPrometheus(t *testing.T) {
-	testlock.Exclusive(t) // its figures are bounded by time: not beside Slurm clusters
 	dashboards := loadDashboards(t)
 	checkComposeMounts(t)
 	promBin, err := exec.LookPath("prometheus")
@@ -62,6 +61,10 @@ func TestMonitoringDashboardsAgainstPrometheus(t *testing.T) {
 	l := startLive(t, func(m *Main) {
 		m.MetricsAddr, m.MetricsToken = "127.0.0.1:0", scrapeToken
 	})
+	// Its waits are bounded by time: not beside Slurm clusters. (After
+	// startLive, which makes the test parallel: a lock held while paused
+	// would stop the package's sequential Slurm tests.)
+	testlock.Exclusive(t)
 	agentURLs := []string{l.startMetricsAgent("gpu13"), l.startMetricsAgent("gpu01")}
 	l.waitNode("gpu13", allot.NodeUp)
 	l.waitNode("gpu01", allot.NodeUp)

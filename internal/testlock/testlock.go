@@ -48,7 +48,9 @@ func Shared() (func(), error) {
 }
 
 // Exclusive waits until nothing holds the lock shared, holds it for the
-// rest of t, and logs how long it waited.
+// rest of t, and logs how long it waited. Call it after t.Parallel (or a
+// helper that calls it): held while the test is paused, it would stop the
+// package's sequential tests that start Slurm clusters.
 func Exclusive(t testing.TB) {
 	t.Helper()
 	start := time.Now() // a stopwatch
