@@ -471,7 +471,7 @@ func sbatchMany(t *testing.T, c *slurmtest.Cluster, user string, n int) {
 		c.Sbatch(t, user, "-A", "ml", "--gres=gpu:1", "-J", fmt.Sprintf("q%03d", i), "-o", "/dev/null", "--wrap", wrap)
 	}
 	submitted := time.Since(t0)
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(60 * time.Second) // a deadline, not product time
 	for {
 		out, err := c.Exec("sacct", "-n", "-X", "-P", "-a", "-o", "State", "-S", "now-1hours")
 		finished := 0
@@ -483,6 +483,7 @@ func sbatchMany(t *testing.T, c *slurmtest.Cluster, user string, n int) {
 		if err == nil && finished >= n {
 			break
 		}
+		// a deadline, not product time
 		if time.Now().After(deadline) {
 			t.Fatalf("%d of %d jobs finished in accounting after 60 s", finished, n)
 		}
@@ -530,6 +531,7 @@ poll:
 			<-exited
 			break poll
 		}
+		// a deadline, not product time
 		if time.Now().After(deadline) {
 			_ = cmd.Process.Kill()
 			<-exited
@@ -622,7 +624,7 @@ func TestSlurmFigures(t *testing.T) {
 	// Wall-clock stopwatches throughout.
 	var viaAllot, viaSbatch []time.Duration
 	for i := 0; i < n; i++ {
-		t0 := time.Now()
+		t0 := time.Now() // a stopwatch
 		j := s.submit(fmt.Sprintf("lat%02d", i), 1, "sleep", "2")
 		var id int64
 		for {
@@ -640,7 +642,7 @@ func TestSlurmFigures(t *testing.T) {
 		viaAllot = append(viaAllot, time.Since(t0))
 	}
 	for i := 0; i < n; i++ {
-		t0 := time.Now()
+		t0 := time.Now() // a stopwatch
 		id := c.Sbatch(t, seEng, "-A", "ml", "--qos=allot-t3", "--gres=gpu:1", "-J", fmt.Sprintf("sb%02d", i), "-o", "/dev/null", "--wrap", "sleep 2")
 		for !running(id) {
 			if time.Since(t0) > 30*time.Second {
@@ -660,12 +662,13 @@ func TestSlurmFigures(t *testing.T) {
 
 	// Import speed: more finished runs, then one import into a fresh database.
 	sbatchMany(t, c, seEng, 200)
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(60 * time.Second) // a deadline, not product time
 	for {
 		out, _ := c.Exec("squeue", "-h")
 		if strings.TrimSpace(out) == "" {
 			break
 		}
+		// a deadline, not product time
 		if time.Now().After(deadline) {
 			t.Fatalf("jobs still queued: %s", out)
 		}
@@ -677,9 +680,9 @@ func TestSlurmFigures(t *testing.T) {
 		if batch == "200" {
 			zb2 = zb
 		}
-		t0 := time.Now()
+		t0 := time.Now() // a stopwatch
 		out := zb2.must(append([]string{"slurm", "sync"}, slurmArgs(c, "--slurm-import-batch", batch,
-			"--slurm-import-since", time.Now().UTC().Add(-time.Hour).Format(time.RFC3339))...)...)
+			"--slurm-import-since", time.Now().UTC().Add(-time.Hour).Format(time.RFC3339))...)...) // Slurm's own (real) clock: its accounting window
 		took := time.Since(t0)
 		m := syncLineRe.FindStringSubmatch(out)
 		if m == nil {

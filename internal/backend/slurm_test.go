@@ -107,12 +107,13 @@ func (e *env) sync() backend.Report {
 // until syncs until ok holds (a deadline, not product time).
 func (e *env) until(what string, ok func() bool) {
 	e.t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(60 * time.Second) // a deadline, not product time
 	for {
 		e.sync()
 		if ok() {
 			return
 		}
+		// a deadline, not product time
 		if time.Now().After(deadline) {
 			out, _ := e.c.Exec("squeue", "-a", "-o", "%i %u %a %q %T %r %b %N")
 			e.t.Fatalf("timed out waiting for %s; squeue:\n%s", what, out)

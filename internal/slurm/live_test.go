@@ -44,8 +44,9 @@ func liveCluster(t *testing.T) (*slurmtest.Cluster, *Client) {
 // waitJob polls Jobs until ok(job) (deadline on the wall clock: protocol time).
 func waitJob(t *testing.T, cl *Client, id int64, what string, ok func(Job) bool) Job {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(30 * time.Second) // a deadline, not product time
 	var last Job
+	// a deadline, not product time
 	for time.Now().Before(deadline) {
 		jobs, err := cl.Jobs(context.Background())
 		if err != nil {
@@ -145,9 +146,10 @@ func TestLiveSubmitRunAccountCancel(t *testing.T) {
 
 	// Accounting shows the run with its GPUs, user and comment.
 	var run *Run
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(20 * time.Second) // a deadline, not product time
+	// a deadline, not product time
 	for run == nil && time.Now().Before(deadline) {
-		runs, err := cl.Accounting(ctx, from, time.Now().Add(time.Minute))
+		runs, err := cl.Accounting(ctx, from, time.Now().Add(time.Minute)) // Slurm's own (real) clock: its accounting window
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -166,7 +168,7 @@ func TestLiveSubmitRunAccountCancel(t *testing.T) {
 		t.Errorf("run = %+v", *run)
 	}
 	// sacct (the CLI fallback) agrees.
-	sr, err := cl.Sacct(ctx, from, time.Now().Add(time.Minute))
+	sr, err := cl.Sacct(ctx, from, time.Now().Add(time.Minute)) // Slurm's own (real) clock: its accounting window
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,6 +243,7 @@ func TestLiveBadConfig(t *testing.T) {
 	if _, err := bad.Jobs(ctx); !errors.Is(err, ErrUnauthorized) {
 		t.Errorf("wrong key, Jobs: %v", err)
 	}
+	// Slurm's own (real) clock: its accounting window
 	if _, err := bad.Accounting(ctx, time.Now().Add(-time.Hour), time.Now()); !errors.Is(err, ErrUnauthorized) {
 		t.Errorf("wrong key, Accounting: %v", err)
 	}
@@ -264,7 +267,7 @@ func TestLiveBadConfig(t *testing.T) {
 	c.StartCtld(t)
 	// slurmdbd down.
 	c.StopDBD(t)
-	_, err = cl.Accounting(ctx, time.Now().Add(-time.Hour), time.Now())
+	_, err = cl.Accounting(ctx, time.Now().Add(-time.Hour), time.Now()) // Slurm's own (real) clock: its accounting window
 	if !errors.Is(err, ErrUnreachable) {
 		t.Errorf("slurmdbd down: %v", err)
 	}
@@ -281,7 +284,7 @@ func TestLiveFigures(t *testing.T) {
 	}
 	c, cl := liveCluster(t)
 	ctx := context.Background()
-	from := time.Now().Add(-time.Minute)
+	from := time.Now().Add(-time.Minute) // Slurm's own (real) clock: its accounting window
 	const n = 200
 	var lat []time.Duration
 	for i := 0; i < n; i++ {
@@ -295,7 +298,7 @@ func TestLiveFigures(t *testing.T) {
 	}
 	var sb []time.Duration
 	for i := 0; i < 20; i++ {
-		t0 := time.Now()
+		t0 := time.Now() // a stopwatch
 		c.Sbatch(t, liveUser, "-A", "nlp", "--gres=gpu:1", "-t", "1", "-D", c.JobsDir, "-o", "/dev/null", "--wrap", "true")
 		sb = append(sb, time.Since(t0))
 	}
@@ -308,7 +311,8 @@ func TestLiveFigures(t *testing.T) {
 	t.Logf("plain sbatch (%d sequential, fork+exec): p50 %v, p99 %v", len(sb), pct(sb, .5), pct(sb, .99))
 
 	// Let them all finish, then import.
-	deadline := time.Now().Add(90 * time.Second)
+	deadline := time.Now().Add(90 * time.Second) // a deadline, not product time
+	// a deadline, not product time
 	for time.Now().Before(deadline) {
 		jobs, err := cl.Jobs(ctx)
 		if err != nil {
@@ -325,11 +329,11 @@ func TestLiveFigures(t *testing.T) {
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	to := time.Now().Add(time.Minute)
+	to := time.Now().Add(time.Minute) // Slurm's own (real) clock: its accounting window
 	var runs []Run
 	var best time.Duration
 	for i := 0; i < 3; i++ {
-		t0 := time.Now()
+		t0 := time.Now() // a stopwatch
 		r, err := cl.Accounting(ctx, from, to)
 		if err != nil {
 			t.Fatal(err)
@@ -349,7 +353,7 @@ func TestLiveFigures(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t0 := time.Now()
+	t0 := time.Now() // a stopwatch
 	const reps = 20
 	for i := 0; i < reps; i++ {
 		if _, err := ad.decodeRuns(body); err != nil {
@@ -383,7 +387,7 @@ func TestLivePreemptRequeue(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	from := time.Now().Add(-time.Minute)
+	from := time.Now().Add(-time.Minute) // Slurm's own (real) clock: its accounting window
 	victim, _, err := cl.Submit(ctx, liveUser, JobSubmit{Name: "victim", Account: "vision", Partition: "preemptible",
 		Comment: "allot:job=601", Workdir: c.JobsDir, Script: "#!/bin/sh\nsleep 300\n", GPUsPerNode: 4, GRESType: "h100",
 		TimeLimit: 10 * time.Minute, Requeue: true})
@@ -403,9 +407,10 @@ func TestLivePreemptRequeue(t *testing.T) {
 		t.Errorf("requeued job = %+v", v)
 	}
 	var recs []Run
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(15 * time.Second) // a deadline, not product time
+	// a deadline, not product time
 	for time.Now().Before(deadline) {
-		runs, err := cl.Accounting(ctx, from, time.Now().Add(time.Minute))
+		runs, err := cl.Accounting(ctx, from, time.Now().Add(time.Minute)) // Slurm's own (real) clock: its accounting window
 		if err != nil {
 			t.Fatal(err)
 		}

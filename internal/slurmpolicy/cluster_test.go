@@ -96,7 +96,7 @@ func TestSlurmSync(t *testing.T) {
 		t.Fatal(err)
 	}
 	applied := time.Since(start)
-	start = time.Now()
+	start = time.Now() // a stopwatch
 	read(t, c)
 	t.Logf("applying %d changes took %v, reading the state %v", len(changes), applied.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 	if left := slurmpolicy.Diff(r.Desired, read(t, c)); len(left) != 0 {
@@ -366,6 +366,7 @@ func waitFile(t *testing.T, path string) {
 		if b, err := os.ReadFile(path); err == nil && len(b) > 0 {
 			return
 		}
+		// a deadline, not product time
 		if time.Now().After(deadline) {
 			t.Fatalf("%s not written after 30 s", path)
 		}

@@ -130,6 +130,7 @@ func TestSmoke(t *testing.T) {
 	// the record to slurmdbd asynchronously: poll briefly).
 	var acct string
 	deadline := time.Now().Add(10 * time.Second) // stopwatch
+	// a deadline, not product time
 	for time.Now().Before(deadline) {
 		acct = c.Run(t, "sacct", "-n", "-X", "-P", "-j", strconv.FormatInt(id, 10), "-o", "JobID,User,Account,State,AllocTRES")
 		if strings.Contains(acct, "gres/gpu=2") && strings.Contains(acct, "COMPLETED") {
@@ -268,6 +269,7 @@ func TestKilledTestBinaryLeavesNoProcess(t *testing.T) {
 				break
 			}
 		}
+		// a deadline, not product time
 		if time.Now().After(deadline) {
 			t.Fatalf("helper did not start a cluster:\n%s", log.String())
 		}
@@ -390,6 +392,7 @@ func TestTypedGPUs(t *testing.T) {
 	}
 	var acct string
 	deadline := time.Now().Add(10 * time.Second) // stopwatch
+	// a deadline, not product time
 	for time.Now().Before(deadline) {
 		acct = c.Run(t, "sacct", "-n", "-X", "-P", "-j", strconv.FormatInt(id, 10), "-o", "AllocTRES")
 		if strings.Contains(acct, "gres/gpu:h100=3") {
