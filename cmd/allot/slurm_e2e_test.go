@@ -501,7 +501,7 @@ func TestSlurmImportSurvivesKill(t *testing.T) {
 	ctx := context.Background()
 	slurmtest.EnsureUser(t, seImport)
 	c := slurmtest.Start(t, slurmtest.Options{Nodes: 2, GPUsPerNode: 4, Accounts: []string{"ml"}, Users: []string{seImport}})
-	since := time.Now().UTC().Add(-time.Hour).Format(time.RFC3339) // Slurm's (real) clock
+	since := clock.Now().UTC().Add(-time.Hour).Format(time.RFC3339) // on Allot's clock, as the flag is
 	const n = 150
 	sbatchMany(t, c, seImport, n)
 	args := append([]string{"slurm", "sync"}, slurmArgs(c, "--slurm-import-batch", "5", "--slurm-import-since", since)...)
@@ -682,7 +682,7 @@ func TestSlurmFigures(t *testing.T) {
 		}
 		t0 := time.Now() // a stopwatch
 		out := zb2.must(append([]string{"slurm", "sync"}, slurmArgs(c, "--slurm-import-batch", batch,
-			"--slurm-import-since", time.Now().UTC().Add(-time.Hour).Format(time.RFC3339))...)...) // Slurm's own (real) clock: its accounting window
+			"--slurm-import-since", clock.Now().UTC().Add(-time.Hour).Format(time.RFC3339))...)...)
 		took := time.Since(t0)
 		m := syncLineRe.FindStringSubmatch(out)
 		if m == nil {

@@ -58,7 +58,8 @@ type EngineSubmit struct {
 	WorkDir     string
 }
 
-// EngineJob is a job as the engine sees it now.
+// EngineJob is a job as the engine sees it now. Times are on Allot's
+// clock (the engine's implementation translates).
 type EngineJob struct {
 	ExternalID int64
 	AllotJobID int64 // 0: not submitted through Allot (e.g. sbatch)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/clock"
 	"github.com/allotlabs/allot/internal/slurm"
 	"github.com/allotlabs/allot/internal/slurmpolicy"
 	"github.com/allotlabs/allot/internal/store"
@@ -43,6 +44,19 @@ func (e *SlurmEngine) Check(ctx context.Context) error {
 	_, err := e.Client.Ping(ctx)
 	return err
 }
+
+// Slurm keeps the real time; Allot's business time is the real time
+// shifted by the process clock's offset (a demo or test at a chosen
+// instant; 0 in production). Times cross the seam translated, so Slurm's
+// runs land on Allot's timeline like native usage.
+func toAllot(t time.Time) time.Time {
+	if t.IsZero() {
+		return t
+	}
+	return t.Add(clock.Offset())
+}
+
+func toSlurm(t time.Time) time.Time { return t.Add(-clock.Offset()) }
 
 // AllotTag is the comment that names the Allot job of a Slurm job.
 func AllotTag(id int64) string { return fmt.Sprintf("allot:job=%d", id) }
@@ -194,7 +208,7 @@ func (e *SlurmEngine) Jobs(ctx context.Context) ([]allot.EngineJob, error) {
 		st := engineState(j.State)
 		x := allot.EngineJob{ExternalID: j.ID, AllotJobID: allotJobOf(j.Comment), Name: j.Name, Account: j.Account, User: j.User,
 			Tier: tierOf(j.QOS), QOS: j.QOS, Partition: j.Partition, State: st, Code: j.State, Reason: j.Reason,
-			Submit: j.Submit, Start: j.Start, End: j.End, TimeLimit: j.TimeLimit, GPUs: j.GPUs, GPUType: j.GRESType,
+			Submit: toAllot(j.Submit), Start: toAllot(j.Start), End: toAllot(j.End), TimeLimit: j.TimeLimit, GPUs: j.GPUs, GPUType: j.GRESType,
 			Nodes: j.Nodes, GPUIndices: j.GPUIndices, ExitCode: j.ExitCode,
 			Demoted: strings.Contains(j.Comment, DemotedTag)}
 		if st == allot.EnginePending {
@@ -210,15 +224,15 @@ func (e *SlurmEngine) Jobs(ctx context.Context) ([]allot.EngineJob, error) {
 
 // Runs reads Slurm's accounting.
 func (e *SlurmEngine) Runs(ctx context.Context, from, to time.Time) ([]allot.EngineRun, error) {
-	runs, err := e.Client.Accounting(ctx, from, to)
+	runs, err := e.Client.Accounting(ctx, toSlurm(from), toSlurm(to))
 	if err != nil {
 		return nil, err
 	}
 	out := make([]allot.EngineRun, 0, len(runs))
 	for _, r := range runs {
 		out = append(out, allot.EngineRun{ExternalID: r.JobID, AllotJobID: allotJobOf(r.Comment), Name: r.Name, Account: r.Account,
-			User: r.User, Tier: tierOf(r.QOS), QOS: r.QOS, State: engineState(r.State), Code: r.State, Submit: r.Submit,
-			Start: r.Start, End: r.End, TimeLimit: r.TimeLimit, GPUs: r.GPUs, GPUType: r.GRESType, Nodes: r.Nodes,
+			User: r.User, Tier: tierOf(r.QOS), QOS: r.QOS, State: engineState(r.State), Code: r.State, Submit: toAllot(r.Submit),
+			Start: toAllot(r.Start), End: toAllot(r.End), TimeLimit: r.TimeLimit, GPUs: r.GPUs, GPUType: r.GRESType, Nodes: r.Nodes,
 			ExitCode: r.ExitCode, GPUUtilPct: r.GPUUtilPct, GPUMemMiB: r.GPUMemMiB})
 	}
 	return out, nil

@@ -319,8 +319,12 @@ func TestSlurmBackend(t *testing.T) {
 		if q := e.squeueField(id, "%q"); q != "allot-preemptible" {
 			t.Fatalf("sbatch job has QOS %q", q)
 		}
-		// Through Allot: the budget check demotes it, Slurm runs it preemptible.
-		j := e.submit(&e.vic, allot.Tier3, 1, "sleep", "1")
+		// Through Allot: the budget check (what it asks, 2 GPU-hours, is
+		// more than the team's 1 GPU-hour budget leaves, at any instant)
+		// demotes it, and Slurm runs it preemptible.
+		j, err := e.st.SubmitJob(ctx, &e.vic, allot.JobSpec{Name: "t", Team: "vision", Tier: allot.Tier3, GPUs: 1, GPUType: "h100",
+			TimeLimit: 2 * time.Hour, Command: []string{"sleep", "1"}, WorkDir: e.c.JobsDir})
+		must(t, err)
 		if !j.Demoted {
 			t.Fatalf("Allot did not demote job %d", j.ID)
 		}
