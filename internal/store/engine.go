@@ -344,7 +344,7 @@ func (s *Store) setEngineJobState(ctx context.Context, id int64, st allot.Engine
 			reason = fmt.Sprintf("%s (exit code %d)", reason, exit)
 		}
 		_, err = s.db.Exec(ctx, `UPDATE jobs SET state = $2, pending_reason = '', ended_at = greatest($3, submitted_at), exit_code = $4,
-				end_reason = $5, started_at = CASE WHEN started_at IS NULL THEN NULL ELSE started_at END, updated_at = $6
+				end_reason = $5, updated_at = $6
 			WHERE id = $1`, id, string(st), end, exit, "Slurm: "+reason, s.Now())
 	}
 	return mapErr("updating job state", err)
@@ -517,16 +517,30 @@ func (s *Store) PendingEngineSubmits(ctx context.Context, backend string, limit 
 	if err != nil {
 		return nil, mapErr("listing jobs to submit", err)
 	}
-	for _, j := range jobs {
-		var raw []byte
-		if err := s.db.QueryRow(ctx, `SELECT secret_env FROM jobs WHERE id = $1`, j.ID).Scan(&raw); err != nil {
-			return nil, mapErr("loading secrets", err)
-		}
+	// Their secrets (jobSelect never loads them), in one query.
+	ids := make([]int64, len(jobs))
+	for i, j := range jobs {
+		ids[i] = j.ID
+	}
+	rows, err = s.db.Query(ctx, `SELECT id, secret_env FROM jobs WHERE id = ANY($1)`, ids)
+	if err != nil {
+		return nil, mapErr("loading secrets", err)
+	}
+	secrets := map[int64]map[string]string{}
+	var id int64
+	var raw []byte
+	if _, err := pgx.ForEachRow(rows, []any{&id, &raw}, func() error {
 		sec := map[string]string{}
 		if err := json.Unmarshal(raw, &sec); err != nil {
-			return nil, fmt.Errorf("decoding secrets of job %d: %w", j.ID, err)
+			return fmt.Errorf("decoding secrets of job %d: %w", id, err)
 		}
-		out = append(out, EngineSubmitJob{Job: j, SecretEnv: sec})
+		secrets[id] = sec
+		return nil
+	}); err != nil {
+		return nil, mapErr("loading secrets", err)
+	}
+	for _, j := range jobs {
+		out = append(out, EngineSubmitJob{Job: j, SecretEnv: secrets[j.ID]})
 	}
 	return out, nil
 }
