@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -58,14 +59,27 @@ func (b browserSteps) do(steps ...chromedp.Action[chromedp.Void]) {
 	}
 }
 
-// text is the text of the first element sel matches, trimmed.
+// text is the visible text of the first element sel matches, trimmed,
+// read in one script: an HTMX swap between finding the node and reading
+// it (chromedp.Text's two protocol calls) cannot lose it. It waits up to
+// 10 s for such an element.
 func (b browserSteps) text(sel string) string {
 	b.t.Helper()
-	v, err := chromedp.Run(b.ctx, chromedp.Text(css(sel)))
-	if err != nil {
-		b.t.Fatalf("reading %s: %v", sel, err)
+	q, _ := json.Marshal(sel)
+	deadline := time.Now().Add(10 * time.Second) // a deadline
+	for {
+		v, err := chromedp.Run(b.ctx, chromedp.Evaluate[*string](`(() => { const e = document.querySelector(`+string(q)+`); return e ? e.innerText : null })()`))
+		if err != nil {
+			b.t.Fatalf("reading %s: %v", sel, err)
+		}
+		if v != nil {
+			return strings.TrimSpace(*v)
+		}
+		if time.Now().After(deadline) {
+			b.t.Fatalf("reading %s: no such element after 10 s", sel)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
-	return strings.TrimSpace(v)
 }
 
 // login opens start (a full URL that shows someone signed out the dev

@@ -225,7 +225,10 @@ func TestLiveSubmitRunComplete(t *testing.T) {
 	f := l.submit(demo.Engineer, `{"team":"nlp","tier":3,"gpus":1,"time_limit":"5m","command":`+jsonCmd("sh", "-c", "exit 3")+`}`)
 	got = l.waitJob(f.ID, 20*time.Second, func(j web.JobJSON) bool { return j.State == "failed" }, "failed")
 	if *got.ExitCode != 3 || got.EndReason != "exit code 3" {
-		t.Errorf("failed job = %+v", got)
+		lines, _ := l.m.Store.JobLog(context.Background(), f.ID)
+		var msg string
+		l.m.Pool.QueryRow(context.Background(), `SELECT coalesce(string_agg(format('segment %s on %s: %s, exit %s %s, reason %s, stop %s', segment, node, state, exit_code, exit_signal, exit_reason, stop_reason), '; '), '') FROM leases WHERE job_id = $1`, f.ID).Scan(&msg) //nolint:errcheck
+		t.Errorf("failed job = %+v; its leases ended: %q; log: %q", got, msg, lines)
 	}
 	// Cancelling a running job stops its process and frees its GPUs.
 	dir := jobTempDir(t)

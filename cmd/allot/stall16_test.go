@@ -345,9 +345,31 @@ func TestStalledClientsCannotStallTheControlPlane(t *testing.T) {
 	// Long enough for every trickle to be closed and reconnect twice.
 	attacked := measure("stall", 2*bodyTimeout+2*time.Second)
 	measured := time.Since(start)
-	// Now every never-reading download is blocked writing to its client:
-	// none of them holds a connection, of any pool.
-	exportHeld := e.m.ExportPool.Stat().AcquiredConns()
+	close(stop) // the trickles end (their requests with them) before the downloads are counted
+	trickleWG.Wait()
+	<-sampling
+	// Every never-reading download comes to block writing to its client
+	// once the kernels' buffers are full (two pages of lines each, served
+	// in turn by the exports' pool of 4: seconds on a quiet machine, more
+	// beside other test packages on 2 cores). Blocked, none may hold a
+	// connection of any pool: when the exports' pool has held none for
+	// half a second, downloads must still be in flight (blocked, dropped
+	// only stallAfter after their last write). A download that held its
+	// connection while blocked would keep the pool busy until the last of
+	// them had been dropped, with nothing left in flight.
+	var exportHeld int32
+	var emptyAt time.Duration
+	inFlightWhenEmpty := -1.0
+	for quiet := 0; time.Since(start) < 3*stallAfter+30*time.Second; time.Sleep(100 * time.Millisecond) {
+		if exportHeld = e.m.ExportPool.Stat().AcquiredConns(); exportHeld > 0 {
+			quiet = 0
+			continue
+		}
+		if quiet++; quiet == 5 {
+			emptyAt, inFlightWhenEmpty = time.Since(start), inFlight(t, e)
+			break
+		}
+	}
 	if exportHeld > 0 {
 		// What the connections were doing, for the failure below.
 		rows, err := e.m.AgentPool.Query(ctx, `SELECT state, coalesce(wait_event, ''), left(regexp_replace(query, '\s+', ' ', 'g'), 90), (now() - query_start)::text
@@ -361,20 +383,21 @@ func TestStalledClientsCannotStallTheControlPlane(t *testing.T) {
 			rows.Close()
 		}
 	}
-	close(stop)
-	trickleWG.Wait()
-	<-sampling
 	t.Logf("under %d never-reading downloads and %d trickling bodies (%.1f s), p99 of %d or more: %s (bound %v); "+
-		"connections in use at most: main pool %d of 32 (each wave of 400 trickles authenticates at once), exports' pool %d of %d, at the end %d",
+		"connections in use at most: main pool %d of 32 (each wave of 400 trickles authenticates at once), exports' pool %d of %d; "+
+		"the exports' pool held none from %v on, with %v requests in flight (blocked downloads)",
 		stalled, trickling, measured.Seconds(), samples, report(attacked), bound, maxAcquired.Load(), maxExport.Load(),
-		e.m.ExportPool.Stat().MaxConns(), exportHeld)
+		e.m.ExportPool.Stat().MaxConns(), emptyAt.Round(100*time.Millisecond), inFlightWhenEmpty)
 	for name, d := range attacked {
 		if p99(d) > bound {
 			t.Errorf("%s: p99 %v under the stall, want ≤ %v", name, p99(d), bound)
 		}
 	}
-	if exportHeld > 0 {
-		t.Errorf("%d connections held by the never-reading downloads after %v", exportHeld, measured.Round(time.Millisecond))
+	switch {
+	case exportHeld > 0:
+		t.Errorf("%d connections still held by the never-reading downloads after %v", exportHeld, time.Since(start).Round(time.Second))
+	case inFlightWhenEmpty < 1:
+		t.Errorf("the exports' pool emptied only when no download was left in flight (%v after they started): blocked downloads held their connections", emptyAt.Round(100*time.Millisecond))
 	}
 	// Every trickling connection was closed by the server within the body
 	// timeout (plus scheduling slack), and there were many.
@@ -392,10 +415,9 @@ func TestStalledClientsCannotStallTheControlPlane(t *testing.T) {
 	// for the stall timeout: reading now, each gets what the kernels had
 	// buffered and no more, a cut download (a server still writing would
 	// send it all).
-	// The last of them blocked when its first pages were out (a few
-	// seconds in, the exports' pool serving them in turn); none may be
-	// served later than that plus the stall timeout.
-	for inFlight(t, e) > 0 && time.Since(start) < stallAfter+20*time.Second {
+	// The last of them blocked before the exports' pool emptied; none may
+	// be served later than that plus the stall timeout (and slack).
+	for inFlight(t, e) > 0 && time.Since(start) < emptyAt+stallAfter+10*time.Second {
 		time.Sleep(100 * time.Millisecond)
 	}
 	dropped := time.Since(start)

@@ -339,7 +339,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 
 	// The warm-up, then the window.
-	runCtx, cancel := context.WithTimeout(ctx, cfg.Warmup+cfg.Duration)
+	opens := time.Now().Add(cfg.Warmup) // the window's start
+	runCtx, cancel := context.WithDeadline(ctx, opens.Add(cfg.Duration))
 	defer cancel()
 	var wg sync.WaitGroup
 	r.ops.off.Store(cfg.Warmup > 0)
@@ -364,7 +365,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Pages {
 		wg.Go(func() { r.pages(runCtx) })
 	}
-	sleep(runCtx, cfg.Warmup)
+	sleep(runCtx, time.Until(opens))
+	// The window opens when the warm-up ends (a late wake-up on a loaded
+	// machine shortens no window), and what marks its start (the last
+	// cycle, the phase counters) is read after that.
+	r.ops.off.Store(false)
+	start := opens
+	rep.StartedAt = start.UTC()
+	phasesBefore := r.phases()
 	var cycleID int64
 	if cfg.DB != nil {
 		if err := cfg.DB.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM scheduling_cycles`).Scan(&cycleID); err != nil {
@@ -373,10 +381,6 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			return nil, fmt.Errorf("reading the cycles: %w", err)
 		}
 	}
-	phasesBefore := r.phases()
-	rep.StartedAt = time.Now().UTC()
-	start := time.Now()
-	r.ops.off.Store(false)
 	<-runCtx.Done()
 	wg.Wait()
 	// The window ends when the last call in flight has: every call
