@@ -216,12 +216,17 @@ type PreemptOrder struct {
 	Grace  time.Duration
 }
 
-// PendingUpdate stores why a job still waits.
+// PendingUpdate is what a cycle decided for a job that still waits: its
+// priority and why it waits (also written to its jobs row), and its start
+// estimate. ApplyPlan stores the list, in its order (the scheduler's), as
+// the queue (see JobQueueOf, QueueList).
 type PendingUpdate struct {
 	JobID     int64
 	Priority  float64
 	Breakdown allot.PriorityBreakdown
 	Reason    string
+	EstStart  time.Time // zero: unknown
+	EstKind   string    // EstReservation, EstPreemption, EstProjection ("" with no estimate)
 }
 
 // ApplyResult counts what a plan did.
@@ -230,7 +235,9 @@ type ApplyResult struct {
 }
 
 // ApplyPlan writes a cycle's decisions. It must run in the transaction that
-// holds the cycle lock. A start whose job is no longer pending is skipped;
+// holds the cycle lock. pending, the jobs that still wait in the
+// scheduler's order, replaces the stored queue whole. A start whose job is
+// no longer pending is skipped;
 // a GPU that is already taken, or a node that is not up, aborts the whole
 // plan with EConflict (it was built on stale state; the next cycle retries).
 func (s *Store) ApplyPlan(ctx context.Context, starts []StartOrder, preempts []PreemptOrder, pending []PendingUpdate) (ApplyResult, error) {
@@ -275,7 +282,7 @@ func (s *Store) ApplyPlan(ctx context.Context, starts []StartOrder, preempts []P
 			return res, mapErr("recording pending reasons", err)
 		}
 	}
-	return res, nil
+	return res, s.recordQueue(ctx, pending, now)
 }
 
 // pendingForCycle lists the pending jobs as ListJobs does (same order),
@@ -442,10 +449,19 @@ func (s *Store) applyStarts(ctx context.Context, starts []StartOrder, now time.T
 	return notify(ctx, s.db, nodes...)
 }
 
-// RecordCycle stores one cycle's figures.
+// RecordCycle stores one cycle's figures, with the id its stored queue and
+// shares carry (see cycleIDSQL). The queue's instant becomes the cycle's.
 func (s *Store) RecordCycle(ctx context.Context, started time.Time, d time.Duration, pending int, res ApplyResult, outcome string) error {
-	_, err := s.db.Exec(ctx, `INSERT INTO scheduling_cycles (started_at, duration_us, pending, started, preempted, outcome) VALUES ($1, $2, $3, $4, $5, $6)`,
-		started, d.Microseconds(), pending, res.Started, res.Preempted, outcome)
+	id, err := s.cycleID(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = s.db.Exec(ctx, `INSERT INTO scheduling_cycles (id, started_at, duration_us, pending, started, preempted, outcome) VALUES ($1, $2, $3, $4, $5, $6, $7)`,
+		id, started, d.Microseconds(), pending, res.Started, res.Preempted, outcome)
+	if err != nil {
+		return mapErr("recording cycle", err)
+	}
+	_, err = s.db.Exec(ctx, `UPDATE queue_cycle SET decided_at = $2 WHERE cycle_id = $1`, id, started)
 	return mapErr("recording cycle", err)
 }
 

@@ -1,0 +1,310 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/allotlabs/allot/internal/allot"
+	"github.com/jackc/pgx/v5"
+)
+
+// The queue as the last scheduling cycle decided it (migration 0028): every
+// cycle replaces it inside its own transaction (ApplyPlan, RecordShares),
+// so a reader, which reads it in one statement, sees one cycle's queue,
+// whole, never half of one and half of the next.
+
+// Kinds of start estimate (QueueDecision.EstKind).
+const (
+	// EstReservation: the scheduler holds GPUs for the job from EstStart on.
+	EstReservation = "reservation"
+	// EstPreemption: the job starts by preemption when its victims' grace
+	// period ends, at EstStart.
+	EstPreemption = "preemption"
+	// EstProjection: the earliest time enough GPUs come free by the running
+	// jobs' time limits, with the jobs ahead of it placed first.
+	EstProjection = "projection"
+)
+
+// QueueDecision is what one cycle decided for one pending job.
+type QueueDecision struct {
+	JobID   int64
+	CycleID int64
+	// Rank is the job's place in the scheduler's order over the whole
+	// queue, 1 first.
+	Rank int
+	// RunAs is the class the job competed in (preemptible when demoted
+	// or submitted preemptible).
+	RunAs     allot.TierID
+	Reason    string
+	EstStart  time.Time // zero: unknown
+	EstKind   string    // EstReservation, EstPreemption, EstProjection or ""
+	DecidedAt time.Time // the cycle's instant
+}
+
+// QueueCycle is the cycle the stored queue is from.
+type QueueCycle struct {
+	ID        int64 // 0: no cycle has run (since the database started)
+	DecidedAt time.Time
+	Pending   int // jobs in its queue
+}
+
+// JobQueue is a pending job's place in the stored queue.
+type JobQueue struct {
+	Cycle QueueCycle
+	// Decision is nil when the last cycle did not plan the job: it was
+	// submitted (or requeued) after it, or another engine (Slurm) places
+	// it.
+	Decision *QueueDecision
+	// TypeRank and TypeOf rank the job among the queued jobs that compete
+	// for the same GPUs (same GPU type, or either side taking any type),
+	// in the same order; AheadGPUSeconds is Σ GPUs × time limit of those
+	// ahead of it.
+	TypeRank, TypeOf int
+	AheadGPUSeconds  int64
+}
+
+// TeamShare is one team's fair-share standing as a cycle computed it
+// (scheduler.TeamShare, like a row of Slurm's sshare).
+type TeamShare struct {
+	Team           string
+	NormShares     float64
+	RawUsage       float64 // decayed GPU-seconds
+	EffectiveUsage float64
+	FairShare      float64
+}
+
+// CycleShares is the shares of the last cycle that recorded them.
+type CycleShares struct {
+	CycleID   int64 // 0: none recorded yet
+	DecidedAt time.Time
+	Teams     map[string]TeamShare
+}
+
+// cycleIDSQL reserves the id of the transaction's scheduling_cycles row,
+// once per transaction: ApplyPlan's queue rows, RecordShares' and
+// RecordCycle's row carry the same id.
+const cycleIDSQL = `SELECT coalesce(nullif(current_setting('allot.cycle_id', true), '')::bigint,
+	set_config('allot.cycle_id', nextval(pg_get_serial_sequence('scheduling_cycles', 'id'))::text, true)::bigint)`
+
+func (s *Store) cycleID(ctx context.Context) (int64, error) {
+	var id int64
+	err := s.db.QueryRow(ctx, cycleIDSQL).Scan(&id)
+	return id, mapErr("numbering the cycle", err)
+}
+
+// runAsOfClass is the tier a breakdown's class names (5: preemptible).
+func runAsOfClass(class int) allot.TierID {
+	if class == 5 {
+		return allot.TierPreemptible
+	}
+	if class >= 1 && class <= 4 {
+		return allot.TierID(strconv.Itoa(class))
+	}
+	return ""
+}
+
+// recordQueue replaces the stored queue with pending, in the scheduler's
+// order: deleted and copied in, a few statements whatever its size.
+func (s *Store) recordQueue(ctx context.Context, pending []PendingUpdate, now time.Time) error {
+	id, err := s.cycleID(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := s.db.Exec(ctx, `DELETE FROM queue_decisions`); err != nil {
+		return mapErr("replacing the queue", err)
+	}
+	seen := make(map[int64]bool, len(pending))
+	rows := make([][]any, 0, len(pending))
+	for _, p := range pending {
+		if seen[p.JobID] {
+			continue // listed twice: its first place counts
+		}
+		seen[p.JobID] = true
+		var est any
+		kind := p.EstKind
+		if !p.EstStart.IsZero() {
+			est = p.EstStart
+		} else {
+			kind = ""
+		}
+		rows = append(rows, []any{p.JobID, id, len(rows) + 1, string(runAsOfClass(p.Breakdown.Class)), p.Reason, est, kind, now})
+	}
+	if len(rows) > 0 {
+		if _, err := s.db.CopyFrom(ctx, pgx.Identifier{"queue_decisions"},
+			[]string{"job_id", "cycle_id", "rank", "run_as", "reason", "est_start", "est_kind", "decided_at"}, pgx.CopyFromRows(rows)); err != nil {
+			return mapErr("writing the queue", err)
+		}
+	}
+	_, err = s.db.Exec(ctx, `INSERT INTO queue_cycle (one, cycle_id, decided_at, pending) VALUES (true, $1, $2, $3)
+		ON CONFLICT (one) DO UPDATE SET cycle_id = EXCLUDED.cycle_id, decided_at = EXCLUDED.decided_at, pending = EXCLUDED.pending`, id, now, len(rows))
+	return mapErr("writing the queue", err)
+}
+
+// RecordShares replaces the stored fair-share standing with a cycle's. It
+// runs in the cycle's transaction, after ApplyPlan.
+func (s *Store) RecordShares(ctx context.Context, shares []TeamShare) error {
+	id, err := s.cycleID(ctx)
+	if err != nil {
+		return err
+	}
+	teams, norm, raw, eff, fs := make([]string, len(shares)), make([]float64, len(shares)), make([]float64, len(shares)),
+		make([]float64, len(shares)), make([]float64, len(shares))
+	for i, t := range shares {
+		teams[i], norm[i], raw[i], eff[i], fs[i] = t.Team, t.NormShares, t.RawUsage, t.EffectiveUsage, t.FairShare
+	}
+	if _, err := s.db.Exec(ctx, `DELETE FROM cycle_shares`); err != nil {
+		return mapErr("recording the fair-share standing", err)
+	}
+	_, err = s.db.Exec(ctx, `INSERT INTO cycle_shares (team, cycle_id, decided_at, norm_shares, raw_usage, effective_usage, fair_share)
+		SELECT t, $2, $3, n, r, e, f FROM unnest($1::text[], $4::float8[], $5::float8[], $6::float8[], $7::float8[]) AS u(t, n, r, e, f)
+		ON CONFLICT (team) DO NOTHING`, teams, id, s.Now(), norm, raw, eff, fs)
+	return mapErr("recording the fair-share standing", err)
+}
+
+// LastShares returns the fair-share standing the last cycle recorded.
+func (s *Store) LastShares(ctx context.Context) (CycleShares, error) {
+	out := CycleShares{Teams: map[string]TeamShare{}}
+	rows, err := s.db.Query(ctx, `SELECT team, cycle_id, decided_at, norm_shares, raw_usage, effective_usage, fair_share FROM cycle_shares ORDER BY team`)
+	if err != nil {
+		return out, mapErr("reading the fair-share standing", err)
+	}
+	var t TeamShare
+	var id int64
+	var at time.Time
+	_, err = pgx.ForEachRow(rows, []any{&t.Team, &id, &at, &t.NormShares, &t.RawUsage, &t.EffectiveUsage, &t.FairShare}, func() error {
+		out.CycleID, out.DecidedAt, out.Teams[t.Team] = id, at, t
+		return nil
+	})
+	return out, mapErr("reading the fair-share standing", err)
+}
+
+// JobQueueOf returns where the last cycle put job id, in one statement
+// (one snapshot: the queue of one cycle).
+func (s *Store) JobQueueOf(ctx context.Context, id int64) (JobQueue, error) {
+	var q JobQueue
+	var cycleID, dCycle *int64
+	var cycleAt, dAt, est *time.Time
+	var pending, rank, typeRank, typeOf *int
+	var runAs, reason, kind *string
+	var ahead *int64
+	err := s.db.QueryRow(ctx, `
+		WITH me AS (SELECT q.*, j.gpu_type FROM queue_decisions q JOIN jobs j ON j.id = q.job_id AND j.state = 'pending' WHERE q.job_id = $1)
+		SELECT m.cycle_id, m.decided_at, m.pending, me.cycle_id, me.rank, me.run_as, me.reason, me.est_start, me.est_kind, me.decided_at,
+			c.ahead + 1, c.n, c.ahead_s
+		FROM (SELECT 1) one
+		LEFT JOIN queue_cycle m ON true
+		LEFT JOIN me ON true
+		LEFT JOIN LATERAL (
+			SELECT (count(*) FILTER (WHERE o.rank < me.rank))::int AS ahead, count(*)::int AS n,
+				coalesce(sum(oj.gpus::bigint * oj.time_limit_s) FILTER (WHERE o.rank < me.rank), 0)::bigint AS ahead_s
+			FROM queue_decisions o JOIN jobs oj ON oj.id = o.job_id
+			WHERE me.gpu_type IS NULL OR oj.gpu_type IS NULL OR oj.gpu_type = me.gpu_type) c ON me.job_id IS NOT NULL`, id).
+		Scan(&cycleID, &cycleAt, &pending, &dCycle, &rank, &runAs, &reason, &est, &kind, &dAt, &typeRank, &typeOf, &ahead)
+	if err != nil {
+		return q, mapErr(fmt.Sprintf("reading job %d's place in the queue", id), err)
+	}
+	if cycleID != nil {
+		q.Cycle = QueueCycle{ID: *cycleID, DecidedAt: *cycleAt, Pending: *pending}
+	}
+	if dCycle != nil {
+		d := &QueueDecision{JobID: id, CycleID: *dCycle, Rank: *rank, RunAs: allot.TierID(*runAs), Reason: *reason, EstKind: *kind, DecidedAt: *dAt}
+		if est != nil {
+			d.EstStart = *est
+		}
+		q.Decision = d
+		q.TypeRank, q.TypeOf, q.AheadGPUSeconds = *typeRank, *typeOf, *ahead
+	}
+	return q, nil
+}
+
+// QueuedJob is a pending job with the last cycle's decision (nil: not
+// planned by it).
+type QueuedJob struct {
+	allot.Job
+	Decision *QueueDecision
+}
+
+// decisionScan reads a job row followed by the queue_decisions columns
+// queueSelect adds.
+type decisionScan struct {
+	r     pgx.Row
+	extra []any
+}
+
+func (d decisionScan) Scan(dest ...any) error { return d.r.Scan(append(dest, d.extra...)...) }
+
+// queueSelect is jobSelect with the job's stored decision.
+var queueSelect = func() string {
+	from := "\n\tFROM jobs j JOIN users u ON u.id = j.user_id"
+	if !strings.HasSuffix(jobSelect, from) {
+		panic("store: jobSelect no longer ends with " + from)
+	}
+	return strings.TrimSuffix(jobSelect, from) + `, q.cycle_id, q.rank, q.run_as, q.reason, q.est_start, q.est_kind, q.decided_at` + from +
+		` LEFT JOIN queue_decisions q ON q.job_id = j.id`
+}()
+
+// QueueList returns the pending jobs f selects in the scheduler's order as
+// the last cycle decided it (jobs it did not plan last, by submission), with
+// that cycle, in one statement. Limit: default 100, at most 1000.
+func (s *Store) QueueList(ctx context.Context, f PriorityFilter) ([]QueuedJob, QueueCycle, error) {
+	var cyc QueueCycle
+	where, args := JobFilter{Teams: f.Teams, Team: f.Team, State: allot.JobPending, UserID: f.UserID}.where()
+	switch {
+	case f.Limit <= 0:
+		f.Limit = 100
+	case f.Limit > 1000:
+		f.Limit = 1000
+	}
+	args = append(args, f.Limit)
+	// The cycle comes with every row, read in the same statement.
+	q := strings.Replace(queueSelect, "\n\tFROM jobs j", `, m.cycle_id, m.decided_at, m.pending
+	FROM jobs j`, 1) + ` LEFT JOIN queue_cycle m ON true WHERE ` + strings.Join(where, " AND ") +
+		fmt.Sprintf(" ORDER BY q.rank NULLS LAST, j.submitted_at, j.id LIMIT $%d", len(args))
+	rows, err := s.db.Query(ctx, q, args...)
+	if err != nil {
+		return nil, cyc, mapErr("listing the queue", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (QueuedJob, error) {
+		var dCycle, mCycle *int64
+		var rank, mPending *int
+		var runAs, reason, kind *string
+		var est, dAt, mAt *time.Time
+		j, err := scanJob(decisionScan{r: r, extra: []any{&dCycle, &rank, &runAs, &reason, &est, &kind, &dAt, &mCycle, &mAt, &mPending}})
+		if err != nil {
+			return QueuedJob{}, err
+		}
+		qj := QueuedJob{Job: j}
+		if dCycle != nil {
+			d := &QueueDecision{JobID: j.ID, CycleID: *dCycle, Rank: *rank, RunAs: allot.TierID(*runAs), Reason: *reason, EstKind: *kind, DecidedAt: *dAt}
+			if est != nil {
+				d.EstStart = *est
+			}
+			qj.Decision = d
+		}
+		if mCycle != nil {
+			cyc = QueueCycle{ID: *mCycle, DecidedAt: *mAt, Pending: *mPending}
+		}
+		return qj, nil
+	})
+	if err != nil {
+		return nil, cyc, mapErr("listing the queue", err)
+	}
+	if len(out) == 0 {
+		// No job to be consistent with: the cycle alone.
+		cyc, err = s.LastQueueCycle(ctx)
+	}
+	return out, cyc, mapErr("listing the queue", err)
+}
+
+// LastQueueCycle returns the cycle the stored queue is from (ID 0: none).
+func (s *Store) LastQueueCycle(ctx context.Context) (QueueCycle, error) {
+	var c QueueCycle
+	err := s.db.QueryRow(ctx, `SELECT cycle_id, decided_at, pending FROM queue_cycle`).Scan(&c.ID, &c.DecidedAt, &c.Pending)
+	if err == pgx.ErrNoRows {
+		return QueueCycle{}, nil
+	}
+	return c, mapErr("reading the last cycle", err)
+}
