@@ -8,30 +8,72 @@ import (
 
 // Generic reasons for blocked jobs beyond the detailed ones.
 const (
-	reasonBehind      = "waiting behind higher-priority jobs (a start estimate is computed only for the first blocked jobs)"
+	reasonBehind      = "waiting behind higher-priority jobs" + reasonNoEstimate
 	reasonFIFOBehind  = "strict FIFO: waiting behind the first blocked job"
 	reasonEASYBehind  = "EASY backfill: does not fit now without delaying the head job's reservation"
 	reasonPartBehind  = "strict FIFO inside the team's partition: waiting behind the team's first blocked job"
 	reasonPreemptible = "runs as preemptible: waits for idle GPUs"
+	reasonNoEstimate  = " (a start estimate is computed only for the first blocked jobs)"
 )
 
-// finish fills Plan.Pending and Plan.Shares.
+// forecastNote follows a forecast start in a reason.
+const forecastNote = " (forecast: running jobs end at their expected run time, blocked jobs ahead start first)"
+
+// finish fills Plan.Pending and Plan.Shares (Policy.NoPendingInfo: only
+// Plan.Pending, for the jobs of Policy.EstimateFor).
 func (st *state) finish() {
-	if st.p.NoPendingInfo {
+	filter := st.p.EstimateFor
+	if st.p.NoPendingInfo && len(filter) == 0 {
 		return
 	}
-	st.plan.Shares = make([]TeamShare, len(st.teams))
-	for i := range st.teams {
-		st.plan.Shares[i] = st.teams[i].share
+	if !st.p.NoPendingInfo {
+		st.plan.Shares = make([]TeamShare, len(st.teams))
+		for i := range st.teams {
+			st.plan.Shares[i] = st.teams[i].share
+		}
 	}
+	want := func(pj *pjob) bool { return !st.p.NoPendingInfo || filter[pj.j.ID] }
 	n := 0
 	for _, pj := range st.order {
-		if !pj.started {
+		if !pj.started && want(pj) {
 			n++
 		}
 	}
 	if n == 0 {
 		return
+	}
+	var fc []int64
+	if st.p.ETA != ETALimits {
+		fc = st.forecast(func(pj *pjob) bool { return filter[pj.j.ID] }, !st.p.NoPendingInfo)
+	}
+	// eta is the start estimate of pj and its clause of the reason, from
+	// the limits estimate lim (zero if none) with its cause text.
+	eta := func(pj *pjob, lim time.Time, cause string, resv bool) (time.Time, string) {
+		limText := ""
+		if !lim.IsZero() {
+			limText = "; expected start " + clock(lim, st.now) + cause
+		}
+		if fc == nil || fc[pj.idx] == never {
+			return lim, limText
+		}
+		t := abs(fc[pj.idx], st.now)
+		if !lim.IsZero() && (t.Equal(lim) || resv && t.After(lim)) {
+			return lim, limText // a reservation holds by time limits at the latest
+		}
+		text := "; expected start " + clock(t, st.now) + forecastNote
+		if !lim.IsZero() {
+			text += "; by time limits " + clock(lim, st.now) + cause
+		}
+		return t, text
+	}
+	// generic appends the forecast, when there is one, to a generic reason.
+	generic := func(info *PendingInfo, pj *pjob, reason string, ahead int) {
+		info.Reason = reason
+		if fc == nil || fc[pj.idx] == never {
+			return
+		}
+		info.EstStart = abs(fc[pj.idx], st.now)
+		info.Reason = fmt.Sprintf("%s; %d blocked job(s) ahead; expected start %s%s", strings.TrimSuffix(reason, reasonNoEstimate), ahead, clock(info.EstStart, st.now), forecastNote)
 	}
 	st.plan.Pending = make([]PendingInfo, 0, n)
 	budget := detailedReasons
@@ -41,44 +83,74 @@ func (st *state) finish() {
 		if pj.started {
 			continue
 		}
-		info := PendingInfo{JobID: pj.j.ID, Priority: st.prioOf(pj)}
+		w := want(pj)
+		info := PendingInfo{JobID: pj.j.ID}
+		if w {
+			info.Priority = st.prioOf(pj)
+		}
 		switch {
 		case pj.never:
-			info.Reason = st.neverReason(pj)
-		case pj.resv >= 0 && st.p.Mode == ModeEASY:
-			info.EstStart = st.plan.Reservations[0].At
-			info.Reason = fmt.Sprintf("%s; first in the FIFO queue, holds the backfill reservation; expected start %s when enough GPUs reach their time limits",
-				st.need(pj), clock(info.EstStart, st.now))
-		case pj.resv >= 0:
-			r := &st.resvs[pj.resv]
-			info.EstStart = abs(r.at, st.now)
-			lead := "holds a backfill reservation"
-			if pj.preempts > 0 {
-				lead = fmt.Sprintf("preempted %d job(s) for it", pj.preempts)
+			if w {
+				info.Reason = st.neverReason(pj)
 			}
-			info.Reason = fmt.Sprintf("%s; %s; largest free block is %d; expected start %s%s",
-				st.need(pj), lead, st.largestFree(pj), clock(info.EstStart, st.now), st.causeText(r.cause, pj.resvCause))
+		case pj.resv >= 0 && st.p.Mode == ModeEASY:
+			if w {
+				lim := st.plan.Reservations[0].At
+				info.EstStartLimits = lim
+				var text string
+				info.EstStart, text = eta(pj, lim, " when enough GPUs reach their time limits", true)
+				info.Reason = fmt.Sprintf("%s; first in the FIFO queue, holds the backfill reservation%s", st.need(pj), text)
+			}
+		case pj.resv >= 0:
+			if w {
+				r := &st.resvs[pj.resv]
+				lim := abs(r.at, st.now)
+				info.EstStartLimits = lim
+				lead := "holds a backfill reservation"
+				if pj.preempts > 0 {
+					lead = fmt.Sprintf("preempted %d job(s) for it", pj.preempts)
+				}
+				var text string
+				info.EstStart, text = eta(pj, lim, st.causeText(r.cause, pj.resvCause), true)
+				info.Reason = fmt.Sprintf("%s; %s; largest free block is %d%s", st.need(pj), lead, st.largestFree(pj), text)
+			}
 		case st.p.Mode == ModeFIFO && pj != st.head, st.p.Mode == ModeEASY:
-			info.Reason = reasonFIFOBehind
-			if st.p.Mode == ModeEASY {
-				info.Reason = reasonEASYBehind
+			if w {
+				reason := reasonFIFOBehind
+				if st.p.Mode == ModeEASY {
+					reason = reasonEASYBehind
+				}
+				generic(&info, pj, reason, ahead)
 			}
 		case st.p.Mode == ModeFIFOPartitioned && (pj.team < 0 || teamBlocked[pj.team]):
-			info.Reason = reasonPartBehind
+			if w {
+				generic(&info, pj, reasonPartBehind, ahead)
+			}
 		case pj.class == TierPreemptible && st.p.Mode == ModeAllot:
-			info.Reason = reasonPreemptible
-			if budget > 0 {
+			detailed := budget > 0
+			if detailed {
 				budget--
-				info.Reason = fmt.Sprintf("%s; %s; largest free block is %d", st.need(pj), reasonPreemptible, st.largestFree(pj))
+			}
+			if w {
+				reason := reasonPreemptible
+				if detailed {
+					reason = fmt.Sprintf("%s; %s; largest free block is %d", st.need(pj), reasonPreemptible, st.largestFree(pj))
+				}
+				generic(&info, pj, reason, ahead)
 			}
 		case budget > 0:
 			budget--
 			if st.p.Mode == ModeFIFOPartitioned {
 				teamBlocked[pj.team] = true
 				if t := &st.teams[pj.team]; t.alloc+pj.j.GPUs > t.guarantee {
-					info.Reason = fmt.Sprintf("%s; team %s uses %d of its %d guaranteed GPUs (partitioned)", st.need(pj), t.t.Name, t.alloc, t.guarantee)
+					if w {
+						generic(&info, pj, fmt.Sprintf("%s; team %s uses %d of its %d guaranteed GPUs (partitioned)", st.need(pj), t.t.Name, t.alloc, t.guarantee), ahead)
+					}
 					break
 				}
+			}
+			if !w {
+				break
 			}
 			lf := st.largestFree(pj)
 			var b strings.Builder
@@ -89,24 +161,36 @@ func (st *state) finish() {
 			if ahead > 0 {
 				fmt.Fprintf(&b, "; %d blocked job(s) ahead", ahead)
 			}
+			var lim time.Time
+			cause := ""
 			if r := st.sweep(pj, never); r.ok {
-				info.EstStart = abs(r.at, st.now)
-				fmt.Fprintf(&b, "; expected start %s%s", clock(info.EstStart, st.now), st.causeText(r.cause, r.causeN))
-			} else {
-				b.WriteString("; expected start unknown (running jobs without time limits)")
+				lim = abs(r.at, st.now)
+				cause = st.causeText(r.cause, r.causeN)
 			}
+			info.EstStartLimits = lim
+			var text string
+			info.EstStart, text = eta(pj, lim, cause, false)
+			if info.EstStart.IsZero() {
+				text = "; expected start unknown (running jobs without time limits)"
+			}
+			b.WriteString(text)
 			info.Reason = b.String()
 		default:
-			info.Reason = reasonBehind
 			if st.p.Mode == ModeFIFOPartitioned {
 				teamBlocked[pj.team] = true
-				info.Reason = reasonPartBehind
+				if w {
+					generic(&info, pj, reasonPartBehind, ahead)
+				}
+			} else if w {
+				generic(&info, pj, reasonBehind, ahead)
 			}
 		}
 		if !pj.never {
 			ahead++
 		}
-		st.plan.Pending = append(st.plan.Pending, info)
+		if w {
+			st.plan.Pending = append(st.plan.Pending, info)
+		}
 	}
 }
 

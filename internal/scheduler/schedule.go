@@ -213,6 +213,7 @@ func (st *state) runAllot() {
 		for i, k := range keys {
 			starving[i] = k.pj
 		}
+		st.starving = starving
 	}
 	// While a starving job is blocked, research jobs outside the guard do
 	// not reclaim guarantees by preemption: when the grace period ends the

@@ -199,6 +199,9 @@ type state struct {
 
 	head *pjob // first blocked job (baselines)
 
+	starving []*pjob // the starvation guard's jobs, oldest first (ModeAllot)
+	fc       fcast   // start forecast scratch (finish)
+
 	// victimAfter: while a research-class job looks for victims, only
 	// running jobs submitted after this (relative) time qualify (see
 	// tryPreempt); noVictimLimit otherwise.
@@ -264,6 +267,7 @@ func (st *state) reset(s *Snapshot, now time.Time, p Policy) {
 	st.sf, st.mark, st.lastEv = old.sf, old.mark, old.lastEv
 	st.runEvents, st.runRel, st.runRelOff = old.runEvents[:0], old.runRel[:0], old.runRelOff[:0]
 	st.extraBuf, st.touched = old.extraBuf[:0], old.touched[:0]
+	st.fc = old.fc
 }
 
 // release returns st to the pool, dropping references to the snapshot.
@@ -274,7 +278,7 @@ func (st *state) release() {
 	clear(st.nodes)
 	st.s, st.plan, st.pools, st.grps, st.teams = nil, Plan{}, nil, nil, nil
 	st.starts, st.resvs, st.victims, st.isVictim, st.nodeRun = nil, nil, nil, nil, nil
-	st.head, st.lastElig = nil, nil
+	st.head, st.lastElig, st.starving = nil, nil, nil
 	statePool.Put(st)
 }
 

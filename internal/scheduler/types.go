@@ -194,7 +194,14 @@ type Job struct {
 	// Estimate is the expected run time (e.g. learned from the team's
 	// history of run time against time limit); 0 = unknown. It orders the
 	// queue under OrderResponse; reservations still use TimeLimit.
-	Estimate       time.Duration
+	Estimate time.Duration
+	// Expected is the expected run time used only by the start forecast
+	// (PendingInfo.EstStart): running jobs are projected to end at
+	// Start+Expected, pending ones to run that long. 0 falls back to
+	// Estimate, then to TimeLimit. It never changes a scheduling decision,
+	// so a caller can fill it (the simulator learns it from each user's
+	// and team's history) without changing the order.
+	Expected       time.Duration
 	Preemptible    bool // runs as preemptible (explicit, or demoted at submission)
 	Checkpointable bool
 
@@ -286,8 +293,16 @@ type Policy struct {
 	// tiers; tier 3-4 guarantee reclaim is a team right, not a tier one).
 	MayPreempt map[Tier][]Tier
 	// NoPendingInfo skips Plan.Pending and Plan.Shares (the simulator does
-	// not read them; the live loop must leave it false).
+	// not read them; the live loop must leave it false), except for the
+	// jobs in EstimateFor.
 	NoPendingInfo bool
+	// EstimateFor, with NoPendingInfo, fills Plan.Pending for these
+	// pending jobs only (the simulator's ETA measurement): each entry is
+	// what the full Plan.Pending would hold for that job.
+	EstimateFor map[int64]bool
+	// ETA selects how PendingInfo.EstStart is computed: ETAForecast (""
+	// too) or ETALimits.
+	ETA ETAMethod
 	// Order is how jobs are ordered inside a class: OrderMultifactor
 	// (Slurm's form, "" too) or OrderResponse.
 	Order Order
@@ -305,6 +320,32 @@ type Policy struct {
 	// sim/RESULTS.md).
 	WideAging bool
 }
+
+// ETAMethod is how the start of a pending job is estimated.
+type ETAMethod string
+
+const (
+	// ETAForecast (the default) projects the queue: running jobs end at
+	// their expected run time (Job.Expected, else Job.Estimate, capped at
+	// the time limit; else the time limit; a job past its expected run
+	// time ends halfway to its limit), and the blocked jobs take GPUs one
+	// after the other in the order this cycle served them (preemptors of
+	// this cycle, production classes, starving jobs, the rest), each at
+	// the earliest time enough of the GPUs it may use are free, running
+	// its expected time (GPUs are tracked one by one, so a small job may
+	// start on a GPU freed before a larger job ahead of it starts:
+	// backfill; FIFO modes keep starts in queue order). A tier-1/2 job
+	// that may preempt is expected at the earliest time victims it may
+	// take (past MinRuntime) or free GPUs suffice, plus one grace period,
+	// when that is earlier. Arrivals after now are not foreseen. Only the
+	// first forecastDepth blocked jobs (and Policy.EstimateFor) get one.
+	ETAForecast ETAMethod = "forecast"
+	// ETALimits is the earlier estimate: a reservation's time, else (for
+	// the first 16 blocked jobs) the earliest time the job fits by
+	// running jobs' time limits, ignoring the blocked jobs ahead of it
+	// that hold no reservation.
+	ETALimits ETAMethod = "limits"
+)
 
 // Order selects the priority inside a class (ModeAllot).
 type Order string
@@ -398,7 +439,13 @@ type PendingInfo struct {
 	JobID    int64
 	Priority Priority
 	Reason   string    // e.g. "waiting for 16 GPUs in one interconnect domain; largest free block is 8; expected start 14:20 when job 4812 reaches its time limit"
-	EstStart time.Time // zero when unknown
+	EstStart time.Time // zero when unknown (see Policy.ETA for how it is computed)
+	// EstStartLimits is the ETALimits estimate (reservation time, or the
+	// earliest fit by time limits ignoring jobs ahead), whatever
+	// Policy.ETA says; zero when unknown or not computed. Under
+	// ETAForecast it is set for reservation holders and the jobs that
+	// get a detailed reason.
+	EstStartLimits time.Time
 }
 
 // TeamShare is a team's fair-share standing, like one row of Slurm's sshare.

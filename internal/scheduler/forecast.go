@@ -1,0 +1,394 @@
+package scheduler
+
+import (
+	"cmp"
+	"slices"
+)
+
+// forecastDepth bounds the blocked jobs per cycle that get a forecast start
+// (ETAForecast) beyond Policy.EstimateFor. Each costs O(eligible nodes).
+const forecastDepth = 256
+
+// fcast is the start forecast's working state: for every node taking work,
+// the time (relative) each of its allocatable GPUs is free from, sorted
+// ascending; never for GPUs that are unavailable.
+type fcast struct {
+	at  []int64 // flat: node n's GPUs are at[off[n]:off[n+1]]
+	off []int32
+	tmp []int64
+}
+
+// expectedRun is a job's expected run time for the forecast: Expected,
+// else Estimate (capped at the time limit), else the time limit (never
+// when it has none).
+func expectedRun(j *Job) int64 {
+	lim := never
+	if j.TimeLimit > 0 {
+		lim = int64(j.TimeLimit)
+	}
+	e := j.Expected
+	if e <= 0 {
+		e = j.Estimate
+	}
+	if e <= 0 {
+		return lim
+	}
+	return min(int64(e), lim)
+}
+
+// expectedEnd is when running job r is expected to release its GPUs.
+func (st *state) expectedEnd(r *runJob) int64 {
+	if r.term {
+		return r.end // grace end (or its limit, if earlier)
+	}
+	e := expectedRun(r.j)
+	if e == never || r.end == never {
+		if e == never {
+			return r.end
+		}
+		return max(addSat(r.startRel, e), 0)
+	}
+	if x := addSat(r.startRel, e); x > 0 {
+		return min(x, r.end)
+	}
+	// Past its expected run time: halfway to its time limit.
+	return r.end / 2
+}
+
+// buildForecast sets up the per-GPU free times after this cycle's starts
+// and preemptions.
+func (st *state) buildForecast() *fcast {
+	f := &st.fc
+	f.off = resize(f.off, len(st.nodes)+1)
+	total := 0
+	for i := range st.nodes {
+		f.off[i] = int32(total)
+		if st.nodes[i].pool >= 0 {
+			total += st.nodes[i].cap
+		}
+	}
+	f.off[len(st.nodes)] = int32(total)
+	f.at = resize(f.at, total)
+	// Free now: 0; unavailable: never. Running GPUs are set below.
+	for i := range st.nodes {
+		ns := &st.nodes[i]
+		if ns.pool < 0 {
+			continue
+		}
+		g := f.at[f.off[i]:f.off[i+1]]
+		unavail := st.unavailable(i)
+		for k := range g {
+			if unavail&(1<<uint(k)) != 0 {
+				g[k] = never
+			}
+		}
+	}
+	set := func(slots []Slot, end int64) {
+		for _, sl := range slots {
+			if sl.Node < 0 || sl.Node >= len(st.nodes) || st.nodes[sl.Node].pool < 0 {
+				continue
+			}
+			g := f.at[f.off[sl.Node]:f.off[sl.Node+1]]
+			for _, k := range sl.GPUs {
+				if k >= 0 && k < len(g) {
+					g[k] = end
+				}
+			}
+		}
+	}
+	for i := range st.run {
+		r := &st.run[i]
+		set(r.j.Placement, st.expectedEnd(r))
+	}
+	for i := range st.starts {
+		s := &st.starts[i]
+		set(s.slots, expectedRun(s.p.j))
+	}
+	for i := range st.nodes {
+		if st.nodes[i].pool >= 0 {
+			slices.Sort(f.at[f.off[i]:f.off[i+1]])
+		}
+	}
+	return f
+}
+
+// unavailable is the bit set of node n's GPUs that are out of service
+// (Node.Unavailable).
+func (st *state) unavailable(n int) uint64 {
+	var m uint64
+	for _, u := range st.s.Nodes[n].Unavailable {
+		if u >= 0 && u < maxNodeGPUs {
+			m |= 1 << uint(u)
+		}
+	}
+	return m
+}
+
+// take marks the k earliest-free GPUs of node n busy until end.
+func (f *fcast) take(n, k int, end int64) {
+	g := f.at[f.off[n]:f.off[n+1]]
+	for i := 0; i < k && i < len(g); i++ {
+		g[i] = end
+	}
+	slices.Sort(g)
+}
+
+// forecastOrder is the order the cycle served the blocked jobs in:
+// preemptors whose victims are in their grace period, jobs that preempted
+// this cycle, production classes, the starvation guard's jobs (oldest
+// first), then the rest in queue order.
+func (st *state) forecastOrder() []*pjob {
+	out := make([]*pjob, 0, len(st.order))
+	blocked := func(pj *pjob) bool { return !pj.started && !pj.never }
+	for _, pj := range st.order {
+		if blocked(pj) && (pj.inflight || pj.preempts > 0) {
+			out = append(out, pj)
+		}
+	}
+	rest := func(pj *pjob) bool { return blocked(pj) && !pj.inflight && pj.preempts == 0 }
+	i := 0
+	for ; i < len(st.order); i++ {
+		pj := st.order[i]
+		if pj.class >= Tier3 && len(st.starving) > 0 {
+			break
+		}
+		if rest(pj) {
+			out = append(out, pj)
+		}
+	}
+	for _, pj := range st.starving {
+		if rest(pj) {
+			out = append(out, pj)
+		}
+	}
+	for ; i < len(st.order); i++ {
+		if pj := st.order[i]; rest(pj) && !pj.starving {
+			out = append(out, pj)
+		}
+	}
+	return out
+}
+
+// forecast returns the forecast start (relative; never = unknown) of each
+// blocked job that want selects, indexed by pjob.idx, projecting at most
+// forecastDepth blocked jobs beyond the last wanted one that is deeper.
+func (st *state) forecast(want func(*pjob) bool, all bool) []int64 {
+	est := make([]int64, len(st.pend))
+	for i := range est {
+		est[i] = never
+	}
+	order := st.forecastOrder()
+	last := -1
+	for i, pj := range order {
+		if all && i < forecastDepth || want(pj) {
+			last = i
+		}
+	}
+	if last < 0 {
+		return est
+	}
+	f := st.buildForecast()
+	fifo := st.p.Mode == ModeFIFO || st.p.Mode == ModeFIFOPartitioned
+	floor := int64(0)
+	var teamFloor map[int]int64
+	if st.p.Mode == ModeFIFOPartitioned {
+		teamFloor = map[int]int64{}
+	}
+	for _, pj := range order[:last+1] {
+		lo := int64(0)
+		if fifo {
+			lo = floor
+			if teamFloor != nil {
+				lo = teamFloor[pj.team]
+			}
+		}
+		if pj.resv >= 0 && (pj.inflight || pj.preempts > 0) {
+			// GPUs freed by preemption are held for it.
+			lo = max(lo, st.resvs[pj.resv].at)
+		}
+		at := st.forecastPlace(f, pj, lo)
+		if pj.class.Production() && st.p.Mode == ModeAllot && !pj.inflight && pj.preempts == 0 {
+			if t := st.preemptStart(pj); t < at {
+				at = t
+			}
+		}
+		est[pj.idx] = at
+		if fifo && at != never {
+			if teamFloor != nil {
+				teamFloor[pj.team] = at
+			} else {
+				floor = at
+			}
+		}
+	}
+	return est
+}
+
+// forecastPlace finds the earliest time (not before lo) pj's GPUs are
+// free in the projection, takes them for pj's expected run and returns
+// that time (never if it never fits).
+func (st *state) forecastPlace(f *fcast, pj *pjob, lo int64) int64 {
+	g := pj.j.GPUs
+	run := expectedRun(pj.j)
+	if !pj.multi {
+		bestT, bestFree, bestN := never, 0, -1
+		for _, pi := range pj.elig {
+			for _, n := range st.pools[pi].nodes {
+				gs := f.at[f.off[n]:f.off[n+1]]
+				if len(gs) < g {
+					continue
+				}
+				t := max(gs[g-1], lo)
+				if t > bestT {
+					continue
+				}
+				// Best fit: the fewest GPUs free at that time.
+				free := g
+				for free < len(gs) && gs[free] <= t {
+					free++
+				}
+				if t < bestT || free < bestFree || free == bestFree && n < bestN {
+					bestT, bestFree, bestN = t, free, n
+				}
+			}
+		}
+		if bestN < 0 || bestT == never {
+			return never
+		}
+		f.take(bestN, g, addSat(bestT, run))
+		return bestT
+	}
+	// Multi-node: whole nodes (or q GPUs per node) of one domain, taken in
+	// the order they come free.
+	type nodeAt struct {
+		t int64
+		n int
+	}
+	var buf []nodeAt
+	bestT, bestG := never, -1
+	var bestNodes []nodeAt
+	for _, pi := range pj.elig {
+		for _, gi := range st.pools[pi].groups {
+			gr := &st.grps[gi]
+			if gr.capSum < g {
+				continue
+			}
+			buf = buf[:0]
+			for _, n := range gr.nodes {
+				gs := f.at[f.off[n]:f.off[n+1]]
+				k := len(gs)
+				if pj.q > 0 {
+					k = pj.q
+				}
+				if k == 0 || len(gs) < k {
+					continue
+				}
+				buf = append(buf, nodeAt{max(gs[k-1], lo), n})
+			}
+			slices.SortFunc(buf, func(a, b nodeAt) int { return cmp.Or(cmp.Compare(a.t, b.t), cmp.Compare(a.n, b.n)) })
+			got := 0
+			for i, x := range buf {
+				if pj.q > 0 {
+					got += pj.q
+				} else {
+					got += f.len(x.n)
+				}
+				if got >= g {
+					if x.t < bestT {
+						bestT, bestG = x.t, gi
+						bestNodes = append(bestNodes[:0], buf[:i+1]...)
+					}
+					break
+				}
+			}
+		}
+	}
+	if bestG < 0 || bestT == never {
+		return never
+	}
+	end := addSat(bestT, run)
+	left := g
+	for _, x := range bestNodes {
+		k := f.len(x.n)
+		if pj.q > 0 {
+			k = pj.q
+		}
+		k = min(k, left)
+		f.take(x.n, k, end)
+		left -= k
+	}
+	return bestT
+}
+
+func (f *fcast) len(n int) int { return int(f.off[n+1] - f.off[n]) }
+
+// preemptStart is when a blocked production job that may preempt is
+// expected to start by preemption: the earliest time some eligible node
+// has enough GPUs free now or held by jobs it may take (past MinRuntime by
+// then), plus one grace period; never when no node ever does (or for
+// multi-node jobs, which are left to the queue forecast).
+func (st *state) preemptStart(pj *pjob) int64 {
+	if pj.multi {
+		return never
+	}
+	mg := st.preemptRight(pj)
+	if mg < 0 {
+		return never
+	}
+	st.buildNodeRun()
+	g := pj.j.GPUs
+	minRun := int64(st.p.MinRuntime)
+	best := never
+	type cand struct {
+		at   int64
+		gpus int
+	}
+	var cs []cand
+	for _, pi := range pj.elig {
+		for _, n := range st.pools[pi].nodes {
+			ns := &st.nodes[n]
+			if ns.cap < g {
+				continue
+			}
+			avail := ns.free
+			cs = cs[:0]
+			for _, ri := range st.nodeRun[n] {
+				r := &st.run[ri]
+				k := 0
+				for _, sl := range r.j.Placement {
+					if sl.Node == n {
+						k += len(sl.GPUs)
+					}
+				}
+				if r.term {
+					cs = append(cs, cand{max(r.end-int64(st.p.GracePeriod), 0), k})
+					continue
+				}
+				if r.class.Production() || r.gpus == 0 || (!pj.reclaim && !st.mayPreempt(pj.class, r.class)) {
+					continue
+				}
+				ok := r.class == TierPreemptible || mg >= vgAnyResearch ||
+					r.team < 0 || st.teams[r.team].alloc-r.gpus >= st.teams[r.team].guarantee
+				if !ok {
+					continue
+				}
+				cs = append(cs, cand{max(r.startRel+minRun, 0), k})
+			}
+			if avail >= g {
+				return 0
+			}
+			slices.SortFunc(cs, func(a, b cand) int { return cmp.Compare(a.at, b.at) })
+			for _, c := range cs {
+				avail += c.gpus
+				if avail >= g {
+					best = min(best, c.at)
+					break
+				}
+			}
+		}
+	}
+	if best == never {
+		return never
+	}
+	return addSat(best, int64(st.p.GracePeriod))
+}
