@@ -577,18 +577,77 @@ func (s *Store) inAsyncTx(ctx context.Context, what string, fn func(tx *Store) e
 	})
 }
 
+// asyncCommitSQL is a CTE that turns synchronous_commit off for the
+// statement's own (implicit) transaction: a statement that references it
+// (FROM ac) commits without waiting for the WAL flush, in one round trip
+// instead of BEGIN, SET LOCAL, the statement and COMMIT. The setting ends
+// with that transaction (set_config's is_local); the connection commits
+// synchronously afterwards.
+const asyncCommitSQL = `ac AS (SELECT set_config('synchronous_commit', 'off', true) AS off)`
+
 // HeartbeatJobsAsync is HeartbeatJobs (the running jobs' statistics, when
 // each lease was last seen, orphans held or released) with an
 // asynchronous commit, as RecordHeartbeatAsync: all of it is what the
 // agent reports again at its next heartbeat, so a commit lost with a
 // PostgreSQL crash is redone then. Under load the flushes of these commits
 // queued behind every submission's (WALWrite).
+//
+// The common heartbeat only confirms the leases it lists (or lists none):
+// one read of the node's leases outside a transaction, then, if there is
+// anything to record, one statement that updates the listed leases and
+// commits asynchronously by itself (two round trips; a transaction took
+// five). The read took no locks inside the transaction either, and the
+// update still skips leases that exited meanwhile. A heartbeat whose
+// leases need more (an orphan held or released) takes the transactional
+// path.
 func (s *Store) HeartbeatJobsAsync(ctx context.Context, node string, stats []JobStat) ([]Orphan, error) {
+	listed := make([]LeaseRef, len(stats))
+	byRef := make(map[LeaseRef]JobStat, len(stats))
+	for i, st := range stats {
+		listed[i] = LeaseRef{JobID: st.JobID, Segment: st.Segment}
+		byRef[listed[i]] = st
+	}
+	leases, err := s.nodeLeases(ctx, node, listed)
+	if err != nil {
+		return nil, err
+	}
+	var seen []JobStat
+	var orphans []Orphan
+	for _, d := range allot.ReconcileHeartbeat(leases, listed) {
+		switch d.Action {
+		case allot.ActSeen:
+			seen = append(seen, byRef[d.Ref])
+		case allot.ActKill:
+			orphans = append(orphans, Orphan{LeaseRef: d.Ref})
+		default:
+			return s.heartbeatJobsTx(ctx, node, stats)
+		}
+	}
+	if len(seen) == 0 {
+		return orphans, nil
+	}
+	n := len(seen)
+	jobs, segs, cpu, rss, ckpt := make([]int64, n), make([]int32, n), make([]float64, n), make([]int64, n), make([]*time.Time, n)
+	for i, st := range seen {
+		jobs[i], segs[i], cpu[i], rss[i], ckpt[i] = st.JobID, int32(st.Segment), st.CPUSeconds, st.RSSBytes, st.LastCheckpoint
+	}
+	_, err = s.db.Exec(ctx, `
+		WITH `+asyncCommitSQL+`
+		UPDATE leases l SET cpu_seconds = u.cpu, rss_bytes = u.rss, seen_at = $2,
+			last_checkpoint = CASE WHEN u.ckpt <= $2 THEN greatest(l.last_checkpoint, u.ckpt) ELSE l.last_checkpoint END
+		FROM ac, unnest($3::bigint[], $4::int[], $5::float8[], $6::bigint[], $7::timestamptz[]) AS u(j, s, cpu, rss, ckpt)
+		WHERE l.job_id = u.j AND l.segment = u.s AND l.node = $1 AND l.state <> 'exited'`, node, s.Now(), jobs, segs, cpu, rss, ckpt)
+	if err != nil {
+		return nil, mapErr("recording job stats", err)
+	}
+	return orphans, nil
+}
+
+// heartbeatJobsTx is HeartbeatJobs in a transaction that commits
+// asynchronously when there are statistics to record (see
+// HeartbeatJobsAsync), synchronously when the heartbeat lists no job.
+func (s *Store) heartbeatJobsTx(ctx context.Context, node string, stats []JobStat) ([]Orphan, error) {
 	if len(stats) == 0 {
-		// Nothing to record: an idle node's heartbeat writes only when it
-		// settles a lease it no longer reports (rare), and a transaction
-		// that writes nothing flushes nothing; the wrapper would only add
-		// round trips.
 		return s.HeartbeatJobs(ctx, node, stats)
 	}
 	var out []Orphan
@@ -601,20 +660,72 @@ func (s *Store) HeartbeatJobsAsync(ctx context.Context, node string, stats []Job
 }
 
 // RecordHeartbeatAsync is RecordHeartbeat (the node's last heartbeat and
-// its GPU samples) in one transaction that commits without waiting for
-// the WAL to reach the disk (synchronous_commit off for it alone). On this
-// project's machine the two separate commits' flushes were most of a
-// heartbeat's time (4 ms of 5.5). What such a commit can lose is the last
-// fraction of a second of telemetry if PostgreSQL itself crashes (never a
-// torn or inconsistent state): the next heartbeat rewrites it, and nodes
-// count as lost only after several intervals. Health events, drains and
-// lease changes keep their synchronous commits.
+// its GPU samples) committed without waiting for the WAL to reach the
+// disk (synchronous_commit off for its own transaction alone). On this
+// project's machine the commits' flushes were most of a heartbeat's time
+// (4 ms of 5.5). What such a commit can lose is the last fraction of a
+// second of telemetry (the node's last heartbeat time, its GPU samples:
+// metrics) if PostgreSQL itself crashes, never a torn or inconsistent
+// state: the next heartbeat rewrites it, and nodes count as lost only
+// after several intervals. Health events, drains, lease changes, exits and
+// everything billed keep their synchronous commits.
+//
+// A heartbeat that read its GPUs (no metrics error) is one statement: the
+// node row and the samples, all GPUs in one multi-row insert, committed by
+// itself (one round trip instead of five). One with a metrics error (it
+// may notify the admins) runs RecordHeartbeat in a transaction.
 func (s *Store) RecordHeartbeatAsync(ctx context.Context, node string, samples []GPUSample, metricsError string) (HeartbeatOutcome, error) {
 	var out HeartbeatOutcome
+	if strings.TrimSpace(metricsError) == "" {
+		return s.recordHeartbeatStatement(ctx, node, samples)
+	}
 	err := s.inAsyncTx(ctx, "recording heartbeat", func(tx *Store) error {
 		var err error
 		out, err = tx.RecordHeartbeat(ctx, node, samples, metricsError)
 		return err
 	})
 	return out, err
+}
+
+// recordHeartbeatStatement is RecordHeartbeat of a heartbeat without a
+// metrics error in one asynchronously committed statement.
+func (s *Store) recordHeartbeatStatement(ctx context.Context, node string, samples []GPUSample) (HeartbeatOutcome, error) {
+	now := s.Now()
+	var out HeartbeatOutcome
+	n := len(samples)
+	idx, util, temp, power := make([]int32, n), make([]float32, n), make([]float32, n), make([]float32, n)
+	used, total, sbe, dbe, thr, xid := make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
+	for i, g := range samples {
+		idx[i], util[i], temp[i], power[i] = int32(g.Index), float32(g.UtilPct), float32(g.TempC), float32(g.PowerW)
+		used[i], total[i], sbe[i], dbe[i], thr[i], xid[i] = g.MemUsedMiB, g.MemTotalMiB, g.ECCSingle, g.ECCDouble, int64(g.ThrottleReasons), g.XIDs
+	}
+	var old string
+	// The same update as RecordHeartbeat's with an empty metrics error;
+	// the samples are inserted only when the node was updated (registered,
+	// not down).
+	err := s.db.QueryRow(ctx, `
+		WITH `+asyncCommitSQL+`,
+		o AS (SELECT name, metrics_error FROM nodes WHERE name = $1),
+		u AS (
+			UPDATE nodes n SET last_heartbeat = $2, metrics_error = '', metrics_error_since = NULL,
+				state_reason = CASE WHEN n.state = 'up' AND starts_with(n.state_reason, $3) THEN '' ELSE n.state_reason END
+			FROM o, ac
+			WHERE n.name = o.name AND n.state <> 'down' AND n.registered_at IS NOT NULL RETURNING n.state, o.metrics_error),
+		i AS (
+			INSERT INTO gpu_samples (node, gpu_index, at, job_id, util_pct, mem_used_mib, mem_total_mib, temp_c, power_w, ecc_sbe_vol, ecc_dbe_vol, throttle_reasons, xid_errors)
+			SELECT $1, s.i, $2, a.job_id, s.u, s.mu, s.mt, s.t, s.p, s.sbe, s.dbe, s.thr, s.xid
+			FROM unnest($4::int[], $5::real[], $6::bigint[], $7::bigint[], $8::real[], $9::real[], $10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[])
+				AS s(i, u, mu, mt, t, p, sbe, dbe, thr, xid)
+			LEFT JOIN allocations a ON a.node = $1 AND a.gpu_index = s.i AND a.released_at IS NULL
+			WHERE EXISTS (SELECT 1 FROM u))
+		SELECT state, metrics_error FROM u`,
+		node, now, MetricsUnavailable, idx, util, used, total, temp, power, sbe, dbe, thr, xid).Scan(&out.State, &old)
+	if err == pgx.ErrNoRows {
+		return out, allot.Errorf(allot.ENotFound, "node %s is not registered (or was marked down): register again", node)
+	}
+	if err != nil {
+		return out, mapErr("recording heartbeat", err)
+	}
+	out.MetricsBack = old != ""
+	return out, nil
 }
