@@ -23,6 +23,12 @@ type PrioritiesJSON struct {
 	MaxAgeS int64               `json:"max_age_s"`
 	Method  string              `json:"method"`
 	Jobs    []JobPriorityJSON   `json:"jobs"`
+	// CycleID and DecidedAt name the scheduling cycle the order, reasons
+	// and estimates are from (null: none has run yet); QueueLength counts
+	// its queue (all teams).
+	CycleID     *int64     `json:"cycle_id"`
+	DecidedAt   *time.Time `json:"decided_at"`
+	QueueLength int        `json:"queue_length"`
 }
 
 // PriorityWeightsJSON is the policy's weights.
@@ -50,6 +56,13 @@ type JobPriorityJSON struct {
 	Points      PriorityPointsJSON      `json:"points"`
 	SubmittedAt time.Time               `json:"submitted_at"`
 	Reason      string                  `json:"pending_reason"`
+	// Rank is the job's place in the scheduler's order over the whole
+	// queue at the last cycle (0: not through a cycle yet, listed last).
+	Rank int `json:"rank"`
+	// EstStart is that cycle's start estimate (null: unknown); EstKind
+	// says what it rests on: reservation, preemption, projection ("").
+	EstStart *time.Time `json:"est_start"`
+	EstKind  string     `json:"est_kind"`
 }
 
 // PriorityPointsJSON is each factor times its weight (0.1 rounded).
@@ -59,11 +72,10 @@ type PriorityPointsJSON struct {
 	Age       float64 `json:"age"`
 }
 
-const prioritiesMethod = "Pending jobs in the scheduler's order: class (tier 1 first; a preemptible or budget-demoted job competes as preemptible), " +
-	"then priority, highest first, then submission. Priority = W_fs·F + W_size·S + W_age·A, with F = the team's fair-share factor 2^(−U/S), " +
-	"S = GPUs ÷ cluster GPUs, A = wait ÷ max age (at most 1), as the last scheduling cycle computed them (a job not yet seen by a cycle shows 0). " +
-	"The live scheduler's starvation guard also serves tier 3-4 jobs that have waited 20 minutes right after the production classes, oldest first, " +
-	"whatever their priority; this list, like a job's queue position, does not reorder them."
+const prioritiesMethod = "Pending jobs in the scheduler's order as its last cycle decided it (rank), with that cycle's reasons and start estimates: " +
+	"class first (tier 1 first; a preemptible or budget-demoted job competes as preemptible), then priority, with the starvation guard serving tier 3-4 jobs " +
+	"that have waited 20 minutes right after the production classes. Priority = W_fs·F + W_size·S + W_age·A, with F = the team's fair-share factor 2^(−U/S), " +
+	"S = GPUs ÷ cluster GPUs, A = wait ÷ max age (at most 1), as that cycle computed them. Jobs not yet through a cycle come last, by submission, with priority 0."
 
 // jobClass is the tier a pending job competes in: the last cycle's class,
 // else its tier's (preemptible when submitted so).
@@ -117,21 +129,36 @@ func (s *Server) apiPriorities(c echo.Context) error {
 	for _, t := range tiers {
 		order[t.ID] = t.ClassOrder
 	}
-	jobs, err := s.st.PendingByPriority(ctx, f)
+	jobs, cyc, err := s.st.QueueList(ctx, f)
 	if err != nil {
 		return err
 	}
 	pts := func(w int, x float64) float64 { return math.Round(float64(w)*x*10) / 10 }
 	out := PrioritiesJSON{Weights: PriorityWeightsJSON{FairShare: p.WeightFairShare, Size: p.WeightSize, Age: p.WeightAge},
-		MaxAgeS: int64(p.MaxAge / time.Second), Method: prioritiesMethod, Jobs: make([]JobPriorityJSON, 0, len(jobs))}
+		MaxAgeS: int64(p.MaxAge / time.Second), Method: prioritiesMethod, Jobs: make([]JobPriorityJSON, 0, len(jobs)), QueueLength: cyc.Pending}
+	if cyc.ID != 0 {
+		id, at := cyc.ID, cyc.DecidedAt.UTC()
+		out.CycleID, out.DecidedAt = &id, &at
+	}
 	for i := range jobs {
-		j := &jobs[i]
+		j := &jobs[i].Job
 		cl := jobClass(j)
 		b := j.Breakdown
-		out.Jobs = append(out.Jobs, JobPriorityJSON{ID: j.ID, Name: j.Name, Team: j.Team, User: j.User, Tier: string(j.Tier), GPUs: j.GPUs,
+		row := JobPriorityJSON{ID: j.ID, Name: j.Name, Team: j.Team, User: j.User, Tier: string(j.Tier), GPUs: j.GPUs,
 			Class: string(cl), ClassOrder: order[cl], Priority: j.Priority, Factors: b,
 			Points:      PriorityPointsJSON{FairShare: pts(p.WeightFairShare, b.FairShare), Size: pts(p.WeightSize, b.Size), Age: pts(p.WeightAge, b.Age)},
-			SubmittedAt: j.SubmittedAt.UTC(), Reason: j.PendingReason})
+			SubmittedAt: j.SubmittedAt.UTC(), Reason: j.PendingReason}
+		if d := jobs[i].Decision; d != nil {
+			row.Rank, row.Reason, row.EstKind = d.Rank, d.Reason, d.EstKind
+			if d.RunAs != "" {
+				row.Class, row.ClassOrder = string(d.RunAs), order[d.RunAs]
+			}
+			if !d.EstStart.IsZero() {
+				t := d.EstStart.UTC()
+				row.EstStart = &t
+			}
+		}
+		out.Jobs = append(out.Jobs, row)
 	}
 	return writeJSON(c, http.StatusOK, out)
 }

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/allotlabs/allot/internal/allot"
-	"github.com/allotlabs/allot/internal/scheduler"
 	"github.com/allotlabs/allot/internal/store"
 	"github.com/allotlabs/allot/views"
 	"github.com/labstack/echo/v4"
@@ -301,6 +300,11 @@ type FairShareJSON struct {
 	HalfLifeS int64              `json:"half_life_s"`
 	Teams     []FairShareRowJSON `json:"teams"`
 	Method    string             `json:"method"`
+	// CycleID and DecidedAt name the scheduling cycle the figures are
+	// from (null: no cycle has recorded them yet, and the computed
+	// columns are 0).
+	CycleID   *int64     `json:"cycle_id"`
+	DecidedAt *time.Time `json:"decided_at"`
 }
 
 // FairShareRowJSON is one team's line.
@@ -312,13 +316,20 @@ type FairShareRowJSON struct {
 	EffectiveUsage float64    `json:"effective_usage"`
 	FairShare      float64    `json:"fair_share"`
 	UsageAsOf      *time.Time `json:"usage_as_of"`
+	// Computed is false for a team the last cycle did not see (none ran
+	// yet, or the team is newer): its computed columns are 0.
+	Computed bool `json:"computed"`
 }
 
 const fairShareMethod = "Raw shares = the team's fair-share weight; norm shares S = weight ÷ Σ weights; raw usage = the team's GPU-seconds, " +
 	"decayed with the policy's half-life (updated by every scheduling cycle); effective usage U = raw usage ÷ Σ raw usage; fair-share factor F = 2^(−U/S). " +
-	"These are the scheduler core's own numbers: the same function a scheduling cycle runs, on the same inputs."
+	"These are the scheduler's own numbers, as the last scheduling cycle computed and stored them."
 
-// fairShare computes every team's standing with the scheduler core.
+// fairShareNoCycle is the method's note before any cycle stored shares.
+const fairShareNoCycle = " No scheduling cycle has recorded them yet (none ran since the database started): raw shares and raw usage are today's, " +
+	"the computed columns show 0 until the next cycle."
+
+// fairShare reads every team's standing as the last cycle stored it.
 func (s *Server) fairShare(c echo.Context) (FairShareJSON, error) {
 	ctx := c.Request().Context()
 	in, err := s.st.TeamShareInputs(ctx)
@@ -329,20 +340,24 @@ func (s *Server) fairShare(c echo.Context) (FairShareJSON, error) {
 	if err != nil {
 		return FairShareJSON{}, err
 	}
-	snap := scheduler.Snapshot{}
-	for _, t := range in {
-		snap.Teams = append(snap.Teams, scheduler.Team{Name: t.Team, Weight: float64(t.Weight), Usage: t.UsageGPUSec})
+	last, err := s.st.LastShares(ctx)
+	if err != nil {
+		return FairShareJSON{}, err
 	}
-	plan := scheduler.Schedule(snap, s.st.Now(), scheduler.Policy{})
 	out := FairShareJSON{HalfLifeS: int64(p.HalfLife / time.Second), Method: fairShareMethod, Teams: []FairShareRowJSON{}}
-	byTeam := map[string]scheduler.TeamShare{}
-	for _, sh := range plan.Shares {
-		byTeam[sh.Team] = sh
+	if last.CycleID == 0 {
+		out.Method += fairShareNoCycle
+	} else {
+		id, at := last.CycleID, last.DecidedAt.UTC()
+		out.CycleID, out.DecidedAt = &id, &at
+		out.Method += fmt.Sprintf(" As of the scheduling cycle at %s (cycle %d).", at.Format("2006-01-02 15:04:05 UTC"), id)
 	}
 	for _, t := range in {
-		sh := byTeam[t.Team]
-		out.Teams = append(out.Teams, FairShareRowJSON{Team: t.Team, RawShares: t.Weight, NormShares: sh.NormShares, RawUsageGPUSec: math.Round(sh.RawUsage),
-			EffectiveUsage: sh.EffectiveUsage, FairShare: sh.FairShare, UsageAsOf: timePtr(t.UsageAsOf)})
+		row := FairShareRowJSON{Team: t.Team, RawShares: t.Weight, RawUsageGPUSec: math.Round(t.UsageGPUSec), UsageAsOf: timePtr(t.UsageAsOf)}
+		if sh, ok := last.Teams[t.Team]; ok {
+			row.Computed, row.NormShares, row.RawUsageGPUSec, row.EffectiveUsage, row.FairShare = true, sh.NormShares, math.Round(sh.RawUsage), sh.EffectiveUsage, sh.FairShare
+		}
+		out.Teams = append(out.Teams, row)
 	}
 	return out, nil
 }
@@ -422,6 +437,6 @@ func (s *Server) teamExtras(c echo.Context, p *views.TeamBudget, b BudgetJSON, u
 			RawUsage: strconv.FormatFloat(t.RawUsageGPUSec/3600, 'f', 1, 64), EffectiveUsage: strconv.FormatFloat(t.EffectiveUsage, 'f', 4, 64),
 			FairShare: strconv.FormatFloat(t.FairShare, 'f', 4, 64), This: t.Team == b.Team})
 	}
-	p.FairShareNote = fairShareMethod + fmt.Sprintf(" Half-life now: %s.", allot.FormatDuration(time.Duration(fs.HalfLifeS)*time.Second))
+	p.FairShareNote = fs.Method + fmt.Sprintf(" Half-life now: %s.", allot.FormatDuration(time.Duration(fs.HalfLifeS)*time.Second))
 	return nil
 }

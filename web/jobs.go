@@ -423,19 +423,20 @@ type jobExplanation struct {
 	Now      time.Time
 	Policy   allot.Policy
 	Segments []store.RunSegment
-	// Queue and the start estimate, for pending jobs.
-	Queue      *store.QueuePosition
-	ETA        time.Time // zero: unknown
-	ETAUnknown string    // why, when unknown
-	Cost       billing.Total
-	Currency   string
-	Util       []store.GPUUtilPoint
+	// Queue is what the last scheduling cycle decided for a pending job
+	// of the native scheduler (nil otherwise).
+	Queue    *store.JobQueue
+	Cost     billing.Total
+	Currency string
+	Util     []store.GPUUtilPoint
 }
 
-// etaMethod explains the start estimate (shown on the page and in the API).
-const etaMethod = "Estimate: the earliest time enough GPUs that this job may use (its GPU type, nodes that are up, on-premise for tiers 1–2; " +
-	"one node, or whole nodes of one interconnect domain for a multi-node job) are free, counting each running job as ending at its time limit. " +
-	"It assumes the jobs ahead of it in the queue do not take those GPUs first, so with jobs ahead it is a lower bound; preemption can make it earlier."
+// queueMethod says where a pending job's rank and start estimate come from
+// (shown on the page and in the API).
+const queueMethod = "The scheduler's own decision at its last cycle, stored by that cycle: the rank is the job's place in the order it serves the whole queue " +
+	"(class, then priority, with its starvation guard), and the estimate is the one it computed: a reservation (it holds GPUs for the job from then on), " +
+	"a start by preemption (when its victims' grace period ends), or a projection (when enough GPUs come free by the running jobs' time limits, the jobs ahead placed first). " +
+	"Each cycle replaces it."
 
 // jobExplain loads the timeline, queue position, start estimate, cost so
 // far and utilization of j.
@@ -449,17 +450,12 @@ func (s *Server) jobExplain(c echo.Context, u *allot.User, j *allot.Job) (jobExp
 	if x.Segments, err = s.st.JobSegments(ctx, j.ID); err != nil {
 		return x, err
 	}
-	if j.State == allot.JobPending {
-		q, err := s.st.QueuePositionOf(ctx, j)
+	if j.State == allot.JobPending && j.Backend == allot.BackendNative {
+		q, err := s.st.JobQueueOf(ctx, j.ID)
 		if err != nil {
 			return x, err
 		}
 		x.Queue = &q
-		loads, err := s.st.NodeLoads(ctx)
-		if err != nil {
-			return x, err
-		}
-		x.ETA, x.ETAUnknown = estimateStart(j, loads, x.Now)
 	}
 	card, err := s.st.RateCard(ctx)
 	if err != nil {
@@ -491,84 +487,6 @@ func (s *Server) jobExplain(c echo.Context, u *allot.User, j *allot.Job) (jobExp
 	return x, nil
 }
 
-// estimateStart is the earliest instant at which, by the running jobs'
-// time limits, enough GPUs that j may use are free (see etaMethod). It
-// returns a zero time and why when no node that is up can ever hold j.
-func estimateStart(j *allot.Job, loads []store.NodeLoad, now time.Time) (time.Time, string) {
-	eligible := func(n *store.NodeLoad) bool {
-		return n.State == "up" && (j.GPUType == "" || n.GPUType == j.GPUType) && (!j.Tier.Production() || n.Site == allot.SiteOnPrem)
-	}
-	// freeAt is when k GPUs of n are free (k ≤ n.GPUs).
-	freeAt := func(n *store.NodeLoad, k int) time.Time {
-		missing := k - (n.GPUs - len(n.Frees))
-		if missing <= 0 {
-			return now
-		}
-		t := n.Frees[missing-1]
-		if t.Before(now) {
-			return now // past its limit: the agent is stopping it
-		}
-		return t
-	}
-	var best time.Time
-	try := func(t time.Time) {
-		if best.IsZero() || t.Before(best) {
-			best = t
-		}
-	}
-	perNode := j.GPUsPerNode
-	single := perNode == 0 || perNode >= j.GPUs
-	if single {
-		for i := range loads {
-			if n := &loads[i]; eligible(n) && n.GPUs >= j.GPUs {
-				try(freeAt(n, j.GPUs))
-			}
-		}
-	}
-	// Multi-node: whole nodes of one domain (the scheduler's rule), taken
-	// in the order they free up.
-	domains := map[string][]time.Time{}
-	caps := map[string][]int{}
-	for i := range loads {
-		n := &loads[i]
-		if !eligible(n) || n.Domain == "" || (perNode > 0 && n.GPUs < perNode) {
-			continue
-		}
-		domains[n.Domain] = append(domains[n.Domain], freeAt(n, n.GPUs))
-		caps[n.Domain] = append(caps[n.Domain], n.GPUs)
-	}
-	if perNode == 0 || perNode < j.GPUs {
-		for d, ts := range domains {
-			idx := make([]int, len(ts))
-			for i := range idx {
-				idx[i] = i
-			}
-			sort.Slice(idx, func(a, b int) bool { return ts[idx[a]].Before(ts[idx[b]]) })
-			got := 0
-			for _, i := range idx {
-				if perNode > 0 {
-					got += perNode
-				} else {
-					got += caps[d][i]
-				}
-				if got >= j.GPUs {
-					try(ts[i])
-					break
-				}
-			}
-		}
-	}
-	if best.IsZero() {
-		what := "GPUs"
-		if j.GPUType != "" {
-			what = j.GPUType + " GPUs"
-		}
-		return time.Time{}, fmt.Sprintf("unknown: no node that is up has enough %s for this job (%d GPUs%s), so no running job's end frees them", what, j.GPUs,
-			map[bool]string{true: ", on-premise", false: ""}[j.Tier.Production()])
-	}
-	return best, ""
-}
-
 // PriorityFactorJSON is one row of the sprio-like breakdown: the factor in
 // 0..1, its weight in the policy and the points it gives (weight × factor).
 type PriorityFactorJSON struct {
@@ -578,14 +496,80 @@ type PriorityFactorJSON struct {
 	Points float64 `json:"points"`
 }
 
-// QueueJSON is a pending job's queue position and start estimate.
+// QueueJSON is a pending job's place in the queue and start estimate, as
+// the last scheduling cycle decided them (see queueMethod).
 type QueueJSON struct {
-	Position       int        `json:"position"`
-	Of             int        `json:"of"`
+	// Position is the rank (0 before the job's first cycle); Of counts the
+	// jobs of that cycle's queue.
+	Position int `json:"position"`
+	Of       int `json:"of"`
+	// AheadGPUHours is Σ GPUs × time limit of the jobs ahead of it that
+	// compete for the same GPUs (TypeRank − 1 of them, of TypeOf).
 	AheadGPUHours  string     `json:"ahead_gpu_hours"`
 	EstimatedStart *time.Time `json:"estimated_start"` // null: unknown
 	Unknown        string     `json:"estimate_unknown_because,omitempty"`
 	Method         string     `json:"estimate_method"`
+	// Rank is the job's place in the scheduler's order over the whole
+	// queue (as Position); TypeRank and TypeOf among the jobs competing
+	// for the same GPUs (same GPU type, or either side taking any).
+	Rank     int `json:"rank"`
+	TypeRank int `json:"type_rank"`
+	TypeOf   int `json:"type_of"`
+	// RunAs is the class it competes in; Reason is why it waits.
+	RunAs  string `json:"run_as"`
+	Reason string `json:"reason"`
+	// EstKind: reservation, preemption, projection, or "" (unknown).
+	EstKind string `json:"est_kind"`
+	// Ranked is false while the job has not been through a cycle.
+	Ranked bool `json:"ranked"`
+	// CycleID and DecidedAt name the cycle (null: none has run yet).
+	CycleID   *int64     `json:"cycle_id"`
+	DecidedAt *time.Time `json:"decided_at"`
+}
+
+// queueJSON is what the API says of q.
+func queueJSON(q *store.JobQueue) *QueueJSON {
+	out := &QueueJSON{Of: q.Cycle.Pending, AheadGPUHours: gpuHours(0), Method: queueMethod}
+	if q.Cycle.ID != 0 {
+		id, at := q.Cycle.ID, q.Cycle.DecidedAt.UTC()
+		out.CycleID, out.DecidedAt = &id, &at
+	}
+	d := q.Decision
+	if d == nil {
+		out.Unknown = notRankedText(q)
+		return out
+	}
+	out.Ranked, out.Position, out.Rank, out.TypeRank, out.TypeOf = true, d.Rank, d.Rank, q.TypeRank, q.TypeOf
+	out.AheadGPUHours, out.RunAs, out.Reason, out.EstKind = gpuHours(q.AheadGPUSeconds), string(d.RunAs), d.Reason, d.EstKind
+	if d.EstStart.IsZero() {
+		out.Unknown = "the scheduler has no estimate: " + d.Reason
+	} else {
+		t := d.EstStart.UTC()
+		out.EstimatedStart = &t
+	}
+	return out
+}
+
+// notRankedText says why a pending job has no stored decision.
+func notRankedText(q *store.JobQueue) string {
+	if q.Cycle.ID == 0 {
+		return "not yet through a scheduling cycle: none has run yet; the next one ranks it"
+	}
+	return fmt.Sprintf("not yet through a scheduling cycle: it came to the queue after the last one (at %s); the next one ranks it",
+		q.Cycle.DecidedAt.UTC().Format("15:04:05 UTC"))
+}
+
+// estKindText words an estimate's kind for the page.
+func estKindText(kind string) string {
+	switch kind {
+	case store.EstReservation:
+		return "reserved GPUs"
+	case store.EstPreemption:
+		return "by preemption, when its victims' grace period ends"
+	case store.EstProjection:
+		return "projected from the running jobs' time limits"
+	}
+	return ""
 }
 
 // CostJSON is what a job has cost so far, by the billing rules.
@@ -647,12 +631,7 @@ func jobDetailJSON(j *allot.Job, x jobExplanation) JobDetailJSON {
 		Cost: CostJSON{Amount: money(x.Cost.Amount, x.Currency), Charges: money(x.Cost.Charges, x.Currency), Credits: money(x.Cost.Credits, x.Currency),
 			GPUHours: gpuHours(x.Cost.GPUSeconds), Currency: x.Currency, UpTo: x.Now.Format(time.RFC3339)}}
 	if x.Queue != nil {
-		q := &QueueJSON{Position: x.Queue.Position, Of: x.Queue.Of, AheadGPUHours: gpuHours(x.Queue.AheadGPUSeconds), Method: etaMethod, Unknown: x.ETAUnknown}
-		if !x.ETA.IsZero() {
-			t := x.ETA.UTC()
-			q.EstimatedStart = &t
-		}
-		out.Queue = q
+		out.Queue = queueJSON(x.Queue)
 	}
 	for _, r := range x.Segments {
 		out.Runs = append(out.Runs, RunJSON{Segment: r.Segment, Nodes: r.Nodes, GPUs: r.GPUs, Start: r.Start, End: timePtr(r.End),
@@ -821,21 +800,7 @@ func explainView(d *views.JobDetail, j *allot.Job, x jobExplanation) {
 	d.ClassText = fmt.Sprintf("Class %d (tier %s) comes before priority: the queue serves classes in the tiers' order (see Docs), "+
 		"and priority orders jobs within a class. Factors as of the last scheduling cycle that looked at this job; before the first cycle they are all 0.", class, j.Tier)
 	if x.Queue != nil {
-		q := &views.QueueInfo{Position: x.Queue.Position, Of: x.Queue.Of, AheadGPUHours: allot.Hours(x.Queue.AheadGPUSeconds), ETAMethod: etaMethod}
-		switch {
-		case x.ETA.IsZero():
-			q.ETA = x.ETAUnknown
-		case !x.ETA.After(x.Now) && x.Queue.Position == 1:
-			q.ETA = "now: enough GPUs are free; it starts at the next scheduling cycle unless a reservation holds them"
-		case !x.ETA.After(x.Now):
-			q.ETA = fmt.Sprintf("GPUs are free now, but %d job(s) ahead of it may take them first", x.Queue.Position-1)
-		case x.Queue.Position == 1:
-			q.ETA = fmt.Sprintf("about %s (in %s)", fmtTime(x.ETA), allot.FormatDuration(x.ETA.Sub(x.Now).Round(time.Minute)))
-		default:
-			q.ETA = fmt.Sprintf("not before %s (in %s); %d job(s) ahead of it may start first", fmtTime(x.ETA),
-				allot.FormatDuration(x.ETA.Sub(x.Now).Round(time.Minute)), x.Queue.Position-1)
-		}
-		d.Queue = q
+		d.Queue = queueView(x.Queue, x.Now)
 	}
 	d.Util = utilChart(j, x.Util, x.Now)
 	d.UtilNote = "Per GPU, as sampled by the agents: averaged into up to 60 buckets while the raw samples are kept, hourly from the metering rollup after that."
@@ -845,4 +810,33 @@ func explainView(d *views.JobDetail, j *allot.Job, x jobExplanation) {
 		d.CostNote += fmt.Sprintf("; includes a preemption credit of %s", money(x.Cost.Credits, x.Currency))
 	}
 	d.CostNote += "; up to " + fmtTime(x.Now) + "."
+}
+
+// queueView words the last cycle's decision for the job page: "#12 in the
+// queue (of 340), expected start 14:20 (reserved GPUs), as of the cycle at
+// 14:02:10".
+func queueView(q *store.JobQueue, now time.Time) *views.QueueInfo {
+	v := &views.QueueInfo{Of: q.Cycle.Pending, AheadGPUHours: allot.Hours(q.AheadGPUSeconds)}
+	d := q.Decision
+	if d == nil {
+		v.ETA = notRankedText(q)
+		v.ETAMethod = queueMethod
+		return v
+	}
+	v.Position = d.Rank
+	switch {
+	case d.EstStart.IsZero():
+		v.ETA = "unknown: " + d.Reason
+	case !d.EstStart.After(q.Cycle.DecidedAt):
+		v.ETA = fmt.Sprintf("at the next scheduling cycle (%s)", estKindText(d.EstKind))
+	default:
+		in := ""
+		if d.EstStart.After(now) {
+			in = ", in " + allot.FormatDuration(d.EstStart.Sub(now).Round(time.Minute))
+		}
+		v.ETA = fmt.Sprintf("%s (%s%s)", fmtTime(d.EstStart), estKindText(d.EstKind), in)
+	}
+	v.ETAMethod = fmt.Sprintf("As of the scheduling cycle at %s (cycle %d); %d of the jobs ahead compete for the same GPUs. %s",
+		q.Cycle.DecidedAt.UTC().Format("15:04:05 UTC"), q.Cycle.ID, q.TypeRank-1, queueMethod)
+	return v
 }

@@ -273,8 +273,10 @@ func jobsFlags(stderr io.Writer) (*flag.FlagSet, func() *client.Client, *jobsCmd
 	aliasFlags(fs, map[string]string{"o": "format", "Format": "format", "O": "format"})
 	c.out.flags(fs)
 	fs.IntVar(&c.limit, "limit", 100, "at most this many jobs, newest first (0: all)")
+	fs.BoolVar(&c.start, "start", false, "pending jobs in the scheduler's order with the last cycle's rank and expected start, like squeue --start")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: allot jobs [--me] [--team T] [--state PD,R] [--user EMAIL] [-o FORMAT] [--parsable] [--noheader] [--json]")
+		fmt.Fprintln(stderr, "       allot jobs --start [--me] [--team T] [--tier T] [--name TEXT] [--limit N] [--parsable] [--noheader] [--json]")
 		fmt.Fprintln(stderr, "Lists jobs newest first, like squeue (which lists only pending and running ones: --state PD,R). Times are UTC.")
 		fs.PrintDefaults()
 		fmt.Fprintf(stderr, "Fields (letter for -o, names for --format/-O):\n%s", fieldHelp(jobFields))
@@ -287,6 +289,7 @@ type jobsCmd struct {
 	format string
 	out    listOutput
 	limit  int
+	start  bool
 }
 
 func cmdJobs(args []string, stdout, stderr io.Writer) int {
@@ -302,6 +305,9 @@ func cmdJobs(args []string, stdout, stderr io.Writer) int {
 	if c.limit < 0 {
 		fmt.Fprintln(stderr, "allot jobs: --limit must be 0 (all) or a positive number of jobs")
 		return 2
+	}
+	if c.start {
+		return c.runStart(q, newClient, stdout, stderr)
 	}
 	text := c.format
 	if text == "" {
@@ -533,4 +539,76 @@ func confirmCancel(in io.Reader, tty bool, stdout, stderr io.Writer, jobs []web.
 	}
 	fmt.Fprintln(stderr, "allot cancel: nothing cancelled")
 	return false
+}
+
+// startHeader is `allot jobs --start`'s columns.
+var startHeader = []string{"JOBID", "NAME", "TEAM", "TIER", "RANK", "EST_START", "REASON"}
+
+// runStart is `allot jobs --start` (squeue --start): the pending jobs in
+// the scheduler's order, as its last cycle decided it, from GET
+// /api/v1/priorities: rank, expected start and what it rests on
+// (reservation, preemption, projection), and why each waits.
+func (c *jobsCmd) runStart(q client.JobQuery, newClient func() *client.Client, stdout, stderr io.Writer) int {
+	fail := func(msg string) int {
+		fmt.Fprintf(stderr, "allot jobs --start: %s\n", msg)
+		return 2
+	}
+	switch {
+	case c.format != "":
+		return fail("--format does not apply: the columns are " + strings.Join(startHeader, " "))
+	case len(q.States) > 1 || len(q.States) == 1 && q.States[0] != "pending":
+		return fail("lists pending jobs only: drop --state, or use --state PD")
+	case len(q.Users) > 1 || len(q.Users) == 1 && q.Users[0] != "me":
+		return fail("--user takes only me here (or use --me)")
+	}
+	pq := client.PriorityQuery{Team: q.Team, Mine: q.Mine || len(q.Users) == 1, Limit: 1000}
+	if c.limit > 0 && q.Tier == "" && q.Name == "" {
+		pq.Limit = min(c.limit, 1000)
+	}
+	ctx := context.Background()
+	p, err := newClient().Priorities(ctx, pq)
+	if err != nil {
+		return reportErr(stderr, "jobs", err)
+	}
+	jobs := p.Jobs[:0:0]
+	for _, j := range p.Jobs {
+		if q.Tier != "" && j.Tier != q.Tier || q.Name != "" && !strings.Contains(strings.ToLower(j.Name), strings.ToLower(q.Name)) {
+			continue
+		}
+		if c.limit > 0 && len(jobs) == c.limit {
+			break
+		}
+		jobs = append(jobs, j)
+	}
+	if c.out.json {
+		p.Jobs = jobs
+		return printJSON(stdout, p)
+	}
+	t := &simpleTable{header: startHeader}
+	for _, j := range jobs {
+		tier := j.Tier
+		if j.Class == "preemptible" && j.Tier != "preemptible" {
+			tier += "(p)"
+		}
+		rank, est := "N/A", "N/A"
+		if j.Rank > 0 {
+			rank = strconv.Itoa(j.Rank)
+		}
+		if j.EstStart != nil {
+			est = slurmTime(j.EstStart)
+			if j.EstKind != "" {
+				est += " (" + j.EstKind + ")"
+			}
+		}
+		reason := j.Reason
+		if j.Rank == 0 {
+			reason = "not yet through a scheduling cycle"
+		}
+		t.add(strconv.FormatInt(j.ID, 10), j.Name, j.Team, tier, rank, est, reason)
+	}
+	c.out.table(stdout, t)
+	if p.CycleID == nil {
+		fmt.Fprintln(stderr, "allot jobs --start: no scheduling cycle has run yet: no job is ranked")
+	}
+	return 0
 }
