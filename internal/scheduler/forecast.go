@@ -10,13 +10,27 @@ import (
 const forecastDepth = 256
 
 // fcast is the start forecast's working state: for every node taking work,
-// the time (relative) each of its allocatable GPUs is free from, sorted
-// ascending; never for GPUs that are unavailable.
+// each allocatable GPU's projection, sorted by free time.
 type fcast struct {
-	at  []int64 // flat: node n's GPUs are at[off[n]:off[n+1]]
+	at  []gpuSlot // flat: node n's GPUs are at[off[n]:off[n+1]]
 	off []int32
-	tmp []int64
+	win []gpuWin // scratch
 }
+
+// gpuSlot is one GPU in the projection: free from fa on (never if
+// unavailable), and idle in the gap [gs, ge) before a projected job (a
+// shorter job may use it: backfill).
+type gpuSlot struct{ fa, gs, ge int64 }
+
+// gpuWin is the earliest window on GPU k (index into the node's slots) a
+// job may start in: from s, free until e.
+type gpuWin struct {
+	s, e int64
+	k    int
+	gap  bool
+}
+
+func cmpSlot(a, b gpuSlot) int { return cmp.Compare(a.fa, b.fa) }
 
 // expectedRun is a job's expected run time for the forecast: Expected,
 // else Estimate (capped at the time limit), else the time limit (never
@@ -79,7 +93,7 @@ func (st *state) buildForecast() *fcast {
 		unavail := st.unavailable(i)
 		for k := range g {
 			if unavail&(1<<uint(k)) != 0 {
-				g[k] = never
+				g[k].fa = never
 			}
 		}
 	}
@@ -91,7 +105,7 @@ func (st *state) buildForecast() *fcast {
 			g := f.at[f.off[sl.Node]:f.off[sl.Node+1]]
 			for _, k := range sl.GPUs {
 				if k >= 0 && k < len(g) {
-					g[k] = end
+					g[k].fa = end
 				}
 			}
 		}
@@ -106,7 +120,7 @@ func (st *state) buildForecast() *fcast {
 	}
 	for i := range st.nodes {
 		if st.nodes[i].pool >= 0 {
-			slices.Sort(f.at[f.off[i]:f.off[i+1]])
+			slices.SortFunc(f.at[f.off[i]:f.off[i+1]], cmpSlot)
 		}
 	}
 	return f
@@ -124,13 +138,74 @@ func (st *state) unavailable(n int) uint64 {
 	return m
 }
 
-// take marks the k earliest-free GPUs of node n busy until end.
-func (f *fcast) take(n, k int, end int64) {
+// take marks the k earliest-free GPUs of node n busy from t until end;
+// the idle time before t becomes the GPU's gap if longer than its gap.
+func (f *fcast) take(n, k int, t, end int64) {
 	g := f.at[f.off[n]:f.off[n+1]]
 	for i := 0; i < k && i < len(g); i++ {
-		g[i] = end
+		occupy(&g[i], t, end, false)
 	}
-	slices.Sort(g)
+	slices.SortFunc(g, cmpSlot)
+}
+
+// occupy puts a job on GPU x from t to end, in its gap or after fa.
+func occupy(x *gpuSlot, t, end int64, inGap bool) {
+	if inGap {
+		x.gs = end // what is left of the gap after the job
+		return
+	}
+	if t-x.fa > x.ge-x.gs {
+		x.gs, x.ge = x.fa, t
+	}
+	x.fa = end
+}
+
+// fit is the earliest time (not before lo) g GPUs of node n are free
+// together for run, using gaps; never if not. With apply, it takes them.
+func (f *fcast) fit(n, g int, run, lo int64, apply bool) int64 {
+	slots := f.at[f.off[n]:f.off[n+1]]
+	if len(slots) < g {
+		return never
+	}
+	w := f.win[:0]
+	for k := range slots {
+		x := &slots[k]
+		if x.ge > x.gs {
+			if s := max(x.gs, lo); addSat(s, run) <= x.ge {
+				w = append(w, gpuWin{s: s, e: x.ge, k: k, gap: true})
+				continue
+			}
+		}
+		w = append(w, gpuWin{s: max(x.fa, lo), e: never, k: k})
+	}
+	f.win = w
+	slices.SortFunc(w, func(a, b gpuWin) int { return cmp.Or(cmp.Compare(a.s, b.s), cmp.Compare(b.e, a.e)) })
+	t := w[g-1].s
+	ok := t != never
+	for _, x := range w[:g] {
+		if addSat(t, run) > x.e {
+			ok = false
+		}
+	}
+	if !ok {
+		// Without gaps: the g-th earliest free time.
+		t = max(slots[g-1].fa, lo)
+		if t == never {
+			return never
+		}
+		if apply {
+			f.take(n, g, t, addSat(t, run))
+		}
+		return t
+	}
+	if apply {
+		end := addSat(t, run)
+		for _, x := range w[:g] {
+			occupy(&slots[x.k], t, end, x.gap)
+		}
+		slices.SortFunc(slots, cmpSlot)
+	}
+	return t
 }
 
 // forecastOrder is the order the cycle served the blocked jobs in:
@@ -238,13 +313,13 @@ func (st *state) forecastPlace(f *fcast, pj *pjob, lo int64) int64 {
 				if len(gs) < g {
 					continue
 				}
-				t := max(gs[g-1], lo)
-				if t > bestT {
+				t := f.fit(n, g, run, lo, false)
+				if t > bestT || t == never {
 					continue
 				}
 				// Best fit: the fewest GPUs free at that time.
-				free := g
-				for free < len(gs) && gs[free] <= t {
+				free := 0
+				for free < len(gs) && gs[free].fa <= t {
 					free++
 				}
 				if t < bestT || free < bestFree || free == bestFree && n < bestN {
@@ -255,7 +330,7 @@ func (st *state) forecastPlace(f *fcast, pj *pjob, lo int64) int64 {
 		if bestN < 0 || bestT == never {
 			return never
 		}
-		f.take(bestN, g, addSat(bestT, run))
+		f.fit(bestN, g, run, lo, true)
 		return bestT
 	}
 	// Multi-node: whole nodes (or q GPUs per node) of one domain, taken in
@@ -283,7 +358,7 @@ func (st *state) forecastPlace(f *fcast, pj *pjob, lo int64) int64 {
 				if k == 0 || len(gs) < k {
 					continue
 				}
-				buf = append(buf, nodeAt{max(gs[k-1], lo), n})
+				buf = append(buf, nodeAt{max(gs[k-1].fa, lo), n})
 			}
 			slices.SortFunc(buf, func(a, b nodeAt) int { return cmp.Or(cmp.Compare(a.t, b.t), cmp.Compare(a.n, b.n)) })
 			got := 0
@@ -314,7 +389,7 @@ func (st *state) forecastPlace(f *fcast, pj *pjob, lo int64) int64 {
 			k = pj.q
 		}
 		k = min(k, left)
-		f.take(x.n, k, end)
+		f.take(x.n, k, bestT, end)
 		left -= k
 	}
 	return bestT

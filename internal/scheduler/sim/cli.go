@@ -47,6 +47,8 @@ type options struct {
 	waitsOut                                                        string
 	nodes, gpusPerNode, domainNodes                                 int
 	timeScale, walltime, ckptFraction                               float64
+	walltimeMax                                                     float64
+	eta                                                             bool
 	seed                                                            int64
 	cycle, ckptInterval                                             time.Duration
 	progress                                                        bool
@@ -160,6 +162,35 @@ func main(args []string, stdout, stderr io.Writer, sched ScheduleFunc) int {
 	return 0
 }
 
+// factorRange parses "F" or "A:B" (A < B) of positive numbers.
+type factorRange struct{ lo, hi *float64 }
+
+func (v factorRange) String() string {
+	if v.lo == nil {
+		return ""
+	}
+	if *v.hi > *v.lo {
+		return fmt.Sprintf("%v:%v", *v.lo, *v.hi)
+	}
+	return fmt.Sprint(*v.lo)
+}
+
+func (v factorRange) Set(s string) error {
+	a, b, isRange := strings.Cut(s, ":")
+	lo, err := strconv.ParseFloat(a, 64)
+	if err != nil || !(lo > 0) {
+		return errors.New("want a number > 0, or A:B with 0 < A < B")
+	}
+	hi := 0.0
+	if isRange {
+		if hi, err = strconv.ParseFloat(b, 64); err != nil || !(hi > lo) {
+			return errors.New("want A:B with 0 < A < B")
+		}
+	}
+	*v.lo, *v.hi = lo, hi
+	return nil
+}
+
 // secondsOrDuration accepts a Go duration ("10s", "1m30s") or plain seconds
 // ("10", "0").
 type secondsOrDuration struct{ d *time.Duration }
@@ -209,7 +240,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Float64Var(&o.timeScale, "time-scale", 1, "divide inter-arrival times by this (> 0) to raise the load")
 	fs.StringVar(&o.window, "window", "", "START:END: keep jobs with START ≤ submit_s < END (trace seconds), rebased to 0")
 	fs.StringVar(&o.team, "team", "", "replay only this team's jobs")
-	fs.Float64Var(&o.walltime, "walltime-factor", 2, "time limit = duration × this (> 0)")
+	o.walltime = 2
+	fs.Var(factorRange{&o.walltime, &o.walltimeMax}, "walltime-factor", "time limit = duration × this (> 0); A:B draws each user's factor uniformly in [A, B] and jitters each job's by ×0.8–1.25 (at least 1)")
+	fs.BoolVar(&o.eta, "eta", true, "measure start-estimate (ETA) error: forecast, limits and the old page's estimate, at submit and 1 h later")
 	fs.StringVar(&o.tierMix, "tier-mix", "1:1,2:4,3:45,4:50", "tier:weight,…; a job's tier is a seeded hash of its id (tier 5 = preemptible)")
 	fs.Int64Var(&o.seed, "seed", 1, "seed of the tier and checkpointability hashes")
 	fs.StringVar(&o.jsonOut, "json", "", "write the metrics as JSON to this file ('-' = stdout, instead of the table)")
@@ -410,6 +443,8 @@ func (st *setup) config(o *options, m scheduler.Mode) Config {
 		Policy:             p,
 		Cycle:              o.cycle,
 		WalltimeFactor:     o.walltime,
+		WalltimeFactorMax:  o.walltimeMax,
+		ETA:                o.eta,
 		TierMix:            st.mix,
 		Seed:               o.seed,
 		CheckpointFraction: o.ckptFraction,
@@ -518,6 +553,7 @@ func writeTable(w io.Writer, st *setup, rs []*Result) {
 	}
 	markdown(w, rows)
 	writeBurst(w, st, rs)
+	writeETA(w, st.modes, rs)
 
 	fmt.Fprintln(w, "\nby tier: mean / p95 / p99 wait (s), share ratio")
 	rows = [][]string{{"policy"}}
@@ -706,4 +742,38 @@ func writeBurst(w io.Writer, st *setup, rs []*Result) {
 		fmt.Fprintf(w, "burst GPU-hours %s, cost %s; wait saved: mean %s s, p95 %s s, p99 %s s; %s job-hours of waiting saved\n",
 			f2(b.GPUHours), b.Cost, f0(b.WaitMeanSavedS), f0(b.WaitP95SavedS), f0(b.WaitP99SavedS), f0(b.JobHoursSaved))
 	}
+}
+
+// etaCell is "median / p90 (with estimate %)" of one estimator.
+func etaCell(e ETAError) string {
+	if e.WithEstimate == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%s / %s (%s%%)", f0(e.MedianS), f0(e.P90S), f0(100*e.WithEstimate))
+}
+
+// writeETA writes the start-estimate error table (Config.ETA).
+func writeETA(w io.Writer, modes []scheduler.Mode, rs []*Result) {
+	if len(rs) == 0 || rs[0].ETAAtSubmit == nil {
+		return
+	}
+	fmt.Fprintln(w, "\nstart estimates: |estimate − actual first start|, median / p90 (s) (share of the jobs with an estimate), over jobs still pending after")
+	fmt.Fprintln(w, "their first cycle (at submit) and after one hour; forecast = the scheduler's EstStart now, limits = its earlier estimate, naive = the old job page's")
+	rows := [][]string{{"policy", "at", "jobs", "forecast", "limits", "naive", "forecast bias_s"}}
+	for i, r := range rs {
+		for _, x := range []struct {
+			at string
+			e  *ETAStats
+		}{{"submit", r.ETAAtSubmit}, {"+1h", r.ETAAt1h}} {
+			if x.e == nil {
+				continue
+			}
+			jobs := strconv.Itoa(x.e.Jobs)
+			if x.at == "submit" {
+				jobs = fmt.Sprintf("%d (+%d at once)", x.e.Jobs, x.e.AtOnce)
+			}
+			rows = append(rows, []string{string(modes[i]), x.at, jobs, etaCell(x.e.Forecast), etaCell(x.e.Limits), etaCell(x.e.Naive), f0(x.e.Forecast.BiasS)})
+		}
+	}
+	markdown(w, rows)
 }

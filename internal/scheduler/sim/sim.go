@@ -35,8 +35,17 @@ type Config struct {
 	// events (submit, finish, end of a preemption grace period).
 	Cycle          time.Duration
 	WalltimeFactor float64 // time limit = duration × factor (≤ 0 means 1)
-	TierMix        []TierWeight
-	Seed           int64
+	// WalltimeFactorMax > WalltimeFactor spreads the factor: each user's
+	// factor is drawn (seeded hash of the user) uniformly between the two,
+	// and each job's is that times a log-uniform jitter in [0.8, 1.25]
+	// (hash of the job), at least 1. Users' limits are 2-5× their run
+	// times, and a user tends to ask alike.
+	WalltimeFactorMax float64
+	// ETA measures start estimates (Result.ETAAtSubmit, ETAAt1h; see
+	// eta.go): the cycles with a job to predict fill Plan.Pending for it.
+	ETA     bool
+	TierMix []TierWeight
+	Seed    int64
 	// CheckpointFraction of the jobs (by seeded hash) are checkpointable;
 	// they checkpoint every CheckpointInterval of run time.
 	CheckpointFraction float64
@@ -99,6 +108,9 @@ type Result struct {
 	JobWaits []JobWait `json:"-"`
 	// Burst is what cloud burst did (Config.Burst).
 	Burst *BurstResult `json:"burst,omitempty"`
+	// ETA error at submit and one hour later (Config.ETA).
+	ETAAtSubmit *ETAStats `json:"eta_at_submit,omitempty"`
+	ETAAt1h     *ETAStats `json:"eta_at_1h,omitempty"`
 }
 
 // JobWait is one job's wait, for per-job analysis (allot sim --waits).
@@ -148,8 +160,9 @@ type simJob struct {
 	team       int
 	killed     bool
 	preempted  int
-	stuck      bool // dropped at the end: never started on an empty cluster
-	reserved   int  // the cycle (1-based) whose plan last reserved for it
+	stuck      bool          // dropped at the end: never started on an empty cluster
+	reserved   int           // the cycle (1-based) whose plan last reserved for it
+	expected   time.Duration // learned expected run time at arrival (Config.ETA), 0 = unknown
 }
 
 type evKind uint8
@@ -240,6 +253,7 @@ type state struct {
 	progress  *atomic.Int64
 	waterBuf  []int
 	burst     *burstState // nil without Config.Burst
+	eta       *etaState   // nil without Config.ETA
 }
 
 // Run replays trace (sorted by Submit) under cfg and returns the metrics.
@@ -279,12 +293,18 @@ func Run(cfg Config, trace []TraceJob) (*Result, error) {
 		s.burst = newBurstState(*cfg.Burst)
 	}
 	s.build(trace)
+	if cfg.ETA {
+		s.eta = newETAState(len(s.jobs))
+	}
 	if err := s.loop(); err != nil {
 		return nil, fmt.Errorf("%s: %w", cfg.Policy.Mode, err)
 	}
 	r := s.result()
 	if s.burst != nil {
 		r.Burst = s.burstFinish()
+	}
+	if s.eta != nil {
+		r.ETAAtSubmit, r.ETAAt1h = s.etaResult()
 	}
 	r.SimWallS = time.Since(wall).Seconds()
 	return r, nil
@@ -353,7 +373,14 @@ func (s *state) build(trace []TraceJob) {
 	for i := range trace {
 		tj := &trace[i]
 		tier := TierOf(c.TierMix, c.Seed, tj.Name)
-		limit := time.Duration(math.Ceil(float64(tj.Duration)*c.WalltimeFactor/float64(time.Second))) * time.Second
+		factor := c.WalltimeFactor
+		if c.WalltimeFactorMax > c.WalltimeFactor {
+			u := float64(hash64(c.Seed, "walltime-user", tj.User)%1_000_000) / 1e6
+			v := float64(hash64(c.Seed, "walltime-job", tj.Name)%1_000_000) / 1e6
+			factor = c.WalltimeFactor + u*(c.WalltimeFactorMax-c.WalltimeFactor)
+			factor = max(1, factor*math.Exp((2*v-1)*math.Log(1.25)))
+		}
+		limit := time.Duration(math.Ceil(float64(tj.Duration)*factor/float64(time.Second))) * time.Second
 		s.jobs[i] = simJob{
 			tj:         tj,
 			id:         int64(i + 1),
@@ -663,12 +690,22 @@ func (s *state) arrive(i int) {
 		s.startable = s.mayStart(j)
 	}
 	s.teamPend[j.team]++
+	if s.eta != nil {
+		j.expected = s.learned(j)
+		s.eta.first = append(s.eta.first, int32(i))
+		s.eta.later = append(s.eta.later, int32(i))
+	}
 	// Arrivals come in submit order, so appending keeps pending sorted.
 	s.pending = append(s.pending, s.pendingJob(j))
 }
 
 func (s *state) pendingJob(j *simJob) scheduler.Job {
+	exp := time.Duration(0)
+	if j.expected > 0 {
+		exp = max(j.expected-j.done, time.Second)
+	}
 	return scheduler.Job{
+		Expected:       exp,
 		ID:             j.id,
 		Name:           j.tj.Name,
 		Team:           j.tj.Team,
@@ -696,8 +733,13 @@ func (s *state) cycle() error {
 		}
 	}
 	snap := scheduler.Snapshot{Nodes: s.nodes, Running: s.running, Pending: s.pending, Teams: s.teams}
+	pol := s.cfg.Policy
+	if s.eta != nil && s.etaTargets() {
+		pol.EstimateFor = s.eta.want
+		s.refreshRunning()
+	}
 	t0 := time.Now()
-	plan := s.sched(snap, now, s.cfg.Policy)
+	plan := s.sched(snap, now, pol)
 	s.cycleNS = append(s.cycleNS, time.Since(t0).Nanoseconds())
 	s.released, s.startable = false, false
 	s.startedAny = len(plan.Starts) > 0 || len(plan.Preemptions) > 0
@@ -734,6 +776,9 @@ func (s *state) cycle() error {
 			p.Reserved = s.jobs[p.ID-1].reserved == len(s.cycleNS)
 		}
 		s.anyReserved = len(plan.Reservations) > 0
+	}
+	if s.eta != nil {
+		s.etaRecord(&plan)
 	}
 	return nil
 }
@@ -879,6 +924,7 @@ func (s *state) finishJob(idx int) {
 	j := &s.jobs[idx]
 	j.phase = phaseDone
 	j.finish = s.now
+	s.learn(j)
 	s.teamDemand[j.team] -= j.tj.GPUs
 	s.tierDemand[j.tier-1] -= j.tj.GPUs
 	s.fairDirty = true

@@ -432,7 +432,7 @@ func TestCLI(t *testing.T) {
 	if stderr.Len() != 0 {
 		t.Errorf("stderr not empty:\n%s", stderr.String())
 	}
-	for _, m := range []string{"| allot ", "| easy ", "| fifo ", "| fifo-partitioned ", "3 nodes × 8 GPUs = 24 GPUs"} {
+	for _, m := range []string{"| allot ", "| easy ", "| fifo ", "| fifo-partitioned ", "3 nodes × 8 GPUs = 24 GPUs", "start estimates:"} {
 		if !strings.Contains(stdout.String(), m) {
 			t.Errorf("stdout lacks %q:\n%s", m, stdout.String())
 		}
@@ -447,7 +447,8 @@ func TestCLI(t *testing.T) {
 	}
 	wantKeys := strings.Fields(`jobs dropped total_gpus makespan_s utilization offered_load utilization_span
 		offered_load_span wait_mean_s wait_p50_s wait_p95_s wait_p99_s jct_mean_s bounded_slowdown_mean
-		preemptions gpu_s_lost_to_preemption jain_fairness by_tier by_team cycles cycle_mean_us cycle_p99_us sim_wall_s`)
+		preemptions gpu_s_lost_to_preemption jain_fairness by_tier by_team cycles cycle_mean_us cycle_p99_us sim_wall_s
+		eta_at_submit eta_at_1h`)
 	slices.Sort(wantKeys)
 	if d := gocmp.Diff([]string{"allot", "easy", "fifo", "fifo-partitioned"}, sortedKeys(out)); d != "" {
 		t.Errorf("policies (-want +got):\n%s", d)
@@ -616,5 +617,42 @@ func TestLivelockIsAnError(t *testing.T) {
 		Cycle: 10 * time.Second}, []TraceJob{tj("A", 0, 1000, 1, "x"), tj("B", 0, 1000, 1, "x")})
 	if err == nil || !strings.Contains(err.Error(), "livelock") {
 		t.Errorf("err = %v, want a livelock error", err)
+	}
+}
+
+// TestETA: measuring start estimates changes no scheduling decision; the
+// forecast covers every job and beats the old page's estimate in the tail.
+func TestETA(t *testing.T) {
+	t.Parallel()
+	trace := randomTrace(600, 11)
+	teams := []TeamSpec{{"a", 16}, {"b", 16}, {"c", 16}}
+	for _, m := range []scheduler.Mode{scheduler.ModeAllot, scheduler.ModeFIFO, scheduler.ModeEASY} {
+		for _, spread := range []float64{0, 5} {
+			cfg := Config{Nodes: 6, GPUsPerNode: 8, DomainNodes: 3, Teams: teams, Policy: policy(m), Cycle: 10 * time.Second,
+				WalltimeFactor: 1.5, WalltimeFactorMax: spread, Schedule: scheduler.Schedule}
+			off := run(t, cfg, trace)
+			cfg.ETA = true
+			on := run(t, cfg, trace)
+			ignore := cmpopts.IgnoreFields(Result{}, "CycleMeanUS", "CycleP99US", "SimWallS", "ETAAtSubmit", "ETAAt1h")
+			if d := gocmp.Diff(off, on, ignore); d != "" {
+				t.Errorf("%s spread %v: measuring ETA changed the replay (-off +on):\n%s", m, spread, d)
+			}
+			a := on.ETAAtSubmit
+			if a == nil || on.ETAAt1h == nil || a.Jobs == 0 {
+				t.Fatalf("%s spread %v: no ETA stats: %+v", m, spread, a)
+			}
+			if a.Jobs+a.AtOnce != on.Jobs-on.Dropped {
+				t.Errorf("%s spread %v: %d pending + %d at once, want the %d jobs that ran", m, spread, a.Jobs, a.AtOnce, on.Jobs-on.Dropped)
+			}
+			if a.Forecast.WithEstimate != 1 {
+				t.Errorf("%s spread %v: forecast for %.2f of the jobs, want all", m, spread, a.Forecast.WithEstimate)
+			}
+			// The old page's estimate ignores the queue: far too early
+			// in the tail (and, for FIFO, almost always).
+			if a.Forecast.P90S > a.Naive.P90S || m == scheduler.ModeFIFO && a.Forecast.MedianS > a.Naive.MedianS {
+				t.Errorf("%s spread %v: forecast error %.0f / %.0f s (median / p90) against naive %.0f / %.0f s", m, spread,
+					a.Forecast.MedianS, a.Forecast.P90S, a.Naive.MedianS, a.Naive.P90S)
+			}
+		}
 	}
 }

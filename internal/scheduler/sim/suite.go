@@ -393,6 +393,35 @@ func writeSuite(w io.Writer, settings []suiteSetting) {
 		}
 	}
 	markdown(w, rows)
+	writeSuiteETA(w, settings)
+}
+
+// writeSuiteETA is the start-estimate error per setting and policy (see
+// writeETA).
+func writeSuiteETA(w io.Writer, settings []suiteSetting) {
+	any := false
+	for _, s := range settings {
+		for _, r := range s.results {
+			any = any || r.ETAAtSubmit != nil
+		}
+	}
+	if !any {
+		return
+	}
+	fmt.Fprintln(w, "\nstart-estimate error: median / p90 |estimate − actual| (s) (share with an estimate), jobs pending after their first cycle (at submit) and after 1 h")
+	rows := [][]string{{"setting", "policy", "jobs", "forecast@submit", "limits@submit", "naive@submit", "jobs@1h", "forecast@1h", "limits@1h", "naive@1h"}}
+	for _, s := range settings {
+		for _, m := range []scheduler.Mode{scheduler.ModeAllot, scheduler.ModeEASY, scheduler.ModeFIFO, scheduler.ModeFIFOPartitioned} {
+			r := s.results[m]
+			if r == nil || r.ETAAtSubmit == nil || r.ETAAt1h == nil {
+				continue
+			}
+			a, h := r.ETAAtSubmit, r.ETAAt1h
+			rows = append(rows, []string{s.name, string(m), fmt.Sprint(a.Jobs), etaCell(a.Forecast), etaCell(a.Limits), etaCell(a.Naive),
+				fmt.Sprint(h.Jobs), etaCell(h.Forecast), etaCell(h.Limits), etaCell(h.Naive)})
+		}
+	}
+	markdown(w, rows)
 }
 
 func f1(x float64) string { return fmt.Sprintf("%.1f", x) }
