@@ -637,14 +637,15 @@ type TeamPageUsage struct {
 	LastMonthGPUSeconds int64
 }
 
-// TeamPageUsage loads team's usage of the month containing upTo and of
-// the month before in one query: one scan of the allocations overlapping
+// teamPageUsageQuery loads team's usage of the month containing upTo and
+// of the month before in one query (TeamPageUsage gives the same from
+// kept sums when it can): one scan of the allocations overlapping
 // the two months (materialized once) feeds every breakdown. Separately,
 // the month was scanned four times and last month once more, and the daily
 // breakdown compared every allocation with every day of the month; with a
 // year of history that made the team page take 0.5 s at mid-month. Days
 // are 24-hour steps from the month's first instant (UTC).
-func (s *Store) TeamPageUsage(ctx context.Context, team string, upTo time.Time) (TeamPageUsage, error) {
+func (s *Store) teamPageUsageQuery(ctx context.Context, team string, upTo time.Time) (TeamPageUsage, error) {
 	month := MonthStart(upTo)
 	prev := month.AddDate(0, -1, 0)
 	u := TeamPageUsage{TeamUsage: TeamUsage{Team: team, Month: month, UpTo: upTo,
