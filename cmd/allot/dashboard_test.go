@@ -17,6 +17,7 @@ import (
 	"github.com/allotlabs/allot/internal/allot"
 	"github.com/allotlabs/allot/internal/clock"
 	"github.com/allotlabs/allot/internal/demo"
+	"github.com/allotlabs/allot/internal/jobs"
 	"github.com/allotlabs/allot/internal/store"
 	"github.com/allotlabs/allot/web"
 )
@@ -281,27 +282,41 @@ func TestJobPageExplains(t *testing.T) {
 	ctx := context.Background()
 	start := dashboardFixture(t, e)
 	llama, gbdt, ranker, sweep := e.jobID("llama-sft"), e.jobID("fraud-gbdt-gpu"), e.jobID("ranker-nightly"), e.jobID("embedding-sweep")
-	// What a scheduling cycle stores for pending jobs.
-	if _, err := e.m.Store.ApplyPlan(ctx, nil, nil, []store.PendingUpdate{
-		{JobID: llama, Priority: 5175, Breakdown: allot.PriorityBreakdown{Class: 3, FairShare: 0.5, Size: 0.125, Age: 0.1}, Reason: "waiting for 16 GPUs in one interconnect domain"},
-		{JobID: gbdt, Priority: 9000, Breakdown: allot.PriorityBreakdown{Class: 3, FairShare: 0.9}, Reason: "waiting"},
-		{JobID: ranker, Priority: 100, Breakdown: allot.PriorityBreakdown{Class: 2, FairShare: 0.01}, Reason: "waiting"},
-	}); err != nil {
+	// What a scheduling cycle stores: the queue in its order, with its
+	// estimates (ranker-nightly, class 2, first; embedding-sweep, T4,
+	// with none: no T4 node is up).
+	resv := start.Add(2 * time.Hour)
+	err := e.m.Store.InTx(ctx, func(tx *store.Store) error {
+		if _, err := tx.ApplyPlan(ctx, nil, nil, []store.PendingUpdate{
+			{JobID: ranker, Priority: 100, Breakdown: allot.PriorityBreakdown{Class: 2, FairShare: 0.01}, Reason: "waiting", EstStart: start.Add(time.Hour), EstKind: store.EstProjection},
+			{JobID: gbdt, Priority: 9000, Breakdown: allot.PriorityBreakdown{Class: 3, FairShare: 0.9}, Reason: "waiting"},
+			{JobID: llama, Priority: 5175, Breakdown: allot.PriorityBreakdown{Class: 3, FairShare: 0.5, Size: 0.125, Age: 0.1},
+				Reason: "waiting for 16 GPUs in one interconnect domain; holds a backfill reservation", EstStart: resv, EstKind: store.EstReservation},
+			{JobID: sweep, Breakdown: allot.PriorityBreakdown{Class: 3}, Reason: "cannot run on the nodes up now: needs 8 GPUs of type T4"},
+		}); err != nil {
+			return err
+		}
+		return tx.RecordCycle(ctx, e.m.Store.Now(), time.Millisecond, 4, store.ApplyResult{}, "applied")
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
+	var cycleID int64
+	var cycleAt time.Time
+	e.m.Pool.QueryRow(ctx, `SELECT id, started_at FROM scheduling_cycles ORDER BY id DESC LIMIT 1`).Scan(&cycleID, &cycleAt) //nolint:errcheck
 
 	var j web.JobDetailJSON
 	e.getJSON(fmt.Sprintf("/api/v1/jobs/%d", llama), demo.Engineer, &j)
-	// Ahead of llama-sft among jobs that may use A100s: ranker-nightly
-	// (class 2) and fraud-gbdt-gpu (any type, same class, higher
-	// priority); embedding-sweep wants T4s and does not compete.
-	if j.Queue == nil || j.Queue.Position != 3 || j.Queue.Of != 3 || j.Queue.AheadGPUHours != "52.0000" {
+	// Third in the cycle's order of 4; among the jobs that may use A100s
+	// (embedding-sweep wants T4s and does not compete) also third, behind
+	// ranker-nightly (8 × 6 h) and fraud-gbdt-gpu (any type, 4 × 1 h).
+	if q := j.Queue; q == nil || q.Position != 3 || q.Rank != 3 || q.Of != 4 || q.TypeRank != 3 || q.TypeOf != 3 || q.AheadGPUHours != "52.0000" ||
+		!q.Ranked || q.RunAs != "3" || q.CycleID == nil || *q.CycleID != cycleID || q.DecidedAt == nil || !q.DecidedAt.Equal(cycleAt) {
 		t.Fatalf("queue = %+v", j.Queue)
 	}
-	// 16 GPUs on whole nodes of ib-a: gpu02 is free, gpu01 frees when
-	// running-4 reaches its 2 h limit.
-	if j.Queue.EstimatedStart == nil || !j.Queue.EstimatedStart.Equal(start.Add(2*time.Hour)) {
-		t.Errorf("estimated start %v, want %v", j.Queue.EstimatedStart, start.Add(2*time.Hour))
+	if j.Queue.EstimatedStart == nil || !j.Queue.EstimatedStart.Equal(resv) || j.Queue.EstKind != store.EstReservation ||
+		!strings.Contains(j.Queue.Reason, "holds a backfill reservation") {
+		t.Errorf("estimated start %v (%s), want the cycle's %v (reservation)", j.Queue.EstimatedStart, j.Queue.EstKind, resv)
 	}
 	wantF := []web.PriorityFactorJSON{{Name: "fair-share", Factor: 0.5, Weight: 10000, Points: 5000}, {Name: "size", Factor: 0.125, Weight: 1000, Points: 125},
 		{Name: "age", Factor: 0.1, Weight: 500, Points: 50}}
@@ -311,10 +326,11 @@ func TestJobPageExplains(t *testing.T) {
 	if j.Cost.Amount != "0.00" || len(j.Runs) != 0 {
 		t.Errorf("a job that never ran: cost %+v runs %+v", j.Cost, j.Runs)
 	}
-	// The T4 job: no T4 node is up, so no estimate.
+	// The T4 job: the cycle had no estimate, and says why.
 	var sw web.JobDetailJSON
 	e.getJSON(fmt.Sprintf("/api/v1/jobs/%d", sweep), "admin", &sw)
-	if sw.Queue == nil || sw.Queue.EstimatedStart != nil || !strings.Contains(sw.Queue.Unknown, "no node that is up has enough T4 GPUs") {
+	if sw.Queue == nil || sw.Queue.EstimatedStart != nil || sw.Queue.EstKind != "" || sw.Queue.Rank != 4 ||
+		!strings.Contains(sw.Queue.Unknown, "cannot run on the nodes up now") {
 		t.Errorf("T4 job queue = %+v", sw.Queue)
 	}
 
@@ -322,8 +338,28 @@ func TestJobPageExplains(t *testing.T) {
 	br := e.login(demo.Engineer)
 	_, page := br.get(fmt.Sprintf("/jobs/%d", llama))
 	d := doc(t, page)
-	if tid(d, "queue-position") != "3" || tid(d, "queue-of") != "3" || !strings.Contains(tid(d, "eta"), "not before "+start.Add(2*time.Hour).UTC().Format("2006-01-02 15:04 UTC")) {
-		t.Errorf("queue box: %q / %q / %q", tid(d, "queue-position"), tid(d, "queue-of"), tid(d, "eta"))
+	if tid(d, "queue-position") != "3" || tid(d, "queue-of") != "4" || !strings.Contains(tid(d, "eta"), fmtUTC(resv)+" (reserved GPUs") ||
+		!strings.Contains(tid(d, "eta-method"), "As of the scheduling cycle at "+cycleAt.UTC().Format("15:04:05 UTC")) {
+		t.Errorf("queue box: %q / %q / %q / %q", tid(d, "queue-position"), tid(d, "queue-of"), tid(d, "eta"), tid(d, "eta-method"))
+	}
+
+	// A job submitted after the cycle has not been through one, and says so.
+	noah, err := e.m.Store.UserByEmail(ctx, demo.PersonaEmail[demo.Engineer])
+	if err != nil {
+		t.Fatal(err)
+	}
+	late, err := e.m.Store.SubmitJob(ctx, &noah, allot.JobSpec{Name: "late", Team: "nlp", Tier: allot.Tier3, GPUs: 1, TimeLimit: time.Hour, Command: []string{"true"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lj web.JobDetailJSON
+	e.getJSON(fmt.Sprintf("/api/v1/jobs/%d", late.ID), demo.Engineer, &lj)
+	if q := lj.Queue; q == nil || q.Ranked || q.Position != 0 || q.Of != 4 || q.EstimatedStart != nil || !strings.Contains(q.Unknown, "not yet through a scheduling cycle") {
+		t.Errorf("late job queue = %+v", lj.Queue)
+	}
+	_, lpage := br.get(fmt.Sprintf("/jobs/%d", late.ID))
+	if ld := doc(t, lpage); tid(ld, "queue-position") != "Not ranked yet" || !strings.Contains(tid(ld, "eta"), "after the last one (at "+cycleAt.UTC().Format("15:04:05 UTC")) {
+		t.Errorf("late job's page: %q / %q", tid(ld, "queue-position"), tid(ld, "eta"))
 	}
 	if !strings.Contains(tid(d, "pending-reason"), "waiting for 16 GPUs") {
 		t.Errorf("reason: %q", tid(d, "pending-reason"))
@@ -485,15 +521,36 @@ func TestTeamPageStanding(t *testing.T) {
 			ON CONFLICT (team) DO UPDATE SET gpu_seconds = EXCLUDED.gpu_seconds`, team, h*3600, e.m.Store.Now())
 	}
 	var fs web.FairShareJSON
+	// Before any cycle: the inputs, and no computed figure.
+	e.getJSON("/api/v1/fairshare", demo.Engineer, &fs)
+	if len(fs.Teams) != 3 || fs.CycleID != nil || !strings.Contains(fs.Method, "No scheduling cycle has recorded them yet") {
+		t.Fatalf("fair share before any cycle = %+v", fs)
+	}
+	for _, r := range fs.Teams {
+		if r.Computed || r.FairShare != 0 || r.RawShares == 0 {
+			t.Errorf("%s before any cycle: %+v", r.Team, r)
+		}
+	}
+	// A cycle computes and stores them; the table reads the cycle's.
+	if _, err := (&jobs.Scheduler{Store: e.m.Store}).Cycle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var cycleID int64
+	e.m.Pool.QueryRow(ctx, `SELECT max(id) FROM scheduling_cycles`).Scan(&cycleID) //nolint:errcheck
 	e.getJSON("/api/v1/fairshare", demo.Engineer, &fs)
 	// S = 1/4, 2/4, 1/4; U = 0.25, 0.75, 0; F = 2^(-U/S).
 	want := map[string][3]float64{"fraud": {0.25, 0.25, 0.5}, "nlp": {0.5, 0.75, math.Exp2(-1.5)}, "recs": {0.25, 0, 1}}
-	if len(fs.Teams) != 3 || fs.HalfLifeS != 7*24*3600 {
+	if len(fs.Teams) != 3 || fs.HalfLifeS != 7*24*3600 || fs.CycleID == nil || *fs.CycleID != cycleID || !strings.Contains(fs.Method, "As of the scheduling cycle") {
 		t.Fatalf("fair share = %+v", fs)
 	}
 	for _, r := range fs.Teams {
+		if !r.Computed {
+			t.Errorf("%s: not computed by the cycle", r.Team)
+		}
 		w := want[r.Team]
-		if math.Abs(r.NormShares-w[0]) > 1e-12 || math.Abs(r.EffectiveUsage-w[1]) > 1e-12 || math.Abs(r.FairShare-w[2]) > 1e-12 {
+		// (The cycle decayed the usage over the seconds since it was set:
+		// U moves by about 1e-9.)
+		if math.Abs(r.NormShares-w[0]) > 1e-12 || math.Abs(r.EffectiveUsage-w[1]) > 1e-6 || math.Abs(r.FairShare-w[2]) > 1e-6 {
 			t.Errorf("%s: %+v, want S %v U %v F %v", r.Team, r, w[0], w[1], w[2])
 		}
 	}
@@ -691,3 +748,6 @@ func BenchmarkDashboardPagesYear(b *testing.B) {
 	p50, p95 := measure("/api/v1/cluster", demo.Admin)
 	b.Logf("without jobs_started_idx: cluster-api p50 %.1f ms, p95 %.1f ms", p50, p95)
 }
+
+// fmtUTC is a time as the portal writes it.
+func fmtUTC(t time.Time) string { return t.UTC().Format("2006-01-02 15:04 UTC") }
