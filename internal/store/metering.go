@@ -315,6 +315,15 @@ func (s *Store) RightSizing(ctx context.Context, from, to time.Time, scope Right
 	rep := &RightSizingReport{From: from, To: to, Currency: card.Currency(), Teams: []UsageSummary{}, Users: []UsageSummary{}, Jobs: []FlaggedJob{}}
 	jobs := map[int64]*reportJob{}
 	var order []int64
+	// The period's hours come from job_usage_hours_hour_idx. For up to a
+	// month (the team page, the monthly report) each looks its job up by
+	// primary key: a team with most of a year's jobs made the planner hash
+	// every job (a 50,000-row scan for the few hundred of the month); the
+	// OFFSET 0 keeps it from flattening the lookup. Longer periods join.
+	jobsOf := `JOIN jobs j ON j.id = h.job_id`
+	if to.Sub(from) <= 32*24*time.Hour {
+		jobsOf = `JOIN LATERAL (SELECT * FROM jobs j WHERE j.id = h.job_id OFFSET 0) j ON true`
+	}
 	rows, err := s.db.Query(ctx, `
 		SELECT h.job_id, j.name, j.team, u.email,
 			CASE WHEN j.run_as <> '' THEN j.run_as WHEN j.preemptible THEN 'preemptible' ELSE j.tier END, j.gpus,
@@ -326,7 +335,7 @@ func (s *Store) RightSizing(ctx context.Context, from, to time.Time, scope Right
 			coalesce(h.mean_util_pct, sr.gpu_util_pct), coalesce(h.mean_mem_used_mib, sr.gpu_mem_mib::float8),
 			coalesce(h.peak_mem_used_mib, sr.gpu_mem_mib), coalesce(h.mem_total_mib, CASE WHEN sr.gpu_util_pct IS NOT NULL THEN gt.memory_gb * 1024::bigint END)
 		FROM job_usage_hours h
-		JOIN jobs j ON j.id = h.job_id
+		`+jobsOf+`
 		JOIN users u ON u.id = j.user_id
 		LEFT JOIN slurm_runs sr ON sr.job_id = h.job_id AND sr.segment = h.segment
 		LEFT JOIN gpu_types gt ON gt.name = h.gpu_type
@@ -360,7 +369,7 @@ func (s *Store) RightSizing(ctx context.Context, from, to time.Time, scope Right
 	}
 	rows, err = s.db.Query(ctx, `
 		SELECT g.job_id, g.segment, g.hour, g.node || '/' || g.gpu_index, g.gpu_seconds, g.samples, g.mean_util_pct
-		FROM job_gpu_usage_hours g JOIN jobs j ON j.id = g.job_id
+		FROM job_gpu_usage_hours g `+strings.ReplaceAll(jobsOf, "h.job_id", "g.job_id")+`
 		WHERE g.hour >= $1 AND g.hour < $2 AND ($3::text[] IS NULL OR j.team = ANY($3)) AND ($4 = 0 OR j.user_id = $4)
 		ORDER BY g.job_id, g.segment, g.hour, g.node, g.gpu_index`, from, to, scope.Teams, scope.UserID)
 	if err != nil {
