@@ -122,7 +122,9 @@ type PolicyField struct {
 	Label string
 	Help  string
 	Value string // as typed or as stored ("2m" for durations)
-	Kind  string // "int", "duration", "money"
+	Kind  string // "int", "duration", "money", "choice"
+	// Options are a choice's values.
+	Options []string
 }
 
 // PolicyGroup is a fieldset of the policy-weights form.
@@ -259,6 +261,7 @@ type DocTeam struct {
 
 // DocWeights are the priority weights and their parameters.
 type DocWeights struct {
+	Order                string // allot.QueueOrderResponse or allot.QueueOrderMultifactor
 	FairShare, Size, Age int
 	HalfLife, MaxAge     string
 }

@@ -813,7 +813,8 @@ func (s *Server) apiUpdateTeam(c echo.Context) error {
 // ---- Policy settings
 
 type policyFieldSpec struct {
-	name, label, help, kind string // kind: int, duration, money
+	name, label, help, kind string // kind: int, duration, money, choice
+	options                 []string
 }
 
 var policyGroups = []struct {
@@ -821,31 +822,33 @@ var policyGroups = []struct {
 	fields []policyFieldSpec
 }{
 	{"Priority", []policyFieldSpec{
-		{"weight_fair_share", "Fair-share weight (W_fs)", "", "int"},
-		{"weight_size", "Job-size weight (W_size)", "", "int"},
-		{"weight_age", "Age weight (W_age)", "", "int"},
-		{"half_life_s", "Fair-share half-life", "usage decay", "duration"},
-		{"max_age_s", "Age factor full after", "", "duration"},
+		{"queue_order", "Queue order within a tier", "response: short jobs first, aged, × fair share; multifactor: the weights below", "choice",
+			[]string{allot.QueueOrderResponse, allot.QueueOrderMultifactor}},
+		{"weight_fair_share", "Fair-share weight (W_fs)", "", "int", nil},
+		{"weight_size", "Job-size weight (W_size)", "", "int", nil},
+		{"weight_age", "Age weight (W_age)", "", "int", nil},
+		{"half_life_s", "Fair-share half-life", "usage decay", "duration", nil},
+		{"max_age_s", "Age factor full after", "", "duration", nil},
 	}},
 	{"Preemption", []policyFieldSpec{
-		{"grace_period_s", "Grace period", "SIGTERM → SIGKILL", "duration"},
-		{"min_runtime_s", "Minimum runtime", "no preemption before", "duration"},
+		{"grace_period_s", "Grace period", "SIGTERM → SIGKILL", "duration", nil},
+		{"min_runtime_s", "Minimum runtime", "no preemption before", "duration", nil},
 	}},
 	{"Scheduling and nodes", []policyFieldSpec{
-		{"cycle_s", "Scheduling cycle", "", "duration"},
-		{"heartbeat_missed_after_s", "Node down after silence of", "", "duration"},
-		{"auto_undrain_after_s", "Auto-undrain after healthy for", "0 = never", "duration"},
+		{"cycle_s", "Scheduling cycle", "", "duration", nil},
+		{"heartbeat_missed_after_s", "Node down after silence of", "", "duration", nil},
+		{"auto_undrain_after_s", "Auto-undrain after healthy for", "0 = never", "duration", nil},
 	}},
 	{"Budgets", []policyFieldSpec{
-		{"budget_warn_pct", "Warn leads at (% of budget)", "", "int"},
-		{"budget_demote_pct", "Demote tiers 3–4 at (% of budget)", "", "int"},
+		{"budget_warn_pct", "Warn leads at (% of budget)", "", "int", nil},
+		{"budget_demote_pct", "Demote tiers 3–4 at (% of budget)", "", "int", nil},
 	}},
 	{"Cloud burst", []policyFieldSpec{
-		{"burst_pending_gpu_hours", "Burst when pending work exceeds (GPU-hours)", "", "int"},
-		{"burst_mean_wait_s", "… and mean wait exceeds", "", "duration"},
-		{"burst_release_gpu_hours", "Release idle burst nodes below (GPU-hours)", "", "int"},
-		{"burst_max_nodes", "Most burst nodes at once", "0 = burst off", "int"},
-		{"burst_monthly_budget", "Monthly burst budget", "0 = no cap", "money"},
+		{"burst_pending_gpu_hours", "Burst when pending work exceeds (GPU-hours)", "", "int", nil},
+		{"burst_mean_wait_s", "… and mean wait exceeds", "", "duration", nil},
+		{"burst_release_gpu_hours", "Release idle burst nodes below (GPU-hours)", "", "int", nil},
+		{"burst_max_nodes", "Most burst nodes at once", "0 = burst off", "int", nil},
+		{"burst_monthly_budget", "Monthly burst budget", "0 = no cap", "money", nil},
 	}},
 }
 
@@ -900,6 +903,10 @@ func policyFormPatch(c echo.Context) (map[string]string, json.RawMessage, error)
 					continue
 				}
 				patch[spec.name] = int64(d / time.Second)
+			case "choice":
+				if raw != "" { // not posted: kept as it is
+					patch[spec.name] = raw // Policy.Validate names the choices
+				}
 			case "money":
 				m, err := allot.ParseMoney(raw, "USD")
 				if err != nil {
@@ -997,7 +1004,7 @@ func (s *Server) policyView(c echo.Context, typed map[string]string, errs map[st
 			if f.kind == "money" {
 				label += " (" + cur + ")"
 			}
-			pg.Fields = append(pg.Fields, views.PolicyField{Name: f.name, Label: label, Help: f.help, Value: typed[f.name], Kind: f.kind})
+			pg.Fields = append(pg.Fields, views.PolicyField{Name: f.name, Label: label, Help: f.help, Value: typed[f.name], Kind: f.kind, Options: f.options})
 		}
 		a.Groups = append(a.Groups, pg)
 	}

@@ -239,6 +239,13 @@ func TestAdminFormsWithoutJavaScript(t *testing.T) {
 			}
 			v.Add(name, val)
 		})
+		d.Find(sel + " select").Each(func(_ int, in *goquery.Selection) { // what a browser posts: the selected option
+			opt := in.Find("option[selected]").First()
+			if opt.Length() == 0 {
+				opt = in.Find("option").First()
+			}
+			v.Add(in.AttrOr("name", ""), opt.AttrOr("value", ""))
+		})
 		return v
 	}
 
@@ -329,6 +336,15 @@ func TestAdminFormsWithoutJavaScript(t *testing.T) {
 	if pol.Get("grace_period_s") != "2m" || pol.Get("half_life_s") != "7d" || pol.Get("auto_undrain_after_s") != "0s" {
 		t.Fatalf("policy form: %v", pol)
 	}
+	if pol.Get("queue_order") != "response" {
+		t.Errorf("policy form's queue order: %q, want the default response", pol.Get("queue_order"))
+	}
+	pol.Set("queue_order", "sjf")
+	status, page = br.post("/admin/policy", page, pol)
+	if status != 422 || doc(page).Find(`[data-testid="error-queue_order"]`).Length() != 1 {
+		t.Errorf("unknown queue order: %d", status)
+	}
+	pol.Set("queue_order", "response")
 	pol.Set("grace_period_s", "soon")
 	pol.Set("budget_warn_pct", "120")
 	status, page = br.post("/admin/policy", page, pol)

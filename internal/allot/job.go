@@ -98,13 +98,24 @@ func (s *JobSpec) RequestedGPUSeconds() int64 {
 	return int64(s.GPUs) * int64(s.TimeLimit/time.Second)
 }
 
-// PriorityBreakdown is the multifactor priority as last computed.
+// PriorityBreakdown is the priority as last computed: its factors, and
+// under the response order (Order "response") the response ratio, of which
+// the priority is ResponseRatio × FairShareMultiplier(FairShare). Under
+// the multifactor order (Order "") it is W_fs·FairShare + W_size·Size +
+// W_age·Age.
 type PriorityBreakdown struct {
-	Class     int     `json:"class"`
-	FairShare float64 `json:"fair_share"`
-	Size      float64 `json:"size"`
-	Age       float64 `json:"age"`
+	Class         int     `json:"class"`
+	Order         string  `json:"order,omitempty"` // "response", or "" for multifactor
+	ResponseRatio float64 `json:"response_ratio,omitempty"`
+	FairShare     float64 `json:"fair_share"`
+	Size          float64 `json:"size"`
+	Age           float64 `json:"age"`
 }
+
+// FairShareMultiplier is the response order's fair-share term,
+// max(2F, 1/32): 1 for a team at its share (F = 1/2), up to 2 for one
+// that used nothing, down to 1/32 for one far above its share.
+func FairShareMultiplier(f float64) float64 { return max(2*f, 1.0/32) }
 
 // Job is a submitted job and its state.
 type Job struct {

@@ -144,6 +144,7 @@ func TestPolicyPriorityFieldsTakeEffect(t *testing.T) {
 	} {
 		t.Run(tc.field, func(t *testing.T) {
 			e := newPolicyEnv(t, "-")
+			e.set(`{"queue_order": "multifactor"}`) // the weights make the multifactor order's priority
 			j := e.submit(allot.JobSpec{Team: "fraud", Tier: allot.Tier3, GPUs: 8})
 			e.backdate(j.ID, time.Hour)
 			// total is the priority the breakdown gives with p's weights.
@@ -179,6 +180,55 @@ func TestPolicyPriorityFieldsTakeEffect(t *testing.T) {
 				t.Errorf("%s = %s changed the priority only from %v to %v", tc.field, tc.value, before.Priority, after.Priority)
 			}
 		})
+	}
+}
+
+// TestPolicyQueueOrderTakesEffect: under the response order (the default)
+// a short job that has waited a little comes before a week-long one that
+// has waited longer, and its priority is its response ratio (wait + T) / T
+// times the fair-share multiplier; saved as multifactor between two cycles,
+// the older, larger job comes first by the weights. A bad order is
+// refused with a field error and changes nothing.
+func TestPolicyQueueOrderTakesEffect(t *testing.T) {
+	e := newPolicyEnv(t, "-") // parallel (seeded)
+	long := e.submit(allot.JobSpec{Team: "fraud", Tier: allot.Tier3, GPUs: 8, TimeLimit: 7 * 24 * time.Hour})
+	e.backdate(long.ID, 2*time.Hour)
+	short := e.submit(allot.JobSpec{Team: "fraud", Tier: allot.Tier3, GPUs: 8, TimeLimit: 10 * time.Minute})
+	e.backdate(short.ID, 10*time.Minute)
+	if p := e.cycle().Policy; p.QueueOrder != allot.QueueOrderResponse {
+		t.Fatalf("the default policy's order is %q, want %q", p.QueueOrder, allot.QueueOrderResponse)
+	}
+	l, s := e.job(long.ID), e.job(short.ID)
+	if s.Priority <= l.Priority {
+		t.Errorf("response order: short job's priority %v ≤ the week-long job's %v", s.Priority, l.Priority)
+	}
+	for _, c := range []struct {
+		j    allot.Job
+		want float64 // (wait + T) / T
+	}{{l, (2.0 + 7*24) / (7 * 24)}, {s, 2}} {
+		b := c.j.Breakdown
+		if b.Order != allot.QueueOrderResponse || math.Abs(b.ResponseRatio-c.want) > 1e-3 {
+			t.Errorf("job %d: breakdown %+v, want order response with ratio %.4f", c.j.ID, b, c.want)
+		}
+		if got := b.ResponseRatio * allot.FairShareMultiplier(b.FairShare); math.Abs(got-c.j.Priority) > 2e-3*max(1, got) {
+			t.Errorf("job %d: priority %v, want ratio × multiplier = %v", c.j.ID, c.j.Priority, got)
+		}
+	}
+
+	_, err := e.st.UpdatePolicy(e.ctx, store.PolicyChange{Actor: e.admin.Email, Action: "policy.update", Object: "policy"},
+		func(v *store.PolicyValues) error { return json.Unmarshal([]byte(`{"queue_order": "sjf"}`), v) })
+	if fe := allot.Fields(err); fe["queue_order"] == "" {
+		t.Errorf("queue_order sjf: %v, want a queue_order field error", err)
+	}
+	if p, _ := e.st.CurrentPolicy(e.ctx); p.QueueOrder != allot.QueueOrderResponse {
+		t.Errorf("after a refused change the order is %q", p.QueueOrder)
+	}
+
+	e.set(`{"queue_order": "multifactor"}`)
+	e.cycle()
+	l, s = e.job(long.ID), e.job(short.ID)
+	if l.Priority <= s.Priority || l.Breakdown.Order != "" || l.Breakdown.ResponseRatio != 0 {
+		t.Errorf("multifactor: week-long job %v (%+v) vs short %v; want the older one first, no response ratio", l.Priority, l.Breakdown, s.Priority)
 	}
 }
 

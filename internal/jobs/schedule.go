@@ -253,11 +253,14 @@ func tierID(t scheduler.Tier) allot.TierID {
 // guarantee, a right of the team's guarantee, not of the tier.)
 func corePolicy(p allot.Policy, tiers []allot.Tier) scheduler.Policy {
 	cp := scheduler.DefaultPolicy()
-	// The live loop keeps Slurm's multifactor order and the starvation
-	// guard: the portal shows the stored priority as weights × factors,
-	// and the admin policy sets those weights. (The simulator's default,
-	// OrderResponse, needs the portal to show the response ratio first.)
-	cp.Order, cp.StarvationWait = scheduler.OrderMultifactor, 20*time.Minute
+	// The admin policy picks the order inside a class: the response
+	// ratio (the simulator's default, no starvation guard: continuous
+	// aging serves every job) or Slurm's multifactor weights with the
+	// 20-minute starvation guard, as before.
+	cp.Order, cp.StarvationWait = scheduler.OrderResponse, 0
+	if p.QueueOrder == allot.QueueOrderMultifactor {
+		cp.Order, cp.StarvationWait = scheduler.OrderMultifactor, 20*time.Minute
+	}
 	cp.WeightFairShare, cp.WeightSize, cp.WeightAge = float64(p.WeightFairShare), float64(p.WeightSize), float64(p.WeightAge)
 	cp.MaxAge, cp.HalfLife, cp.GracePeriod, cp.MinRuntime = p.MaxAge, p.HalfLife, p.GracePeriod, p.MinRuntime
 	if len(tiers) > 0 {
@@ -337,9 +340,24 @@ func Snapshot(st store.SchedState) (scheduler.Snapshot, []string) {
 // a whole number): what people see, and few enough digits that most pending
 // jobs' rows stay unchanged from one cycle to the next instead of being
 // rewritten every 10 s.
-func breakdown(p scheduler.Priority) allot.PriorityBreakdown {
+func breakdown(p scheduler.Priority, order scheduler.Order) allot.PriorityBreakdown {
 	r := func(x float64) float64 { return math.Round(x*1e4) / 1e4 }
-	return allot.PriorityBreakdown{Class: int(p.Class), FairShare: r(p.FairShare), Size: r(p.Size), Age: r(p.Age)}
+	b := allot.PriorityBreakdown{Class: int(p.Class), FairShare: r(p.FairShare), Size: r(p.Size), Age: r(p.Age)}
+	if order == scheduler.OrderResponse {
+		// Total = response ratio × max(2F, 1/32) (scheduler.Priority).
+		b.Order, b.ResponseRatio = allot.QueueOrderResponse, r(p.Total/allot.FairShareMultiplier(p.FairShare))
+	}
+	return b
+}
+
+// roundPriority is the priority as stored and shown: a whole number under
+// the multifactor order (weights in the thousands), three decimals of the
+// response order's product (around 1 to 100).
+func roundPriority(p scheduler.Priority, order scheduler.Order) float64 {
+	if order == scheduler.OrderResponse {
+		return math.Round(p.Total*1e3) / 1e3
+	}
+	return math.Round(p.Total)
 }
 
 // orders turns the plan into store writes, with each lease's environment.
@@ -355,13 +373,14 @@ func (s *Scheduler) orders(st store.SchedState, plan scheduler.Plan, names []str
 			host[n.Name] = n.Name
 		}
 	}
+	order := corePolicy(st.Policy, nil).Order
 	var starts []store.StartOrder
 	for _, p := range plan.Starts {
 		j := jobs[p.JobID]
 		if j == nil {
 			continue
 		}
-		o := store.StartOrder{JobID: j.ID, RunAs: tierID(p.RunAs), Priority: math.Round(p.Priority.Total), Breakdown: breakdown(p.Priority)}
+		o := store.StartOrder{JobID: j.ID, RunAs: tierID(p.RunAs), Priority: roundPriority(p.Priority, order), Breakdown: breakdown(p.Priority, order)}
 		if j.Checkpointable {
 			o.CheckpointDir = strings.TrimRight(s.CheckpointRoot, "/") + fmt.Sprintf("/job-%d", j.ID)
 		}
@@ -411,7 +430,7 @@ func (s *Scheduler) orders(st store.SchedState, plan scheduler.Plan, names []str
 			reason = fmt.Sprintf("team %s is over %d %% of its monthly budget, so this tier-%s job runs as preemptible (idle GPUs only, may be stopped, 70 %% cheaper) until the month ends; ",
 				j.Team, st.Policy.BudgetDemotePct, j.Tier) + reason
 		}
-		pending = append(pending, store.PendingUpdate{JobID: p.JobID, Priority: math.Round(p.Priority.Total), Breakdown: breakdown(p.Priority), Reason: reason})
+		pending = append(pending, store.PendingUpdate{JobID: p.JobID, Priority: roundPriority(p.Priority, order), Breakdown: breakdown(p.Priority, order), Reason: reason})
 	}
 	return starts, preempts, pending
 }

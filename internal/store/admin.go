@@ -374,6 +374,7 @@ func (s *Store) UpdateTeamPolicy(ctx context.Context, c PolicyChange, slug strin
 // audit log records them. Durations are whole seconds; the JSON names are
 // the field names Policy.Validate reports.
 type PolicyValues struct {
+	QueueOrder            string `json:"queue_order"` // allot.QueueOrderResponse or allot.QueueOrderMultifactor
 	WeightFairShare       int    `json:"weight_fair_share"`
 	WeightSize            int    `json:"weight_size"`
 	WeightAge             int    `json:"weight_age"`
@@ -397,7 +398,7 @@ func wholeSecs(d time.Duration) int64 { return int64(d / time.Second) }
 
 // PolicyValuesOf returns p's scalar settings.
 func PolicyValuesOf(p allot.Policy) PolicyValues {
-	return PolicyValues{WeightFairShare: p.WeightFairShare, WeightSize: p.WeightSize, WeightAge: p.WeightAge,
+	return PolicyValues{QueueOrder: p.QueueOrder, WeightFairShare: p.WeightFairShare, WeightSize: p.WeightSize, WeightAge: p.WeightAge,
 		MaxAgeS: wholeSecs(p.MaxAge), HalfLifeS: wholeSecs(p.HalfLife), GracePeriodS: wholeSecs(p.GracePeriod), MinRuntimeS: wholeSecs(p.MinRuntime),
 		CycleS: wholeSecs(p.Cycle), BudgetWarnPct: p.BudgetWarnPct, BudgetDemotePct: p.BudgetDemotePct,
 		BurstPendingGPUHours: p.BurstPendingGPUHours, BurstMeanWaitS: wholeSecs(p.BurstMeanWait), BurstReleaseGPUHours: p.BurstReleaseGPUHours,
@@ -454,6 +455,7 @@ func (v PolicyValues) applyTo(p *allot.Policy) error {
 	if err := f.Err(); err != nil {
 		return err
 	}
+	p.QueueOrder = v.QueueOrder
 	p.WeightFairShare, p.WeightSize, p.WeightAge = v.WeightFairShare, v.WeightSize, v.WeightAge
 	p.MaxAge, p.HalfLife, p.GracePeriod, p.MinRuntime, p.Cycle = maxAge, halfLife, grace, minRun, cycle
 	p.BudgetWarnPct, p.BudgetDemotePct = v.BudgetWarnPct, v.BudgetDemotePct
