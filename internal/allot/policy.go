@@ -12,7 +12,7 @@ type Policy struct {
 
 	// QueueOrder orders the pending jobs inside a class (a tier):
 	// QueueOrderResponse (the default) or QueueOrderMultifactor.
-	QueueOrder string
+	QueueOrder      string
 	WeightFairShare int // W_fs, default 10000
 	WeightSize      int // W_size, default 1000
 	WeightAge       int // W_age, default 500
