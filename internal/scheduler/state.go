@@ -24,7 +24,17 @@ func rel(t, now time.Time) int64 {
 	if t.IsZero() {
 		return math.MinInt64 / 2
 	}
-	return int64(t.Sub(now))
+	// As t.Sub(now), saturating, without Sub's overflow check (an Add and
+	// an Equal), which cost more than the rest of a running job's setup.
+	const maxSec = math.MaxInt64/int64(time.Second) - 1
+	ds := t.Unix() - now.Unix()
+	switch {
+	case ds > maxSec:
+		return math.MaxInt64
+	case ds < -maxSec:
+		return math.MinInt64
+	}
+	return ds*int64(time.Second) + int64(t.Nanosecond()-now.Nanosecond())
 }
 
 func abs(x int64, now time.Time) time.Time {
@@ -77,7 +87,8 @@ type pool struct {
 	nodes   []int      // node indices, ascending
 	buckets [][]uint64 // buckets[f]: bitset over positions of unclaimed nodes with f free GPUs
 	counts  []int
-	groups  []int // groups of this pool
+	words   []uint64 // backing array of buckets
+	groups  []int    // groups of this pool
 }
 
 // group is an interconnect domain inside a pool.
@@ -201,6 +212,11 @@ type state struct {
 
 	starving []*pjob // the starvation guard's jobs, oldest first (ModeAllot)
 	fc       fcast   // start forecast scratch (finish)
+	tc       topoCache
+	// buffers kept between cycles
+	teamPtrs  []*Team
+	teamNames []string // team names in st.teams order, as indexed by teamIdx
+	teamsBuf  []teamState
 
 	// victimAfter: while a research-class job looks for victims, only
 	// running jobs submitted after this (relative) time qualify (see
@@ -251,6 +267,15 @@ func resize[T any](xs []T, n int) []T {
 	return xs
 }
 
+// grow returns xs with length n, reusing its array when it can; the
+// elements are not cleared (the caller sets every one).
+func grow[T any](xs []T, n int) []T {
+	if cap(xs) < n {
+		return make([]T, n)
+	}
+	return xs[:n]
+}
+
 // reset prepares a pooled state for a new cycle, keeping its buffers.
 func (st *state) reset(s *Snapshot, now time.Time, p Policy) {
 	old := *st
@@ -263,11 +288,11 @@ func (st *state) reset(s *Snapshot, now time.Time, p Policy) {
 	if st.eligCache == nil {
 		st.eligCache = map[eligKey]*eligInfo{}
 	}
-	clear(st.eligCache)
 	st.sf, st.mark, st.lastEv = old.sf, old.mark, old.lastEv
 	st.runEvents, st.runRel, st.runRelOff = old.runEvents[:0], old.runRel[:0], old.runRelOff[:0]
 	st.extraBuf, st.touched = old.extraBuf[:0], old.touched[:0]
-	st.fc = old.fc
+	st.fc, st.tc = old.fc, old.tc
+	st.teamPtrs, st.teamNames, st.teamsBuf = old.teamPtrs, old.teamNames, old.teamsBuf
 }
 
 // release returns st to the pool, dropping references to the snapshot.
@@ -276,6 +301,8 @@ func (st *state) release() {
 	clear(st.pend)
 	clear(st.order)
 	clear(st.nodes)
+	clear(st.teamPtrs)
+	clear(st.teamsBuf)
 	st.s, st.plan, st.pools, st.grps, st.teams = nil, Plan{}, nil, nil, nil
 	st.starts, st.resvs, st.victims, st.isVictim, st.nodeRun = nil, nil, nil, nil, nil
 	st.head, st.lastElig, st.starving = nil, nil, nil
@@ -301,21 +328,47 @@ func newState(s *Snapshot, now time.Time, p Policy) *state {
 	return st
 }
 
+func cmpTeam(a, b *Team) int {
+	return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.Weight, b.Weight), cmp.Compare(a.Usage, b.Usage))
+}
+
 func (st *state) buildTeams() {
-	ts := make([]*Team, len(st.s.Teams))
+	ts := st.teamPtrs[:0]
 	for i := range st.s.Teams {
-		ts[i] = &st.s.Teams[i]
+		ts = append(ts, &st.s.Teams[i])
 	}
 	// Total order so that input order never matters.
-	slices.SortFunc(ts, func(a, b *Team) int {
-		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.Weight, b.Weight), cmp.Compare(a.Usage, b.Usage))
-	})
-	clear(st.teamIdx)
-	for _, t := range ts {
-		if _, dup := st.teamIdx[t.Name]; dup {
+	if !slices.IsSortedFunc(ts, cmpTeam) {
+		slices.SortFunc(ts, cmpTeam)
+	}
+	st.teamPtrs = ts
+	// The first of each name, in name order; the index is rebuilt only
+	// when the names differ from the last cycle's.
+	k := 0
+	same := true
+	for i, t := range ts {
+		if i > 0 && t.Name == ts[i-1].Name {
 			continue
 		}
-		st.teamIdx[t.Name] = len(st.teams)
+		if k >= len(st.teamNames) || st.teamNames[k] != t.Name {
+			same = false
+		}
+		k++
+	}
+	same = same && k == len(st.teamNames)
+	if !same {
+		clear(st.teamIdx)
+		st.teamNames = st.teamNames[:0]
+	}
+	st.teams = st.teamsBuf[:0]
+	for i, t := range ts {
+		if i > 0 && t.Name == ts[i-1].Name {
+			continue
+		}
+		if !same {
+			st.teamIdx[t.Name] = len(st.teams)
+			st.teamNames = append(st.teamNames, t.Name)
+		}
 		g := 0
 		for _, v := range t.Guarantee {
 			if v > 0 {
@@ -324,6 +377,7 @@ func (st *state) buildTeams() {
 		}
 		st.teams = append(st.teams, teamState{t: t, guarantee: g})
 	}
+	st.teamsBuf = st.teams
 	st.computeShares()
 }
 
@@ -395,7 +449,61 @@ func (st *state) partition() []int {
 	return owners
 }
 
+// topoCache keeps what buildNodes derives from the nodes (and, in
+// ModeFIFOPartitioned, their owners) for the next cycle run by the same
+// pooled state: when that cycle's nodes are equal (compared field by
+// field), only the per-cycle parts are reset. On a replay, where the
+// nodes never change, this was the largest cost of a cycle.
+type topoCache struct {
+	valid   bool
+	nodes   []Node
+	owners  []int
+	base    []nodeState // pool, group, pos, cap, used (unavailable GPUs)
+	pools   []pool
+	grps    []group
+	offline int
+}
+
+func (c *topoCache) matches(ns []Node, owners []int) bool {
+	if !c.valid || len(ns) != len(c.nodes) || !slices.Equal(owners, c.owners) {
+		return false
+	}
+	for i := range ns {
+		a, b := &ns[i], &c.nodes[i]
+		// Name is not compared: nothing depends on it.
+		if a.GPUs != b.GPUs || len(a.Unavailable) != len(b.Unavailable) || a.State != b.State || a.Domain != b.Domain ||
+			a.GPUType != b.GPUType || a.Site != b.Site || !slices.Equal(a.Unavailable, b.Unavailable) {
+			return false
+		}
+	}
+	return true
+}
+
 func (st *state) buildNodes(owners []int) {
+	c := &st.tc
+	if c.matches(st.s.Nodes, owners) {
+		st.nodes = resize(st.nodes, len(st.s.Nodes))
+		copy(st.nodes, c.base)
+		st.pools, st.grps, st.offline = c.pools, c.grps, c.offline
+		for gi := range st.grps {
+			st.grps[gi].wf = 0
+		}
+		return
+	}
+	st.buildNodesFresh(owners)
+	clear(st.eligCache)
+	c.valid = true
+	c.nodes = slices.Grow(c.nodes[:0], len(st.s.Nodes))
+	for _, n := range st.s.Nodes {
+		n.Unavailable = slices.Clone(n.Unavailable)
+		c.nodes = append(c.nodes, n)
+	}
+	c.owners = slices.Clone(owners)
+	c.base = append(c.base[:0], st.nodes...)
+	c.pools, c.grps, c.offline = st.pools, st.grps, st.offline
+}
+
+func (st *state) buildNodesFresh(owners []int) {
 	st.nodes = resize(st.nodes, len(st.s.Nodes))
 	poolIdx := map[eligKey]int{}
 	var lastKey eligKey
@@ -511,12 +619,12 @@ func (st *state) buildNodes(owners []int) {
 // later uses of st.run order by total keys ending in the job id.
 func (st *state) buildRunning() {
 	needTeam := st.p.Mode == ModeAllot || st.p.Mode == ModeFIFOPartitioned
-	st.run = resize(st.run, len(st.s.Running))
+	st.run = grow(st.run, len(st.s.Running))
 	lastTeam, lastIdx := "", -1
 	for i := range st.s.Running {
 		j := &st.s.Running[i]
 		r := &st.run[i]
-		r.j, r.team = j, -1
+		*r = runJob{j: j, team: -1}
 		if needTeam {
 			if lastIdx < 0 || j.Team != lastTeam {
 				lastTeam, lastIdx = j.Team, i
@@ -590,11 +698,16 @@ func (st *state) buildIndex() {
 	for pi := range st.pools {
 		pl := &st.pools[pi]
 		w := (len(pl.nodes) + 63) / 64
-		pl.buckets = make([][]uint64, pl.maxCap+1)
-		pl.counts = make([]int, pl.maxCap+1)
-		words := make([]uint64, w*(pl.maxCap+1))
-		for f := range pl.buckets {
-			pl.buckets[f] = words[f*w : (f+1)*w]
+		if len(pl.buckets) != pl.maxCap+1 || len(pl.words) != w*(pl.maxCap+1) {
+			pl.buckets = make([][]uint64, pl.maxCap+1)
+			pl.counts = make([]int, pl.maxCap+1)
+			pl.words = make([]uint64, w*(pl.maxCap+1))
+			for f := range pl.buckets {
+				pl.buckets[f] = pl.words[f*w : (f+1)*w]
+			}
+		} else {
+			clear(pl.counts)
+			clear(pl.words)
 		}
 		for _, n := range pl.nodes {
 			st.indexAdd(n)

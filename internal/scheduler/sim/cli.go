@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"runtime/pprof"
 	"slices"
 	"sort"
@@ -98,6 +99,9 @@ func (v moneyFlag) Set(s string) error {
 // the process exit code: 0 on success, 2 on bad flags or input, 1 when a
 // replay fails.
 func Main(args []string, stdout, stderr io.Writer) int {
+	// A replay allocates a plan per cycle and keeps little: collecting
+	// less often saves about a tenth of the CPU time.
+	defer debug.SetGCPercent(debug.SetGCPercent(400))
 	return main(args, stdout, stderr, nil)
 }
 

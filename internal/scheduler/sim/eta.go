@@ -124,17 +124,16 @@ func (s *state) learned(j *simJob) time.Duration {
 // to the limit.
 func (s *state) refreshRunning() {
 	e := s.eta
-	now := Epoch.Add(s.now)
 	for k := range s.running {
 		r := &s.running[k]
 		if r.Expected <= 0 || r.Terminating || r.TimeLimit <= 0 {
 			continue
 		}
-		ran := now.Sub(r.Start)
+		j := &s.jobs[r.ID-1]
+		ran := s.now - j.runStart
 		if ran < r.Expected {
 			continue
 		}
-		j := &s.jobs[r.ID-1]
 		frac := float64(ran+j.done) / float64(j.timeLimit)
 		q, ok := e.users[j.tj.User].medianAbove(frac, e.buf)
 		if !ok {

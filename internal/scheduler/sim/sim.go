@@ -163,6 +163,7 @@ type simJob struct {
 	stuck      bool          // dropped at the end: never started on an empty cluster
 	reserved   int           // the cycle (1-based) whose plan last reserved for it
 	expected   time.Duration // learned expected run time at arrival (Config.ETA), 0 = unknown
+	lastCk     time.Duration // the run's last checkpoint set in the snapshot (0: none)
 }
 
 type evKind uint8
@@ -726,7 +727,9 @@ func (s *state) cycle() error {
 		for k := range s.running {
 			r := &s.running[k]
 			if r.Checkpointable {
-				if ck := s.lastCheckpoint(s.now, r.Start.Sub(Epoch)); ck > 0 {
+				j := &s.jobs[r.ID-1]
+				if ck := s.lastCheckpoint(s.now, j.runStart); ck > 0 && ck != j.lastCk {
+					j.lastCk = ck
 					r.LastCheckpoint = Epoch.Add(ck)
 				}
 			}
@@ -827,6 +830,7 @@ func (s *state) start(st scheduler.Start) error {
 	s.teamPend[j.team]--
 	j.phase = phaseRunning
 	j.runStart = s.now
+	j.lastCk = 0
 	j.placement = st.Placement
 	if j.firstStart < 0 {
 		j.firstStart = s.now
