@@ -108,10 +108,13 @@ func BenchmarkSchedule(b *testing.B) {
 	allotMF.Order, allotMF.StarvationWait = OrderMultifactor, 20*time.Minute
 	easy := DefaultPolicy()
 	easy.Mode = ModeEASY
+	// The start forecast's cost: allot with the earlier estimate.
+	allotLim := DefaultPolicy()
+	allotLim.ETA = ETALimits
 	variants := []struct {
 		name string
 		p    Policy
-	}{{"allot", DefaultPolicy()}, {"allot-multifactor", allotMF}, {"easy", easy}}
+	}{{"allot", DefaultPolicy()}, {"allot-multifactor", allotMF}, {"easy", easy}, {"allot-eta-limits", allotLim}}
 	for _, c := range []struct{ pending, nodes int }{{1000, 100}, {10000, 1000}, {50000, 10000}, {100000, 20000}} {
 		s := benchSnapshot(c.pending, c.nodes)
 		for _, v := range variants {

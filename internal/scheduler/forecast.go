@@ -14,6 +14,7 @@ const forecastDepth = 256
 type fcast struct {
 	at  []gpuSlot // flat: node n's GPUs are at[off[n]:off[n+1]]
 	off []int32
+	gap []bool   // node n has a GPU with a gap
 	win []gpuWin // scratch
 }
 
@@ -83,6 +84,7 @@ func (st *state) buildForecast() *fcast {
 	}
 	f.off[len(st.nodes)] = int32(total)
 	f.at = resize(f.at, total)
+	f.gap = resize(f.gap, len(st.nodes))
 	// Free now: 0; unavailable: never. Running GPUs are set below.
 	for i := range st.nodes {
 		ns := &st.nodes[i]
@@ -144,6 +146,7 @@ func (f *fcast) take(n, k int, t, end int64) {
 	g := f.at[f.off[n]:f.off[n+1]]
 	for i := 0; i < k && i < len(g); i++ {
 		occupy(&g[i], t, end, false)
+		f.gap[n] = f.gap[n] || g[i].ge > g[i].gs
 	}
 	slices.SortFunc(g, cmpSlot)
 }
@@ -202,6 +205,7 @@ func (f *fcast) fit(n, g int, run, lo int64, apply bool) int64 {
 		end := addSat(t, run)
 		for _, x := range w[:g] {
 			occupy(&slots[x.k], t, end, x.gap)
+			f.gap[n] = f.gap[n] || slots[x.k].ge > slots[x.k].gs
 		}
 		slices.SortFunc(slots, cmpSlot)
 	}
@@ -313,7 +317,12 @@ func (st *state) forecastPlace(f *fcast, pj *pjob, lo int64) int64 {
 				if len(gs) < g {
 					continue
 				}
-				t := f.fit(n, g, run, lo, false)
+				var t int64
+				if f.gap[n] {
+					t = f.fit(n, g, run, lo, false)
+				} else {
+					t = max(gs[g-1].fa, lo) // no gap: the g-th earliest free time
+				}
 				if t > bestT || t == never {
 					continue
 				}
@@ -401,7 +410,9 @@ func (f *fcast) len(n int) int { return int(f.off[n+1] - f.off[n]) }
 // expected to start by preemption: the earliest time some eligible node
 // has enough GPUs free now or held by jobs it may take (past MinRuntime by
 // then), plus one grace period; never when no node ever does (or for
-// multi-node jobs, which are left to the queue forecast).
+// multi-node jobs, which are left to the queue forecast). The earliest
+// time per pool and GPU count is computed once per cycle for each
+// (class, reclaim) right, so a job costs O(pools).
 func (st *state) preemptStart(pj *pjob) int64 {
 	if pj.multi {
 		return never
@@ -410,60 +421,92 @@ func (st *state) preemptStart(pj *pjob) int64 {
 	if mg < 0 {
 		return never
 	}
-	st.buildNodeRun()
+	key := preemptKey{pj.class, pj.reclaim}
+	tab, ok := st.preTabs[key]
+	if !ok {
+		tab = st.preemptTable(pj.class, pj.reclaim, mg)
+		if st.preTabs == nil {
+			st.preTabs = map[preemptKey][][]int64{}
+		}
+		st.preTabs[key] = tab
+	}
 	g := pj.j.GPUs
-	minRun := int64(st.p.MinRuntime)
 	best := never
+	for _, pi := range pj.elig {
+		if g < len(tab[pi]) {
+			best = min(best, tab[pi][g])
+		}
+	}
+	return best
+}
+
+type preemptKey struct {
+	class   Tier
+	reclaim bool
+}
+
+// preemptTable returns, per pool and GPU count g, the earliest time a job
+// of class c with victim groups up to mg could start on one node of the
+// pool by preemption (see preemptStart).
+func (st *state) preemptTable(c Tier, reclaim bool, mg int) [][]int64 {
+	st.buildNodeRun()
+	minRun := int64(st.p.MinRuntime)
+	grace := int64(st.p.GracePeriod)
+	tab := make([][]int64, len(st.pools))
+	for pi := range st.pools {
+		pl := &st.pools[pi]
+		row := make([]int64, pl.maxCap+1)
+		for g := range row {
+			row[g] = never
+		}
+		tab[pi] = row
+	}
 	type cand struct {
 		at   int64
 		gpus int
 	}
 	var cs []cand
-	for _, pi := range pj.elig {
-		for _, n := range st.pools[pi].nodes {
-			ns := &st.nodes[n]
-			if ns.cap < g {
+	for n := range st.nodes {
+		ns := &st.nodes[n]
+		if ns.pool < 0 {
+			continue
+		}
+		cs = cs[:0]
+		for _, ri := range st.nodeRun[n] {
+			r := &st.run[ri]
+			k := 0
+			for _, sl := range r.j.Placement {
+				if sl.Node == n {
+					k += len(sl.GPUs)
+				}
+			}
+			if r.term {
+				cs = append(cs, cand{max(r.end, 0), k}) // freed at its grace end
 				continue
 			}
-			avail := ns.free
-			cs = cs[:0]
-			for _, ri := range st.nodeRun[n] {
-				r := &st.run[ri]
-				k := 0
-				for _, sl := range r.j.Placement {
-					if sl.Node == n {
-						k += len(sl.GPUs)
-					}
-				}
-				if r.term {
-					cs = append(cs, cand{max(r.end-int64(st.p.GracePeriod), 0), k})
-					continue
-				}
-				if r.class.Production() || r.gpus == 0 || (!pj.reclaim && !st.mayPreempt(pj.class, r.class)) {
-					continue
-				}
-				ok := r.class == TierPreemptible || mg >= vgAnyResearch ||
-					r.team < 0 || st.teams[r.team].alloc-r.gpus >= st.teams[r.team].guarantee
-				if !ok {
-					continue
-				}
-				cs = append(cs, cand{max(r.startRel+minRun, 0), k})
+			if r.class.Production() || r.gpus == 0 || (!reclaim && !st.mayPreempt(c, r.class)) {
+				continue
 			}
-			if avail >= g {
-				return 0
-			}
-			slices.SortFunc(cs, func(a, b cand) int { return cmp.Compare(a.at, b.at) })
-			for _, c := range cs {
-				avail += c.gpus
-				if avail >= g {
-					best = min(best, c.at)
-					break
-				}
+			ok := r.class == TierPreemptible || mg >= vgAnyResearch ||
+				r.team < 0 || st.teams[r.team].alloc-r.gpus >= st.teams[r.team].guarantee
+			if ok {
+				cs = append(cs, cand{addSat(max(r.startRel+minRun, 0), grace), k})
 			}
 		}
+		slices.SortFunc(cs, func(a, b cand) int { return cmp.Compare(a.at, b.at) })
+		row := tab[ns.pool]
+		avail, at, next := ns.free, int64(0), 0
+		for g := 1; g <= ns.cap; g++ {
+			for avail < g && next < len(cs) {
+				avail += cs[next].gpus
+				at = max(at, cs[next].at)
+				next++
+			}
+			if avail < g {
+				break
+			}
+			row[g] = min(row[g], at)
+		}
 	}
-	if best == never {
-		return never
-	}
-	return addSat(best, int64(st.p.GracePeriod))
+	return tab
 }

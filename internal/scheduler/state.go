@@ -213,6 +213,7 @@ type state struct {
 	starving []*pjob // the starvation guard's jobs, oldest first (ModeAllot)
 	fc       fcast   // start forecast scratch (finish)
 	tc       topoCache
+	preTabs  map[preemptKey][][]int64 // preemptStart's tables, this cycle
 	// buffers kept between cycles
 	teamPtrs  []*Team
 	teamNames []string // team names in st.teams order, as indexed by teamIdx
