@@ -70,6 +70,56 @@ type Scheduler struct {
 	// for seconds. The rest wait, in priority order, for the next cycle,
 	// which runs at once.
 	MaxStarts int
+
+	learnMu sync.Mutex
+	learnAt time.Time // business time of the last learning, zero: never
+	learned store.RunTimeRatios
+}
+
+// Learning run times for the start forecast: the median ratio of each
+// user's (else team's) last learnLast completed jobs (at least learnLeast)
+// submitted within learnSince, relearned every learnEvery.
+const (
+	learnLast  = 20
+	learnLeast = 3
+	learnSince = 30 * 24 * time.Hour
+	learnEvery = time.Minute
+)
+
+// expectRunTimes sets Job.Expected of snap's pending and running jobs (in
+// st's order, as Snapshot makes them) to their user's, else their team's,
+// learned ratio × their time limit. It only moves the start forecast
+// (PendingInfo.EstStart), never a decision; a failure to learn leaves the
+// forecast on time limits and is logged.
+func (s *Scheduler) expectRunTimes(ctx context.Context, tx *store.Store, st store.SchedState, snap *scheduler.Snapshot) {
+	s.learnMu.Lock()
+	if s.learnAt.IsZero() || st.Now.Sub(s.learnAt) >= learnEvery || st.Now.Before(s.learnAt) {
+		r, err := tx.RunTimeRatios(ctx, st.Now.Add(-learnSince), learnLast, learnLeast)
+		if err != nil {
+			if s.Logger != nil {
+				s.Logger.Warn("learning run times for the start forecast", "err", err)
+			}
+		} else {
+			s.learned, s.learnAt = r, st.Now
+		}
+	}
+	learned := s.learned
+	s.learnMu.Unlock()
+	expect := func(j *allot.Job, c *scheduler.Job) {
+		r, ok := learned.ByUser[j.UserID]
+		if !ok {
+			r, ok = learned.ByTeam[j.Team]
+		}
+		if ok && c.TimeLimit > 0 {
+			c.Expected = max(time.Duration(r*float64(c.TimeLimit)), time.Minute)
+		}
+	}
+	for i := range snap.Pending {
+		expect(&st.Pending[i], &snap.Pending[i])
+	}
+	for i := range snap.Running {
+		expect(&st.Running[i].Job, &snap.Running[i])
+	}
 }
 
 // DefaultMaxStarts is Scheduler.MaxStarts's default.
@@ -116,6 +166,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (CycleResult, error) {
 		phase.load = t.Sub(start)
 		res.Policy = st.Policy
 		snap, nodeNames := Snapshot(st)
+		s.expectRunTimes(ctx, tx, st, &snap)
 		plan := scheduler.Schedule(snap, st.Now, corePolicy(st.Policy, st.Tiers))
 		// The snapshot has no env (it is only needed to start): the
 		// starting jobs' is read now.
