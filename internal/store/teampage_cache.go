@@ -51,15 +51,15 @@ type teamPageKey struct {
 }
 
 // teamPageSums are the sums of a team's allocations released by asOf, at
-// epoch.
+// epoch: last month's GPU-seconds and each day's of this month (they need
+// no job's class), and this month's per job and node (a job is listed
+// when one of its allocations overlaps the month, even for 0 s).
 type teamPageSums struct {
 	epoch int64
 	asOf  time.Time
-	// byJobNode: per job and node, GPU-seconds of last month and of this
-	// month (inMonth: some allocation overlaps the month, maybe for 0 s).
-	byJobNode map[jobNode]*jobNodeSums
-	// byJobDay: per job, GPU-seconds per day index of the month.
-	byJobDay map[int64]map[int]int64
+	last  int64
+	days  map[int]int64 // by day index of the month
+	month map[jobNode]int64
 }
 
 type jobNode struct {
@@ -67,10 +67,20 @@ type jobNode struct {
 	node string
 }
 
-type jobNodeSums struct {
-	last, month int64
-	inLast      bool
-	inMonth     bool
+func newTeamPageSums() *teamPageSums {
+	return &teamPageSums{days: map[int]int64{}, month: map[jobNode]int64{}}
+}
+
+// add takes one row of teamPageSumsSQL.
+func (t *teamPageSums) add(section string, job int64, node string, day *time.Time, v int64, month time.Time) {
+	switch section {
+	case "last":
+		t.last += v
+	case "month":
+		t.month[jobNode{job, node}] += v
+	case "day":
+		t.days[int(day.Sub(month)/(24*time.Hour))] += v
+	}
 }
 
 // teamPageKeptViews counts the views served from kept sums (for tests).
@@ -117,27 +127,7 @@ func scanTeamPageSums(rows pgx.Rows, month time.Time, sums *teamPageSums) error 
 	var job, v int64
 	var day *time.Time
 	_, err := pgx.ForEachRow(rows, []any{&section, &job, &node, &day, &v}, func() error {
-		switch section {
-		case "last", "month":
-			k := jobNode{job, node}
-			x := sums.byJobNode[k]
-			if x == nil {
-				x = &jobNodeSums{}
-				sums.byJobNode[k] = x
-			}
-			if section == "last" {
-				x.last, x.inLast = x.last+v, true
-			} else {
-				x.month, x.inMonth = x.month+v, true
-			}
-		case "day":
-			d := sums.byJobDay[job]
-			if d == nil {
-				d = map[int]int64{}
-				sums.byJobDay[job] = d
-			}
-			d[int(day.Sub(month)/(24*time.Hour))] += v
-		}
+		sums.add(section, job, node, day, v, month)
 		return nil
 	})
 	return err
@@ -188,7 +178,8 @@ func (s *Store) TeamPageUsage(ctx context.Context, team string, upTo time.Time) 
 // top of this file).
 func (s *Store) teamPageSums(ctx context.Context, team string, upTo time.Time) (*teamPageSums, error) {
 	month := MonthStart(upTo)
-	sums := &teamPageSums{asOf: upTo, byJobNode: map[jobNode]*jobNodeSums{}, byJobDay: map[int64]map[int]int64{}}
+	sums := newTeamPageSums()
+	sums.asOf = upTo
 	// In this order, each its own statement: the epoch; then whether
 	// another session holds a write lock on allocations (a transaction
 	// that changed them holds it until its commit is visible); then the
@@ -247,12 +238,12 @@ func (s *Store) teamPageView(ctx context.Context, team string, upTo time.Time, k
 	u := TeamPageUsage{TeamUsage: TeamUsage{Team: team, Month: month, UpTo: upTo,
 		ByJobType: map[string]int64{"production": 0, "experiments": 0, "preemptible": 0}, ByUser: []UserUsage{}, Daily: []DayUsage{}},
 		Kinds: []KindUsage{}}
-	live := &teamPageSums{byJobNode: map[jobNode]*jobNodeSums{}, byJobDay: map[int64]map[int]int64{}}
-	keptJobs := make([]int64, 0, len(kept.byJobDay))
+	live := newTeamPageSums()
+	keptJobs := make([]int64, 0, len(kept.month))
 	seenJob := map[int64]bool{}
 	keptNodes := []string{}
 	seenNode := map[string]bool{}
-	for k := range kept.byJobNode {
+	for k := range kept.month {
 		if !seenJob[k.job] {
 			seenJob[k.job] = true
 			keptJobs = append(keptJobs, k.job)
@@ -281,8 +272,15 @@ func (s *Store) teamPageView(ctx context.Context, team string, upTo time.Time, k
 		filter := `coalesce(a.released_at, 'infinity'::timestamptz) > $5`
 		rows, err := tx.db.Query(ctx, `
 		WITH l AS MATERIALIZED (`+fmt.Sprintf(teamPageSumsSQL, filter)+`),
-		jobs_of AS (SELECT job_id FROM l UNION SELECT unnest($6::bigint[])),
-		nodes_of AS (SELECT node FROM l WHERE node <> '' UNION SELECT unnest($7::text[]))
+		jobs_of AS (SELECT job_id FROM l WHERE section <> 'last' UNION SELECT unnest($6::bigint[])),
+		nodes_of AS (SELECT node FROM l WHERE section = 'month' UNION SELECT unnest($7::text[])),
+		jc AS MATERIALIZED (
+			SELECT j.id, j.user_id,
+				CASE WHEN j.run_as IN ('1', '2') OR (j.run_as = '' AND j.tier IN ('1', '2') AND NOT j.preemptible) THEN 'production'
+				     WHEN j.run_as = 'preemptible' OR (j.run_as = '' AND j.preemptible) OR j.tier = 'preemptible' THEN 'preemptible'
+				     ELSE 'experiments' END AS jtype,
+				CASE WHEN j.run_as <> '' THEN j.run_as WHEN j.preemptible THEN 'preemptible' ELSE j.tier END AS kind
+			FROM jobs_of o JOIN LATERAL (SELECT id, user_id, run_as, tier, preemptible FROM jobs j WHERE j.team = $1 AND j.id = o.job_id OFFSET 0) j ON true)
 		SELECT section, job_id, node, day, v, '' AS k, '' AS k2 FROM l
 		UNION ALL
 		SELECT 'epoch', last_value + is_called::int, '', NULL, 0, '', '' FROM allocations_epoch
@@ -291,19 +289,14 @@ func (s *Store) teamPageView(ctx context.Context, team string, upTo time.Time, k
 		UNION ALL
 		SELECT 'cost', 0, '', NULL, coalesce(sum(amount_micros), 0)::bigint, coalesce(min(currency), ''), '' FROM charge_lines WHERE month = $3 AND team = $1
 		UNION ALL
-		SELECT 'job', j.id, '', NULL, j.user_id,
-			CASE WHEN j.run_as IN ('1', '2') OR (j.run_as = '' AND j.tier IN ('1', '2') AND NOT j.preemptible) THEN 'production'
-			     WHEN j.run_as = 'preemptible' OR (j.run_as = '' AND j.preemptible) OR j.tier = 'preemptible' THEN 'preemptible'
-			     ELSE 'experiments' END,
-			CASE WHEN j.run_as <> '' THEN j.run_as WHEN j.preemptible THEN 'preemptible' ELSE j.tier END
-			FROM jobs_of o JOIN LATERAL (SELECT * FROM jobs j WHERE j.id = o.job_id OFFSET 0) j ON true
+		SELECT 'job', id, '', NULL, user_id, jtype, kind FROM jc
 		UNION ALL
 		-- GPU types and e-mails with their rank in the database's order
 		-- (the single query sorted by them).
 		SELECT 'node', dense_rank() OVER (ORDER BY nd.gpu_type), nd.name, NULL, 0, nd.gpu_type, '' FROM nodes_of o JOIN nodes nd ON nd.name = o.node
 		UNION ALL
 		SELECT 'user', us.id, '', NULL, row_number() OVER (ORDER BY us.email), us.email, '' FROM users us
-			WHERE us.id IN (SELECT j.user_id FROM jobs_of o JOIN LATERAL (SELECT user_id FROM jobs j WHERE j.id = o.job_id OFFSET 0) j ON true)`,
+			WHERE us.id IN (SELECT user_id FROM jc)`,
 			team, prev, month, upTo, kept.asOf, keptJobs, keptNodes)
 		if err != nil {
 			return err
@@ -313,24 +306,8 @@ func (s *Store) teamPageView(ctx context.Context, team string, upTo time.Time, k
 		var day *time.Time
 		_, err = pgx.ForEachRow(rows, []any{&section, &job, &node, &day, &v, &k, &k2}, func() error {
 			switch section {
-			case "last", "month":
-				x := live.byJobNode[jobNode{job, node}]
-				if x == nil {
-					x = &jobNodeSums{}
-					live.byJobNode[jobNode{job, node}] = x
-				}
-				if section == "last" {
-					x.last, x.inLast = x.last+v, true
-				} else {
-					x.month, x.inMonth = x.month+v, true
-				}
-			case "day":
-				d := live.byJobDay[job]
-				if d == nil {
-					d = map[int]int64{}
-					live.byJobDay[job] = d
-				}
-				d[int(day.Sub(month)/(24*time.Hour))] += v
+			case "last", "month", "day":
+				live.add(section, job, node, day, v, month)
 			case "epoch":
 				epoch = job
 			case "budget":
@@ -362,23 +339,16 @@ func (s *Store) teamPageView(ctx context.Context, team string, upTo time.Time, k
 	kinds := map[kindKey]int64{}
 	days := map[int]int64{}
 	for _, sums := range []*teamPageSums{kept, live} {
-		for k, x := range sums.byJobNode {
+		u.LastMonthGPUSeconds += sums.last
+		for k, secs := range sums.month {
 			c := classes[k.job]
-			if x.inLast {
-				u.LastMonthGPUSeconds += x.last
-			}
-			if !x.inMonth {
-				continue
-			}
-			u.ByJobType[c.jtype] += x.month
-			u.UsedGPUSeconds += x.month
-			users[c.user] += x.month
-			kinds[kindKey{c.kind, gpuTypes[k.node]}] += x.month
+			u.ByJobType[c.jtype] += secs
+			u.UsedGPUSeconds += secs
+			users[c.user] += secs
+			kinds[kindKey{c.kind, gpuTypes[k.node]}] += secs
 		}
-		for _, d := range sums.byJobDay {
-			for i, v := range d {
-				days[i] += v
-			}
+		for i, v := range sums.days {
+			days[i] += v
 		}
 	}
 	for id, secs := range users {
