@@ -457,6 +457,7 @@ func (st *state) partition() []int {
 // nodes never change, this was the largest cost of a cycle.
 type topoCache struct {
 	valid   bool
+	src     *Node // &Snapshot.Nodes[0] of the cycle that built it
 	nodes   []Node
 	owners  []int
 	base    []nodeState // pool, group, pos, cap, used (unavailable GPUs)
@@ -465,9 +466,12 @@ type topoCache struct {
 	offline int
 }
 
-func (c *topoCache) matches(ns []Node, owners []int) bool {
+func (c *topoCache) matches(ns []Node, same bool, owners []int) bool {
 	if !c.valid || len(ns) != len(c.nodes) || !slices.Equal(owners, c.owners) {
 		return false
+	}
+	if same && len(ns) > 0 && &ns[0] == c.src {
+		return true // Snapshot.NodesSame
 	}
 	for i := range ns {
 		a, b := &ns[i], &c.nodes[i]
@@ -482,7 +486,10 @@ func (c *topoCache) matches(ns []Node, owners []int) bool {
 
 func (st *state) buildNodes(owners []int) {
 	c := &st.tc
-	if c.matches(st.s.Nodes, owners) {
+	if c.matches(st.s.Nodes, st.s.NodesSame, owners) {
+		if len(st.s.Nodes) > 0 {
+			c.src = &st.s.Nodes[0]
+		}
 		st.nodes = resize(st.nodes, len(st.s.Nodes))
 		copy(st.nodes, c.base)
 		st.pools, st.grps, st.offline = c.pools, c.grps, c.offline
@@ -500,6 +507,10 @@ func (st *state) buildNodes(owners []int) {
 		c.nodes = append(c.nodes, n)
 	}
 	c.owners = slices.Clone(owners)
+	c.src = nil
+	if len(st.s.Nodes) > 0 {
+		c.src = &st.s.Nodes[0]
+	}
 	c.base = append(c.base[:0], st.nodes...)
 	c.pools, c.grps, c.offline = st.pools, st.grps, st.offline
 }

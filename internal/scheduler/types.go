@@ -118,9 +118,26 @@
 // and at most O(256 + nodes held by reservations) for ModeAllot's packing;
 // the starvation guard sorts the starving jobs once, O(n log n). Work is bounded
 // per cycle: at most 8 blocked jobs look for victims, and beyond the
-// reservations only the first 16 blocked jobs get a reason with an
-// estimated start; the rest get a generic reason. Policy.NoPendingInfo
-// skips Pending and Shares altogether (the simulator does).
+// reservations only the first 16 blocked jobs get a detailed reason; the
+// rest get a generic one. Policy.NoPendingInfo skips Pending and Shares
+// altogether, or computes Pending only for Policy.EstimateFor (the
+// simulator does, for its ETA measurement).
+//
+// # Start estimates
+//
+// PendingInfo.EstStart is, by default (ETAForecast), a forecast: the
+// blocked jobs take GPUs in the order the cycle served them, each at the
+// earliest time enough GPUs it may use are free, running jobs ending at
+// their expected run time (Job.Expected, else Estimate, else the time
+// limit), with idle gaps before a job ahead usable by shorter jobs
+// (backfill); a tier-1/2 job that may preempt is expected when its victims
+// pass MinRuntime, plus the grace period. It covers the first 256 blocked
+// jobs (O(nodes) each) and Policy.EstimateFor. PendingInfo.EstStartLimits
+// keeps the earlier estimate (reservation time, or the earliest fit by
+// time limits ignoring jobs ahead; ETALimits makes it EstStart).
+// Snapshots from the same caller reuse the node topology of the previous
+// cycle when the nodes are equal (Snapshot.NodesSame skips even the
+// comparison).
 package scheduler
 
 import "time"
@@ -387,6 +404,11 @@ type Snapshot struct {
 	Running []Job
 	Pending []Job
 	Teams   []Team
+	// NodesSame is the caller's promise that Nodes is the very slice of
+	// its previous Schedule call, unmodified since (the simulator keeps
+	// one). Schedule then skips comparing the nodes with those of the
+	// cycle it reuses state from. False is always correct.
+	NodesSame bool
 }
 
 // Priority is a job's multifactor priority and its breakdown. Each factor is

@@ -255,6 +255,9 @@ type state struct {
 	waterBuf  []int
 	burst     *burstState // nil without Config.Burst
 	eta       *etaState   // nil without Config.ETA
+	// nodesChanged: s.nodes changed since the last cycle (burst), so the
+	// snapshot may not promise NodesSame.
+	nodesChanged bool
 }
 
 // Run replays trace (sorted by Submit) under cfg and returns the metrics.
@@ -735,7 +738,8 @@ func (s *state) cycle() error {
 			}
 		}
 	}
-	snap := scheduler.Snapshot{Nodes: s.nodes, Running: s.running, Pending: s.pending, Teams: s.teams}
+	snap := scheduler.Snapshot{Nodes: s.nodes, Running: s.running, Pending: s.pending, Teams: s.teams, NodesSame: !s.nodesChanged}
+	s.nodesChanged = false
 	pol := s.cfg.Policy
 	if s.eta != nil && s.etaTargets() {
 		pol.EstimateFor = s.eta.want
