@@ -16,7 +16,8 @@
 // Each job becomes a scheduler.Job: ID = its 1-based position in the replayed
 // trace, tier from --tier-mix by a seeded hash of the trace job id (FNV-1a
 // then a splitmix64 finaliser), time limit = duration × --walltime-factor
-// (rounded up to a second). Team guarantees come from --teams (guarantee =
+// (rounded up to a second; with A:B a per-user factor, see Start
+// estimates). Team guarantees come from --teams (guarantee =
 // gpus, keyed by GPU type ""); Team.Weight = the guarantee (1 for a team
 // without one). Team.Usage is each team's GPU-seconds decayed continuously
 // with Policy.HalfLife (7 days) in virtual time. Team.OverBudget is always
@@ -117,6 +118,31 @@
 // submit_s, first_start_s (virtual seconds after the window start, after
 // --time-scale), wait_s and preemptions (times the job was preempted).
 // The stdout table's by-tier rows show p99 as well.
+//
+// # Start estimates (ETA)
+//
+// With --eta (the default), for every job the simulator records the start
+// the scheduler predicts at the job's first cycle after submit, and at its
+// first cycle one hour after submit if it is still pending then, and
+// compares it with the job's actual first start: the eta_at_submit and
+// eta_at_1h objects of the JSON (jobs: those still pending after that
+// cycle and that ran; for each estimator with_estimate, the fraction with
+// an estimate, median_abs_error_s, p90_abs_error_s and median_error_s, the
+// signed median; prod_*: the same over the tier 1-2 jobs). Estimators:
+// forecast (PendingInfo.EstStart, scheduler.ETAForecast), limits
+// (PendingInfo.EstStartLimits, the scheduler's earlier estimate) and naive
+// (the old job page's: earliest time enough GPUs are free by running jobs'
+// time limits, ignoring the queue). Only cycles with a job to predict
+// compute pending info, for those jobs only (Policy.EstimateFor).
+// Job.Expected, which only the forecast reads, is learned: the median run
+// time / time limit of the user's last 32 completed jobs (at least 3),
+// else the team's, times the limit; once a job has run past it, the
+// median of the ratios above the fraction already run. A job's own future
+// is never used. With a single --walltime-factor every limit is the same
+// multiple of the run time, so the learned ratio is exact;
+// --walltime-factor A:B gives each user (seeded hash) a factor in [A, B]
+// and each job a jitter of ×0.8–1.25 (at least 1), as users ask alike but
+// not exactly.
 //
 // The four policies of one invocation replay concurrently, one goroutine
 // each, at most GOMAXPROCS at a time.
