@@ -9,6 +9,7 @@ import (
 
 	"github.com/allotlabs/allot/internal/allot"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // The queue as the last scheduling cycle decided it (migration 0028): every
@@ -107,39 +108,55 @@ func runAsOfClass(class int) allot.TierID {
 }
 
 // recordQueue replaces the stored queue with pending, in the scheduler's
-// order: deleted and copied in, a few statements whatever its size.
+// order: one row of arrays, one statement whatever the queue's size
+// (migration 0028 says why not a row per job).
 func (s *Store) recordQueue(ctx context.Context, pending []PendingUpdate, now time.Time) error {
 	id, err := s.cycleID(ctx)
 	if err != nil {
 		return err
 	}
-	if _, err := s.db.Exec(ctx, `DELETE FROM queue_decisions`); err != nil {
-		return mapErr("replacing the queue", err)
-	}
-	seen := make(map[int64]bool, len(pending))
-	rows := make([][]any, 0, len(pending))
+	n := len(pending)
+	var (
+		ids                 = make([]int64, 0, n)
+		classes             = make([]int16, 0, n)
+		prio, fs, size, age = make([]float64, 0, n), make([]float64, 0, n), make([]float64, 0, n), make([]float64, 0, n)
+		reasonIDs           = make([]int32, 0, n)
+		reasons             []string
+		reasonID            = map[string]int32{}
+		ests                = make([]pgtype.Timestamptz, 0, n)
+		kinds               = make([]string, 0, n)
+		seen                = make(map[int64]bool, n)
+	)
 	for _, p := range pending {
 		if seen[p.JobID] {
 			continue // listed twice: its first place counts
 		}
 		seen[p.JobID] = true
-		var est any
-		kind := p.EstKind
-		if !p.EstStart.IsZero() {
-			est = p.EstStart
-		} else {
+		r, ok := reasonID[p.Reason]
+		if !ok {
+			reasons = append(reasons, p.Reason)
+			r = int32(len(reasons))
+			reasonID[p.Reason] = r
+		}
+		est, kind := pgtype.Timestamptz{Time: p.EstStart, Valid: !p.EstStart.IsZero()}, p.EstKind
+		if !est.Valid {
 			kind = ""
 		}
-		rows = append(rows, []any{p.JobID, id, len(rows) + 1, string(runAsOfClass(p.Breakdown.Class)), p.Reason, est, kind, now})
+		b := p.Breakdown
+		ids, classes, reasonIDs, ests, kinds = append(ids, p.JobID), append(classes, int16(b.Class)), append(reasonIDs, r), append(ests, est), append(kinds, kind)
+		prio, fs, size, age = append(prio, p.Priority), append(fs, b.FairShare), append(size, b.Size), append(age, b.Age)
 	}
-	if len(rows) > 0 {
-		if _, err := s.db.CopyFrom(ctx, pgx.Identifier{"queue_decisions"},
-			[]string{"job_id", "cycle_id", "rank", "run_as", "reason", "est_start", "est_kind", "decided_at"}, pgx.CopyFromRows(rows)); err != nil {
-			return mapErr("writing the queue", err)
-		}
+	if reasons == nil {
+		reasons = []string{}
 	}
-	_, err = s.db.Exec(ctx, `INSERT INTO queue_cycle (one, cycle_id, decided_at, pending) VALUES (true, $1, $2, $3)
-		ON CONFLICT (one) DO UPDATE SET cycle_id = EXCLUDED.cycle_id, decided_at = EXCLUDED.decided_at, pending = EXCLUDED.pending`, id, now, len(rows))
+	_, err = s.db.Exec(ctx, `
+		INSERT INTO queue_cycle (one, cycle_id, decided_at, job_ids, classes, priorities, fair_shares, sizes, ages, reason_ids, reasons, est_starts, est_kinds)
+		VALUES (true, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+		ON CONFLICT (one) DO UPDATE SET cycle_id = EXCLUDED.cycle_id, decided_at = EXCLUDED.decided_at, job_ids = EXCLUDED.job_ids,
+			classes = EXCLUDED.classes, priorities = EXCLUDED.priorities, fair_shares = EXCLUDED.fair_shares, sizes = EXCLUDED.sizes,
+			ages = EXCLUDED.ages, reason_ids = EXCLUDED.reason_ids, reasons = EXCLUDED.reasons, est_starts = EXCLUDED.est_starts,
+			est_kinds = EXCLUDED.est_kinds`,
+		id, now, ids, classes, prio, fs, size, age, reasonIDs, reasons, ests, kinds)
 	return mapErr("writing the queue", err)
 }
 
@@ -185,32 +202,36 @@ func (s *Store) LastShares(ctx context.Context) (CycleShares, error) {
 // (one snapshot: the queue of one cycle).
 func (s *Store) JobQueueOf(ctx context.Context, id int64) (JobQueue, error) {
 	var q JobQueue
-	var cycleID, dCycle *int64
-	var cycleAt, dAt, est *time.Time
+	var cycleID *int64
+	var cycleAt, est *time.Time
 	var pending, rank, typeRank, typeOf *int
-	var runAs, reason, kind *string
+	var class *int16
+	var reason, kind *string
 	var ahead *int64
 	err := s.db.QueryRow(ctx, `
-		WITH me AS (SELECT q.*, j.gpu_type FROM queue_decisions q JOIN jobs j ON j.id = q.job_id AND j.state = 'pending' WHERE q.job_id = $1)
-		SELECT m.cycle_id, m.decided_at, m.pending, me.cycle_id, me.rank, me.run_as, me.reason, me.est_start, me.est_kind, me.decided_at,
+		WITH m AS MATERIALIZED (SELECT * FROM queue_cycle),
+		me AS (SELECT p.i, j.gpu_type FROM (SELECT array_position(m.job_ids, $1::bigint) AS i FROM m) p
+			JOIN jobs j ON j.id = $1 AND j.state = 'pending' WHERE p.i IS NOT NULL)
+		SELECT m.cycle_id, m.decided_at, cardinality(m.job_ids), me.i, m.classes[me.i], m.reasons[m.reason_ids[me.i]], m.est_starts[me.i], m.est_kinds[me.i],
 			c.ahead + 1, c.n, c.ahead_s
 		FROM (SELECT 1) one
-		LEFT JOIN queue_cycle m ON true
+		LEFT JOIN m ON true
 		LEFT JOIN me ON true
 		LEFT JOIN LATERAL (
-			SELECT (count(*) FILTER (WHERE o.rank < me.rank))::int AS ahead, count(*)::int AS n,
-				coalesce(sum(oj.gpus::bigint * oj.time_limit_s) FILTER (WHERE o.rank < me.rank), 0)::bigint AS ahead_s
-			FROM queue_decisions o JOIN jobs oj ON oj.id = o.job_id
-			WHERE me.gpu_type IS NULL OR oj.gpu_type IS NULL OR oj.gpu_type = me.gpu_type) c ON me.job_id IS NOT NULL`, id).
-		Scan(&cycleID, &cycleAt, &pending, &dCycle, &rank, &runAs, &reason, &est, &kind, &dAt, &typeRank, &typeOf, &ahead)
+			SELECT (count(*) FILTER (WHERE o.r < me.i))::int AS ahead, count(*)::int AS n,
+				coalesce(sum(oj.gpus::bigint * oj.time_limit_s) FILTER (WHERE o.r < me.i), 0)::bigint AS ahead_s
+			FROM unnest(m.job_ids) WITH ORDINALITY o(id, r) JOIN jobs oj ON oj.id = o.id
+			WHERE me.gpu_type IS NULL OR oj.gpu_type IS NULL OR oj.gpu_type = me.gpu_type) c ON me.i IS NOT NULL`, id).
+		Scan(&cycleID, &cycleAt, &pending, &rank, &class, &reason, &est, &kind, &typeRank, &typeOf, &ahead)
 	if err != nil {
 		return q, mapErr(fmt.Sprintf("reading job %d's place in the queue", id), err)
 	}
-	if cycleID != nil {
-		q.Cycle = QueueCycle{ID: *cycleID, DecidedAt: *cycleAt, Pending: *pending}
+	if cycleID == nil {
+		return q, nil
 	}
-	if dCycle != nil {
-		d := &QueueDecision{JobID: id, CycleID: *dCycle, Rank: *rank, RunAs: allot.TierID(*runAs), Reason: *reason, EstKind: *kind, DecidedAt: *dAt}
+	q.Cycle = QueueCycle{ID: *cycleID, DecidedAt: *cycleAt, Pending: *pending}
+	if rank != nil {
+		d := &QueueDecision{JobID: id, CycleID: q.Cycle.ID, Rank: *rank, RunAs: runAsOfClass(int(*class)), Reason: *reason, EstKind: *kind, DecidedAt: q.Cycle.DecidedAt}
 		if est != nil {
 			d.EstStart = *est
 		}
@@ -236,14 +257,16 @@ type decisionScan struct {
 
 func (d decisionScan) Scan(dest ...any) error { return d.r.Scan(append(dest, d.extra...)...) }
 
-// queueSelect is jobSelect with the job's stored decision.
+// queueSelect is jobSelect with the job's stored decision (alias q) and
+// the cycle's id, instant and queue length (alias m, read once).
 var queueSelect = func() string {
-	from := "\n\tFROM jobs j JOIN users u ON u.id = j.user_id"
-	if !strings.HasSuffix(jobSelect, from) {
-		panic("store: jobSelect no longer ends with " + from)
+	const from = "\n\tFROM jobs j"
+	if !strings.Contains(jobSelect, from) {
+		panic("store: jobSelect no longer reads " + from)
 	}
-	return strings.TrimSuffix(jobSelect, from) + `, q.cycle_id, q.rank, q.run_as, q.reason, q.est_start, q.est_kind, q.decided_at` + from +
-		` LEFT JOIN queue_decisions q ON q.job_id = j.id`
+	return strings.Replace(jobSelect, from, `, q.rank, q.run_as, q.reason, q.est_start, q.est_kind, m.cycle_id, m.decided_at, m.n`+from, 1) +
+		` LEFT JOIN (SELECT cycle_id, decided_at, cardinality(job_ids) AS n FROM queue_cycle) m ON true
+		LEFT JOIN queue_decisions q ON q.job_id = j.id`
 }()
 
 // QueueList returns the pending jobs f selects in the scheduler's order as
@@ -260,32 +283,30 @@ func (s *Store) QueueList(ctx context.Context, f PriorityFilter) ([]QueuedJob, Q
 	}
 	args = append(args, f.Limit)
 	// The cycle comes with every row, read in the same statement.
-	q := strings.Replace(queueSelect, "\n\tFROM jobs j", `, m.cycle_id, m.decided_at, m.pending
-	FROM jobs j`, 1) + ` LEFT JOIN queue_cycle m ON true WHERE ` + strings.Join(where, " AND ") +
-		fmt.Sprintf(" ORDER BY q.rank NULLS LAST, j.submitted_at, j.id LIMIT $%d", len(args))
+	q := queueSelect + ` WHERE ` + strings.Join(where, " AND ") + fmt.Sprintf(" ORDER BY q.rank NULLS LAST, j.submitted_at, j.id LIMIT $%d", len(args))
 	rows, err := s.db.Query(ctx, q, args...)
 	if err != nil {
 		return nil, cyc, mapErr("listing the queue", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (QueuedJob, error) {
-		var dCycle, mCycle *int64
+		var mCycle *int64
 		var rank, mPending *int
 		var runAs, reason, kind *string
-		var est, dAt, mAt *time.Time
-		j, err := scanJob(decisionScan{r: r, extra: []any{&dCycle, &rank, &runAs, &reason, &est, &kind, &dAt, &mCycle, &mAt, &mPending}})
+		var est, mAt *time.Time
+		j, err := scanJob(decisionScan{r: r, extra: []any{&rank, &runAs, &reason, &est, &kind, &mCycle, &mAt, &mPending}})
 		if err != nil {
 			return QueuedJob{}, err
 		}
 		qj := QueuedJob{Job: j}
-		if dCycle != nil {
-			d := &QueueDecision{JobID: j.ID, CycleID: *dCycle, Rank: *rank, RunAs: allot.TierID(*runAs), Reason: *reason, EstKind: *kind, DecidedAt: *dAt}
+		if mCycle != nil {
+			cyc = QueueCycle{ID: *mCycle, DecidedAt: *mAt, Pending: *mPending}
+		}
+		if rank != nil {
+			d := &QueueDecision{JobID: j.ID, CycleID: cyc.ID, Rank: *rank, RunAs: allot.TierID(*runAs), Reason: *reason, EstKind: *kind, DecidedAt: cyc.DecidedAt}
 			if est != nil {
 				d.EstStart = *est
 			}
 			qj.Decision = d
-		}
-		if mCycle != nil {
-			cyc = QueueCycle{ID: *mCycle, DecidedAt: *mAt, Pending: *mPending}
 		}
 		return qj, nil
 	})
@@ -302,7 +323,7 @@ func (s *Store) QueueList(ctx context.Context, f PriorityFilter) ([]QueuedJob, Q
 // LastQueueCycle returns the cycle the stored queue is from (ID 0: none).
 func (s *Store) LastQueueCycle(ctx context.Context) (QueueCycle, error) {
 	var c QueueCycle
-	err := s.db.QueryRow(ctx, `SELECT cycle_id, decided_at, pending FROM queue_cycle`).Scan(&c.ID, &c.DecidedAt, &c.Pending)
+	err := s.db.QueryRow(ctx, `SELECT cycle_id, decided_at, cardinality(job_ids) FROM queue_cycle`).Scan(&c.ID, &c.DecidedAt, &c.Pending)
 	if err == pgx.ErrNoRows {
 		return QueueCycle{}, nil
 	}

@@ -266,7 +266,7 @@ func (s *Store) ApplyPlan(ctx context.Context, starts []StartOrder, preempts []P
 		}
 		res.Preempted++
 	}
-	if len(pending) > 0 {
+	if len(pending) > 0 && pendingToJobRows {
 		ids, prio, reasons := make([]int64, len(pending)), make([]float64, len(pending)), make([]string, len(pending))
 		bds := make([]string, len(pending))
 		for i, p := range pending {
@@ -284,6 +284,15 @@ func (s *Store) ApplyPlan(ctx context.Context, starts []StartOrder, preempts []P
 	}
 	return res, s.recordQueue(ctx, pending, now)
 }
+
+// pendingToJobRows makes ApplyPlan also write each pending job's priority,
+// breakdown and reason to its jobs row, when they changed, for the readers
+// of those columns (jobSelect: ListJobs, GetJob). The stored queue
+// (queue_decisions) has them all (the breakdown's class and factors); once
+// jobSelect reads a pending job's from there, this write (a comparison of
+// every pending row each cycle, and a rewrite of those whose age factor
+// moved) can go.
+const pendingToJobRows = true
 
 // pendingForCycle lists the pending jobs as ListJobs does (same order),
 // with only what a cycle plans with: not their command, workdir, image,
@@ -461,7 +470,7 @@ func (s *Store) RecordCycle(ctx context.Context, started time.Time, d time.Durat
 	if err != nil {
 		return mapErr("recording cycle", err)
 	}
-	_, err = s.db.Exec(ctx, `UPDATE queue_cycle SET decided_at = $2 WHERE cycle_id = $1`, id, started)
+	_, err = s.db.Exec(ctx, `UPDATE queue_cycle SET decided_at = $2 WHERE cycle_id = $1 AND decided_at <> $2`, id, started)
 	return mapErr("recording cycle", err)
 }
 
