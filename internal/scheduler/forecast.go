@@ -6,8 +6,13 @@ import (
 )
 
 // forecastDepth bounds the blocked jobs per cycle that get a forecast start
-// (ETAForecast) beyond Policy.EstimateFor. Each costs O(eligible nodes).
-const forecastDepth = 256
+// (ETAForecast); maxForecastDepth bounds those of Policy.EstimateFor (the
+// projection runs through every blocked job ahead of them). Each costs
+// O(eligible nodes).
+const (
+	forecastDepth    = 256
+	maxForecastDepth = 512
+)
 
 // fcast is the start forecast's working state: for every node taking work,
 // each allocatable GPU's projection, sorted by free time.
@@ -259,7 +264,7 @@ func (st *state) forecast(want func(*pjob) bool, all bool) []int64 {
 	order := st.forecastOrder()
 	last := -1
 	for i, pj := range order {
-		if all && i < forecastDepth || want(pj) {
+		if all && i < forecastDepth || i < maxForecastDepth && want(pj) {
 			last = i
 		}
 	}

@@ -132,7 +132,7 @@
 // limit), with idle gaps before a job ahead usable by shorter jobs
 // (backfill); a tier-1/2 job that may preempt is expected when its victims
 // pass MinRuntime, plus the grace period. It covers the first 256 blocked
-// jobs (O(nodes) each) and Policy.EstimateFor. PendingInfo.EstStartLimits
+// jobs (O(nodes) each; Policy.EstimateFor: the first 512). PendingInfo.EstStartLimits
 // keeps the earlier estimate (reservation time, or the earliest fit by
 // time limits ignoring jobs ahead; ETALimits makes it EstStart).
 // Snapshots from the same caller reuse the node topology of the previous
@@ -355,7 +355,7 @@ const (
 	// that may preempt is expected at the earliest time victims it may
 	// take (past MinRuntime) or free GPUs suffice, plus one grace period,
 	// when that is earlier. Arrivals after now are not foreseen. Only the
-	// first forecastDepth blocked jobs (and Policy.EstimateFor) get one.
+	// first 256 blocked jobs (of Policy.EstimateFor: the first 512) get one.
 	ETAForecast ETAMethod = "forecast"
 	// ETALimits is the earlier estimate: a reservation's time, else (for
 	// the first 16 blocked jobs) the earliest time the job fits by
