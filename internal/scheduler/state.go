@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"cmp"
+	"maps"
 	"math"
 	"math/bits"
 	"slices"
@@ -214,6 +215,7 @@ type state struct {
 	fc       fcast   // start forecast scratch (finish)
 	tc       topoCache
 	preTabs  map[preemptKey][][]int64 // preemptStart's tables, this cycle
+	pc       partCache
 	// buffers kept between cycles
 	teamPtrs  []*Team
 	teamNames []string // team names in st.teams order, as indexed by teamIdx
@@ -292,7 +294,7 @@ func (st *state) reset(s *Snapshot, now time.Time, p Policy) {
 	st.sf, st.mark, st.lastEv = old.sf, old.mark, old.lastEv
 	st.runEvents, st.runRel, st.runRelOff = old.runEvents[:0], old.runRel[:0], old.runRelOff[:0]
 	st.extraBuf, st.touched = old.extraBuf[:0], old.touched[:0]
-	st.fc, st.tc = old.fc, old.tc
+	st.fc, st.tc, st.pc = old.fc, old.tc, old.pc
 	st.teamPtrs, st.teamNames, st.teamsBuf = old.teamPtrs, old.teamNames, old.teamsBuf
 }
 
@@ -318,7 +320,7 @@ func newState(s *Snapshot, now time.Time, p Policy) *state {
 	st.buildTeams()
 	owners := []int(nil)
 	if p.Mode == ModeFIFOPartitioned {
-		owners = st.partition()
+		owners = st.partitionCached()
 	}
 	st.buildNodes(owners)
 	if p.Mode == ModeAllot && !p.RawGuarantees {
@@ -407,6 +409,46 @@ func (st *state) team(name string) (int, *Team) {
 		return i, st.teams[i].t
 	}
 	return -1, nil
+}
+
+// partCache keeps the last partition: it depends only on the nodes and
+// the teams' guarantees (in name order).
+type partCache struct {
+	src    *Node
+	n      int
+	guar   []map[string]int // copies, in st.teams order
+	names  []string
+	owners []int
+}
+
+// partitionCached is partition, reused while Snapshot.NodesSame holds and
+// the teams and their guarantees are unchanged.
+func (st *state) partitionCached() []int {
+	c := &st.pc
+	if st.s.NodesSame && len(st.s.Nodes) > 0 && &st.s.Nodes[0] == c.src && len(st.s.Nodes) == c.n && len(st.teams) == len(c.guar) {
+		same := true
+		for i := range st.teams {
+			t := st.teams[i].t
+			if t.Name != c.names[i] || !maps.Equal(t.Guarantee, c.guar[i]) {
+				same = false
+				break
+			}
+		}
+		if same {
+			return c.owners
+		}
+	}
+	owners := st.partition()
+	c.src, c.n, c.owners = nil, len(st.s.Nodes), owners
+	if len(st.s.Nodes) > 0 {
+		c.src = &st.s.Nodes[0]
+	}
+	c.guar, c.names = c.guar[:0], c.names[:0]
+	for i := range st.teams {
+		c.guar = append(c.guar, maps.Clone(st.teams[i].t.Guarantee))
+		c.names = append(c.names, st.teams[i].t.Name)
+	}
+	return owners
 }
 
 // partition assigns nodes to teams for ModeFIFOPartitioned: teams in name
