@@ -54,7 +54,8 @@ func BenchmarkQueueApply50k(b *testing.B) {
 		return time.Since(t0)
 	}
 	// The jobs-row write ApplyPlan still makes (pendingToJobRows), alone.
-	ids2, prio, reasons, bds := make([]int64, n), make([]float64, n), make([]string, n), make([]string, n)
+	m := len(pending)
+	ids2, prio, reasons, bds := make([]int64, m), make([]float64, m), make([]string, m), make([]string, m)
 	for i, p := range pending {
 		bd, _ := json.Marshal(p.Breakdown)
 		ids2[i], prio[i], reasons[i], bds[i] = p.JobID, p.Priority, p.Reason, string(bd)
