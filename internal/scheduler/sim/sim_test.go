@@ -532,6 +532,8 @@ func TestCLIBadInput(t *testing.T) {
 		{[]string{"--trace", "testdata/tiny.csv", "--nodes", "2", "--cycle", "soon"}, "bad flags"},
 		{[]string{"--trace", "testdata/tiny.csv", "--nodes", "2", "--gpus-per-node", "128"}, "--gpus-per-node"},
 		{[]string{"--trace", "testdata/tiny.csv", "--nodes", "2", "extra"}, "unexpected argument"},
+		{[]string{"--trace", "testdata/tiny.csv", "--nodes", "2", "--walltime-factor", "5:2"}, "want A:B with 0 < A < B"},
+		{[]string{"--trace", "testdata/tiny.csv", "--nodes", "2", "--walltime-factor", "-1"}, "want a number > 0"},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := main(c.args, &stdout, &stderr, refSchedule)
