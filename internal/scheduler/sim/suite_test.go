@@ -27,7 +27,7 @@ func TestSuite(t *testing.T) {
 			t.Fatalf("exit %d, stderr:\n%s", code, stderr.String())
 		}
 		out := stdout.String()
-		for _, want := range []string{"| small ", "| line4 ", "mean/easy", "mean/fifo", "| fifo-partitioned ", "absolute figures"} {
+		for _, want := range []string{"| small ", "| line4 ", "mean/easy", "mean/fifo", "| fifo-partitioned ", "absolute figures", "start-estimate error", "forecast@submit"} {
 			if !strings.Contains(out, want) {
 				t.Errorf("round %d: stdout lacks %q:\n%s", round, want, out)
 			}
