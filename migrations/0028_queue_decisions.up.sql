@@ -57,7 +57,7 @@ ALTER TABLE queue_cycle ALTER job_ids SET STORAGE EXTERNAL, ALTER classes SET ST
 -- subscripted: a subscript would read the whole array again per row).
 CREATE VIEW queue_decisions AS
     SELECT d.job_id, m.cycle_id, d.rank::integer AS rank,
-        CASE d.class WHEN 5 THEN 'preemptible' ELSE d.class::text END AS run_as,
+        d.class, CASE d.class WHEN 5 THEN 'preemptible' ELSE d.class::text END AS run_as,
         d.priority, d.fair_share, d.size, d.age, r.reason,
         d.est_start, d.est_kind, m.decided_at
     FROM queue_cycle m

@@ -122,7 +122,8 @@ func fixedJob() JobDetail {
 			{Name: "total", Points: "5175", Meaning: "the sum"},
 		},
 		ClassText: "Class 3 (tier 3) comes before priority.",
-		Queue:     &QueueInfo{Position: 3, Of: 5, AheadGPUHours: "52.0", ETA: "not before 2026-11-30 12:00 UTC (in 1h30m); 2 job(s) ahead of it may start first", ETAMethod: "Estimate: …"},
+		Queue: &QueueInfo{Position: 3, Of: 5, AheadGPUHours: "52.0", ETA: "2026-11-30 12:00 UTC (reserved GPUs, in 1h30m)",
+			ETAMethod: "As of the scheduling cycle at 10:29:50 UTC (cycle 41); 2 of the jobs ahead compete for the same GPUs. …"},
 		Util: LineChart{ID: "chart-util", Title: "GPU utilization", YMax: 100, XMin: 0, XMax: 3600, Series: []ChartSeries{
 			{Name: "GPU gpu01/0", Class: "s1", Points: []ChartPoint{{0, 80}, {1800, 90}, {3600, 85}}},
 			{Name: "GPU gpu01/1", Class: "s2", Points: []ChartPoint{{0, 2}, {1800, 3}, {3600, 1}}},
@@ -135,8 +136,16 @@ func fixedJob() JobDetail {
 func TestJobDetailView(t *testing.T) {
 	t.Parallel()
 	_, d := render(t, JobDetailView(fixedJob()))
-	if testid(d, "queue-position").Text() != "3" || testid(d, "queue-of").Text() != "5" || !strings.HasPrefix(testid(d, "eta").Text(), "not before") {
+	if testid(d, "queue-position").Text() != "3" || testid(d, "queue-of").Text() != "5" || testid(d, "eta").Text() != "2026-11-30 12:00 UTC (reserved GPUs, in 1h30m)" ||
+		!strings.Contains(testid(d, "queue").Text(), "#3 in the queue (of 5)") {
 		t.Errorf("queue: %q", testid(d, "queue").Text())
+	}
+	// Before its first cycle: not ranked, and why.
+	unranked := fixedJob()
+	unranked.Queue = &QueueInfo{Of: 5, ETA: "not yet through a scheduling cycle: it came to the queue after the last one (at 10:29:50 UTC); the next one ranks it"}
+	if _, u := render(t, JobDetailView(unranked)); testid(u, "queue-position").Text() != "Not ranked yet" ||
+		!strings.HasPrefix(testid(u, "eta").Text(), "not yet through a scheduling cycle") {
+		t.Errorf("unranked queue: %q", testid(u, "queue").Text())
 	}
 	var kinds []string
 	testid(d, "timeline-event").Each(func(_ int, s *goquery.Selection) { kinds = append(kinds, s.AttrOr("data-kind", "")) })
