@@ -130,45 +130,68 @@ func (s *Server) agentHeartbeat(c echo.Context) error {
 	if err := f.Err(); err != nil {
 		return err
 	}
-	// Telemetry commits without waiting for the disk (see RecordHeartbeatAsync).
-	beat, err := s.hbSt.RecordHeartbeatAsync(c.Request().Context(), node, samples, hb.MetricsError)
-	if err != nil {
-		return err
-	}
-	switch {
-	case beat.MetricsFailed:
-		s.log.Warn("node cannot read its GPU metrics; not counting its GPUs missing", "node", node, "err", beat.MetricsError)
-	case beat.MetricsBack:
-		s.log.Info("node reads its GPU metrics again", "node", node)
-	}
-	state := beat.State
 	stats := make([]store.JobStat, 0, len(hb.Jobs))
 	for _, j := range hb.Jobs {
 		stats = append(stats, store.JobStat{JobID: j.JobID, Segment: j.Segment, CPUSeconds: j.CPUSeconds, RSSBytes: j.RSSBytes, LastCheckpoint: j.LastCheckpoint})
 	}
-	orphans, err := s.hbSt.HeartbeatJobsAsync(c.Request().Context(), node, stats)
-	if err != nil {
-		return err
-	}
-	s.logOrphans(c, node, orphans)
-	if state != allot.NodeDown {
-		out, err := s.hbSt.EvaluateHeartbeatHealth(c.Request().Context(), node, readings, hb.Health, beat.MetricsError)
+	var state string
+	var orphans []store.Orphan
+	if strings.TrimSpace(hb.MetricsError) == "" {
+		// The node row, its samples and the reads of its leases and health
+		// in one round trip that commits without waiting for the disk (see
+		// RecordHeartbeatRound).
+		round, err := s.hbSt.RecordHeartbeatRound(c.Request().Context(), node, samples, stats, readings, hb.Health)
 		if err != nil {
 			return err
 		}
-		if len(out.Fired) > 0 {
-			s.log.Warn("node health rules fired", "node", node, "events", out.Fired, "state", out.State, "requeued", out.Requeued)
+		if round.Beat.MetricsBack {
+			s.log.Info("node reads its GPU metrics again", "node", node)
 		}
-		if out.Changed {
-			s.trigger(c)
+		orphans = round.Orphans
+		s.logOrphans(c, node, orphans)
+		state = s.heartbeatHealth(c, node, round.Health)
+	} else {
+		// Telemetry commits without waiting for the disk (see RecordHeartbeatAsync).
+		beat, err := s.hbSt.RecordHeartbeatAsync(c.Request().Context(), node, samples, hb.MetricsError)
+		if err != nil {
+			return err
 		}
-		state = out.State
+		switch {
+		case beat.MetricsFailed:
+			s.log.Warn("node cannot read its GPU metrics; not counting its GPUs missing", "node", node, "err", beat.MetricsError)
+		case beat.MetricsBack:
+			s.log.Info("node reads its GPU metrics again", "node", node)
+		}
+		state = beat.State
+		if orphans, err = s.hbSt.HeartbeatJobsAsync(c.Request().Context(), node, stats); err != nil {
+			return err
+		}
+		s.logOrphans(c, node, orphans)
+		if state != allot.NodeDown {
+			out, err := s.hbSt.EvaluateHeartbeatHealth(c.Request().Context(), node, readings, hb.Health, beat.MetricsError)
+			if err != nil {
+				return err
+			}
+			state = s.heartbeatHealth(c, node, out)
+		}
 	}
 	reply := agentproto.HeartbeatReply{NodeState: state}
 	for _, o := range orphans {
 		reply.Kill = append(reply.Kill, agentproto.LeaseRef{JobID: o.JobID, Segment: o.Segment})
 	}
 	return writeJSON(c, http.StatusOK, reply)
+}
+
+// heartbeatHealth logs and acts on a heartbeat's health evaluation and
+// returns the node's state after it.
+func (s *Server) heartbeatHealth(c echo.Context, node string, out store.HealthOutcome) string {
+	if len(out.Fired) > 0 {
+		s.log.Warn("node health rules fired", "node", node, "events", out.Fired, "state", out.State, "requeued", out.Requeued)
+	}
+	if out.Changed {
+		s.trigger(c)
+	}
+	return out.State
 }
 
 // agentOrders long-polls: it answers at once when there are orders, else

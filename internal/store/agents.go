@@ -181,7 +181,13 @@ func (s *Store) nodeLeases(ctx context.Context, node string, reported []LeaseRef
 	for i, r := range reported {
 		jobs[i], segs[i] = r.JobID, int32(r.Segment)
 	}
-	rows, err := s.db.Query(ctx, `
+	rows, err := s.db.Query(ctx, nodeLeasesSQL, node, jobs, segs)
+	return collectNodeLeases(rows, err)
+}
+
+// nodeLeasesSQL is nodeLeases' query: $1 the node, $2 and $3 the jobs and
+// segments reported.
+const nodeLeasesSQL = `
 		WITH l AS (
 			SELECT * FROM leases WHERE node = $1 AND state <> 'exited'
 			UNION
@@ -191,7 +197,10 @@ func (s *Store) nodeLeases(ctx context.Context, node string, reported []LeaseRef
 				ON l.job_id = a.job_id AND l.segment = a.segment WHERE l.node = $1)
 		SELECT job_id, segment, state, stop_requested_at IS NOT NULL,
 			state = 'exited' AND EXISTS (SELECT 1 FROM allocations a WHERE a.node = $1 AND a.job_id = l.job_id AND a.segment = l.segment AND a.released_at IS NULL)
-		FROM l ORDER BY job_id, segment`, node, jobs, segs)
+		FROM l ORDER BY job_id, segment`
+
+// collectNodeLeases reads nodeLeasesSQL's rows.
+func collectNodeLeases(rows pgx.Rows, err error) ([]allot.NodeLease, error) {
 	if err != nil {
 		return nil, mapErr("loading the node's leases", err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/allotlabs/allot/internal/allot"
 	"github.com/allotlabs/allot/internal/health"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // HealthOutcome is what one heartbeat's health evaluation did.
@@ -63,14 +64,22 @@ func (s *Store) EvaluateHeartbeatHealth(ctx context.Context, node string, gpus [
 	// the lease it commits (as an admin's drain does). A cycle that starts
 	// thousands of jobs holds its locks for seconds: every new node's
 	// first heartbeat waited for it.
-	out, err := s.evaluateHealth(ctx, node, gpus, check, metricsError, healthRead)
+	out, err := s.evaluateHealth(ctx, node, gpus, check, metricsError, healthRead, nil)
 	if err != errHealthWrite {
 		return out, err
 	}
+	return s.evaluateHealthWrites(ctx, node, gpus, check, metricsError)
+}
+
+// evaluateHealthWrites is the evaluation of a heartbeat whose read-only
+// pass found something to write: in a transaction, bookkeeping first.
+func (s *Store) evaluateHealthWrites(ctx context.Context, node string, gpus []health.GPU, check, metricsError string) (HealthOutcome, error) {
+	var out HealthOutcome
+	var err error
 	for _, mode := range []healthMode{healthBookkeeping, healthStateChange} {
 		err = s.InTx(ctx, func(tx *Store) error {
 			var err error
-			out, err = tx.evaluateHealth(ctx, node, gpus, check, metricsError, mode)
+			out, err = tx.evaluateHealth(ctx, node, gpus, check, metricsError, mode, nil)
 			return err
 		})
 		if err != errHealthStateChange {
@@ -79,6 +88,22 @@ func (s *Store) EvaluateHeartbeatHealth(ctx context.Context, node string, gpus [
 	}
 	return out, err
 }
+
+// nodeHealthSQL is the one read of a node's health evaluation: its state,
+// the GPUs it registered, the rules holding, the open events, and the
+// policy's health part ($1 the node; a lock clause may follow).
+const nodeHealthSQL = `
+			SELECT state, drain_source, health_ok_since, health_output,
+				coalesce((SELECT array_agg(gpu_index ORDER BY gpu_index) FROM node_gpus WHERE node = $1), '{}'),
+				coalesce((SELECT array_agg(rule ORDER BY rule) FROM node_health_state WHERE node = $1), '{}'),
+				coalesce((SELECT array_agg(since ORDER BY rule) FROM node_health_state WHERE node = $1), '{}'),
+				coalesce((SELECT jsonb_agg(jsonb_build_object('rule', rule_name, 'gpus', gpus, 'values', gpu_values))
+					FROM health_events WHERE node = $1 AND resolved_at IS NULL), '[]'),
+				lost_gpus,
+				EXISTS (SELECT 1 FROM leases WHERE node = $1 AND state <> 'exited'),
+				pv.version IS NOT NULL, coalesce(pv.health_rules, '[]'), coalesce(pv.grace_period_s, 0), coalesce(pv.auto_undrain_after_s, 0)
+			FROM nodes LEFT JOIN (SELECT version, health_rules, grace_period_s, auto_undrain_after_s FROM policy_versions ORDER BY version DESC LIMIT 1) pv ON true
+			WHERE name = $1`
 
 // healthMode is what an evaluation may write.
 type healthMode int
@@ -96,7 +121,9 @@ var (
 	errHealthStateChange = errors.New("health evaluation changes the node's state")
 )
 
-func (s *Store) evaluateHealth(ctx context.Context, node string, gpus []health.GPU, check, metricsError string, mode healthMode) (HealthOutcome, error) {
+// evaluateHealth evaluates one heartbeat's health in mode; pre, when not
+// nil, is nodeHealthSQL's row already sent (healthRead only).
+func (s *Store) evaluateHealth(ctx context.Context, node string, gpus []health.GPU, check, metricsError string, mode healthMode, pre pgx.Row) (HealthOutcome, error) {
 	var out HealthOutcome
 	lock := map[healthMode]string{healthBookkeeping: " FOR NO KEY UPDATE OF nodes", healthStateChange: " FOR UPDATE OF nodes"}[mode]
 	// needs stops a pass that may not make a write of what.
@@ -124,18 +151,11 @@ func (s *Store) evaluateHealth(ctx context.Context, node string, gpus []health.G
 		var busy, hasPolicy bool
 		var graceS, undrainS int64
 		var p allot.Policy // the policy's health part, read with the node
-		err := tx.db.QueryRow(ctx, `
-			SELECT state, drain_source, health_ok_since, health_output,
-				coalesce((SELECT array_agg(gpu_index ORDER BY gpu_index) FROM node_gpus WHERE node = $1), '{}'),
-				coalesce((SELECT array_agg(rule ORDER BY rule) FROM node_health_state WHERE node = $1), '{}'),
-				coalesce((SELECT array_agg(since ORDER BY rule) FROM node_health_state WHERE node = $1), '{}'),
-				coalesce((SELECT jsonb_agg(jsonb_build_object('rule', rule_name, 'gpus', gpus, 'values', gpu_values))
-					FROM health_events WHERE node = $1 AND resolved_at IS NULL), '[]'),
-				lost_gpus,
-				EXISTS (SELECT 1 FROM leases WHERE node = $1 AND state <> 'exited'),
-				pv.version IS NOT NULL, coalesce(pv.health_rules, '[]'), coalesce(pv.grace_period_s, 0), coalesce(pv.auto_undrain_after_s, 0)
-			FROM nodes LEFT JOIN (SELECT version, health_rules, grace_period_s, auto_undrain_after_s FROM policy_versions ORDER BY version DESC LIMIT 1) pv ON true
-			WHERE name = $1`+lock, node).Scan(&state, &source, &okSince, &oldOutput, &expected, &holding, &holdingSince, &open, &lost, &busy,
+		row := pre
+		if row == nil {
+			row = tx.db.QueryRow(ctx, nodeHealthSQL+lock, node)
+		}
+		err := row.Scan(&state, &source, &okSince, &oldOutput, &expected, &holding, &holdingSince, &open, &lost, &busy,
 			&hasPolicy, &p.HealthRules, &graceS, &undrainS)
 		if err != nil {
 			return mapErr("evaluating node health", err)
@@ -626,21 +646,28 @@ func (s *Store) HeartbeatJobsAsync(ctx context.Context, node string, stats []Job
 	if len(seen) == 0 {
 		return orphans, nil
 	}
+	if err := s.confirmSeen(ctx, node, seen); err != nil {
+		return nil, err
+	}
+	return orphans, nil
+}
+
+// confirmSeen records the statistics of the leases a heartbeat lists that
+// the node runs, and that they were seen now, in one statement that
+// commits asynchronously by itself.
+func (s *Store) confirmSeen(ctx context.Context, node string, seen []JobStat) error {
 	n := len(seen)
 	jobs, segs, cpu, rss, ckpt := make([]int64, n), make([]int32, n), make([]float64, n), make([]int64, n), make([]*time.Time, n)
 	for i, st := range seen {
 		jobs[i], segs[i], cpu[i], rss[i], ckpt[i] = st.JobID, int32(st.Segment), st.CPUSeconds, st.RSSBytes, st.LastCheckpoint
 	}
-	_, err = s.db.Exec(ctx, `
+	_, err := s.db.Exec(ctx, `
 		WITH `+asyncCommitSQL+`
 		UPDATE leases l SET cpu_seconds = u.cpu, rss_bytes = u.rss, seen_at = $2,
 			last_checkpoint = CASE WHEN u.ckpt <= $2 THEN greatest(l.last_checkpoint, u.ckpt) ELSE l.last_checkpoint END
 		FROM ac, unnest($3::bigint[], $4::int[], $5::float8[], $6::bigint[], $7::timestamptz[]) AS u(j, s, cpu, rss, ckpt)
 		WHERE l.job_id = u.j AND l.segment = u.s AND l.node = $1 AND l.state <> 'exited'`, node, s.Now(), jobs, segs, cpu, rss, ckpt)
-	if err != nil {
-		return nil, mapErr("recording job stats", err)
-	}
-	return orphans, nil
+	return mapErr("recording job stats", err)
 }
 
 // heartbeatJobsTx is HeartbeatJobs in a transaction that commits
@@ -690,8 +717,14 @@ func (s *Store) RecordHeartbeatAsync(ctx context.Context, node string, samples [
 // recordHeartbeatStatement is RecordHeartbeat of a heartbeat without a
 // metrics error in one asynchronously committed statement.
 func (s *Store) recordHeartbeatStatement(ctx context.Context, node string, samples []GPUSample) (HeartbeatOutcome, error) {
-	now := s.Now()
-	var out HeartbeatOutcome
+	sql, args := heartbeatSQL(node, s.Now(), samples)
+	return scanHeartbeat(node, s.db.QueryRow(ctx, sql, args...))
+}
+
+// heartbeatSQL is recordHeartbeatStatement's statement and arguments: the
+// same update as RecordHeartbeat's with an empty metrics error, and the
+// samples, inserted only when the node was updated (registered, not down).
+func heartbeatSQL(node string, now time.Time, samples []GPUSample) (string, []any) {
 	n := len(samples)
 	idx, util, temp, power := make([]int32, n), make([]float32, n), make([]float32, n), make([]float32, n)
 	used, total, sbe, dbe, thr, xid := make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
@@ -699,12 +732,8 @@ func (s *Store) recordHeartbeatStatement(ctx context.Context, node string, sampl
 		idx[i], util[i], temp[i], power[i] = int32(g.Index), float32(g.UtilPct), float32(g.TempC), float32(g.PowerW)
 		used[i], total[i], sbe[i], dbe[i], thr[i], xid[i] = g.MemUsedMiB, g.MemTotalMiB, g.ECCSingle, g.ECCDouble, int64(g.ThrottleReasons), g.XIDs
 	}
-	var old string
-	// The same update as RecordHeartbeat's with an empty metrics error;
-	// the samples are inserted only when the node was updated (registered,
-	// not down).
-	err := s.db.QueryRow(ctx, `
-		WITH `+asyncCommitSQL+`,
+	return `
+		WITH ` + asyncCommitSQL + `,
 		o AS (SELECT name, metrics_error FROM nodes WHERE name = $1),
 		u AS (
 			UPDATE nodes n SET last_heartbeat = $2, metrics_error = '', metrics_error_since = NULL,
@@ -719,7 +748,14 @@ func (s *Store) recordHeartbeatStatement(ctx context.Context, node string, sampl
 			LEFT JOIN allocations a ON a.node = $1 AND a.gpu_index = s.i AND a.released_at IS NULL
 			WHERE EXISTS (SELECT 1 FROM u))
 		SELECT state, metrics_error FROM u`,
-		node, now, MetricsUnavailable, idx, util, used, total, temp, power, sbe, dbe, thr, xid).Scan(&out.State, &old)
+		[]any{node, now, MetricsUnavailable, idx, util, used, total, temp, power, sbe, dbe, thr, xid}
+}
+
+// scanHeartbeat reads heartbeatSQL's row.
+func scanHeartbeat(node string, row pgx.Row) (HeartbeatOutcome, error) {
+	var out HeartbeatOutcome
+	var old string
+	err := row.Scan(&out.State, &old)
 	if err == pgx.ErrNoRows {
 		return out, allot.Errorf(allot.ENotFound, "node %s is not registered (or was marked down): register again", node)
 	}
@@ -728,4 +764,103 @@ func (s *Store) recordHeartbeatStatement(ctx context.Context, node string, sampl
 	}
 	out.MetricsBack = old != ""
 	return out, nil
+}
+
+// HeartbeatRound is what one heartbeat did: the node row and samples
+// (RecordHeartbeatAsync), the leases it lists (HeartbeatJobsAsync) and its
+// health evaluation (EvaluateHeartbeatHealth).
+type HeartbeatRound struct {
+	Beat    HeartbeatOutcome
+	Orphans []Orphan
+	Health  HealthOutcome
+}
+
+// RecordHeartbeatRound is, for a heartbeat that read its GPUs (no metrics
+// error), RecordHeartbeatAsync, HeartbeatJobsAsync and
+// EvaluateHeartbeatHealth in one round trip: the node row and samples,
+// the read of the node's leases and the read of its health go to
+// PostgreSQL as one batch, which runs as one implicit transaction that
+// commits asynchronously (the samples' set_config; the rest only reads).
+// What is left is written after it, as those do: the leases it lists
+// confirmed (one asynchronous statement; an orphan takes the transaction),
+// and any health write (its own synchronous transaction). Under load
+// every round trip waits for a core twice; an idle node's heartbeat made
+// four of them, in three transactions, and now makes one.
+func (s *Store) RecordHeartbeatRound(ctx context.Context, node string, samples []GPUSample, stats []JobStat, gpus []health.GPU, check string) (HeartbeatRound, error) {
+	var r HeartbeatRound
+	pool, ok := s.db.(*pgxpool.Pool)
+	if !ok {
+		// Not on a pool (a test's connection or transaction): one by one.
+		var err error
+		if r.Beat, err = s.RecordHeartbeatAsync(ctx, node, samples, ""); err != nil {
+			return r, err
+		}
+		if r.Orphans, err = s.HeartbeatJobsAsync(ctx, node, stats); err != nil {
+			return r, err
+		}
+		r.Health, err = s.EvaluateHeartbeatHealth(ctx, node, gpus, check, "")
+		return r, err
+	}
+	if len(check) > maxHealthOutput {
+		check = check[:maxHealthOutput]
+	}
+	check = strings.ToValidUTF8(check, "?")
+	listed := make([]LeaseRef, len(stats))
+	byRef := make(map[LeaseRef]JobStat, len(stats))
+	jobs, segs := make([]int64, len(stats)), make([]int32, len(stats))
+	for i, st := range stats {
+		listed[i] = LeaseRef{JobID: st.JobID, Segment: st.Segment}
+		byRef[listed[i]] = st
+		jobs[i], segs[i] = st.JobID, int32(st.Segment)
+	}
+	sql, args := heartbeatSQL(node, s.Now(), samples)
+	b := &pgx.Batch{}
+	b.Queue(sql, args...)
+	b.Queue(nodeLeasesSQL, node, jobs, segs)
+	b.Queue(nodeHealthSQL, node)
+	br := pool.SendBatch(ctx, b)
+	var err error
+	var leases []allot.NodeLease
+	healthErr := errHealthWrite
+	if r.Beat, err = scanHeartbeat(node, br.QueryRow()); err == nil {
+		if leases, err = collectNodeLeases(br.Query()); err == nil {
+			r.Health, healthErr = s.evaluateHealth(ctx, node, gpus, check, "", healthRead, br.QueryRow())
+		}
+	}
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = mapErr("recording heartbeat", cerr)
+	}
+	if err != nil {
+		return r, err
+	}
+	var seen []JobStat
+	for _, d := range allot.ReconcileHeartbeat(leases, listed) {
+		switch d.Action {
+		case allot.ActSeen:
+			seen = append(seen, byRef[d.Ref])
+		case allot.ActKill:
+			r.Orphans = append(r.Orphans, Orphan{LeaseRef: d.Ref})
+		default:
+			// An orphan to hold or release: the transaction, then the
+			// health evaluation after it, as before.
+			if r.Orphans, err = s.heartbeatJobsTx(ctx, node, stats); err != nil {
+				return r, err
+			}
+			r.Health, err = s.EvaluateHeartbeatHealth(ctx, node, gpus, check, "")
+			return r, err
+		}
+	}
+	if len(seen) > 0 {
+		if err := s.confirmSeen(ctx, node, seen); err != nil {
+			return r, err
+		}
+	}
+	switch healthErr {
+	case nil:
+	case errHealthWrite:
+		r.Health, err = s.evaluateHealthWrites(ctx, node, gpus, check, "")
+	default:
+		err = healthErr
+	}
+	return r, err
 }

@@ -15,8 +15,9 @@ import (
 // 8-GPU node running nothing (the node row, 8 samples, the node's leases,
 // the health read), one heartbeat after another on one connection: the
 // transactional paths before issue 16 (BEGIN, SET LOCAL, statements,
-// COMMIT: 10 round trips, two transactions) against the statements now
-// (3 round trips, one asynchronous commit).
+// COMMIT: 9 round trips, two transactions), the statements (3 round
+// trips, one asynchronous commit) and the batch the server sends now
+// (RecordHeartbeatRound: 1 round trip, one asynchronous commit).
 //
 //	go run ./cmd/allot test-env -- go test -run '^$' -bench BenchmarkHeartbeatPath -benchtime 2000x ./internal/store
 func BenchmarkHeartbeatPath(b *testing.B) {
@@ -48,10 +49,17 @@ func BenchmarkHeartbeatPath(b *testing.B) {
 			func() ([]store.Orphan, error) { return st.HeartbeatJobsTx(ctx, "gpu13", nil) }},
 		{"statements", func() (store.HeartbeatOutcome, error) { return st.RecordHeartbeatAsync(ctx, "gpu13", samples, "") },
 			func() ([]store.Orphan, error) { return st.HeartbeatJobsAsync(ctx, "gpu13", nil) }},
+		{"batch", nil, nil},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				now = now.Add(10 * time.Second)
+				if c.record == nil {
+					if _, err := st.RecordHeartbeatRound(ctx, "gpu13", samples, nil, gpus, ""); err != nil {
+						b.Fatal(err)
+					}
+					continue
+				}
 				if _, err := c.record(); err != nil {
 					b.Fatal(err)
 				}
