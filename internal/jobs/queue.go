@@ -8,22 +8,32 @@ import (
 )
 
 // EstKind says what a pending job's start estimate (PendingInfo.EstStart)
-// rests on, from the scheduler's own account of it: a reservation whose
-// GPUs come from preemption (the job preempted victims for it, or waits for
-// its victims' grace period to end) is store.EstPreemption; another
-// reservation is store.EstReservation; an estimate without one (the
-// earliest time enough GPUs come free by time limits, the jobs ahead
-// placed first) is store.EstProjection; no estimate is "".
+// rests on, from the scheduler's own account of it:
+//   - store.EstPreemption: the job holds a reservation whose GPUs come from
+//     preemption (it preempted victims for it this cycle, or waits for its
+//     victims' grace period to end);
+//   - store.EstReservation: another reservation, and the estimate is its
+//     time (the GPUs are held for the job from then on);
+//   - store.EstProjection: no reservation, or a forecast earlier than the
+//     reservation (running jobs ending at their expected run time, or at
+//     their time limits, the jobs ahead placed first);
+//   - "": no estimate.
 //
 // The core says which case it took only in the reason's words (see
-// scheduler's finish); the marks below are the ones finish writes.
+// scheduler's finish); the marks below are the ones finish writes. A
+// PendingInfo field for it would be better (see the report of issue 15).
 func EstKind(p scheduler.PendingInfo) string {
-	switch r := p.Reason; {
+	r := p.Reason
+	preempted := strings.Contains(r, " job(s) for it;")
+	resv := preempted || strings.Contains(r, "holds a backfill reservation") || strings.Contains(r, "holds the backfill reservation")
+	switch {
 	case p.EstStart.IsZero():
 		return ""
-	case strings.Contains(r, " job(s) for it;"), strings.Contains(r, "ends its preemption grace period"):
+	case resv && !p.EstStartLimits.IsZero() && !p.EstStart.Equal(p.EstStartLimits):
+		return store.EstProjection
+	case preempted, resv && strings.Contains(r, "ends its preemption grace period"):
 		return store.EstPreemption
-	case strings.Contains(r, "holds a backfill reservation"), strings.Contains(r, "holds the backfill reservation"):
+	case resv:
 		return store.EstReservation
 	}
 	return store.EstProjection
