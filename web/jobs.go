@@ -553,7 +553,7 @@ func queueJSON(q *store.JobQueue) *QueueJSON {
 // notRankedText says why a pending job has no stored decision.
 func notRankedText(q *store.JobQueue) string {
 	if q.Cycle.ID == 0 {
-		return "not yet through a scheduling cycle: none has run yet; the next one ranks it"
+		return "not yet through a scheduling cycle: none has run since the database started; the next one ranks it"
 	}
 	return fmt.Sprintf("not yet through a scheduling cycle: it came to the queue after the last one (at %s); the next one ranks it",
 		q.Cycle.DecidedAt.UTC().Format("15:04:05 UTC"))

@@ -600,11 +600,9 @@ func (c *jobsCmd) runStart(q client.JobQuery, newClient func() *client.Client, s
 				est += " (" + j.EstKind + ")"
 			}
 		}
-		reason := j.Reason
-		if j.Rank == 0 {
-			reason = "not yet through a scheduling cycle"
-		}
-		t.add(strconv.FormatInt(j.ID, 10), j.Name, j.Team, tier, rank, est, reason)
+		// An unranked job's reason is its own row's: "waiting for the next
+		// scheduling cycle", or what Slurm says of a job it places.
+		t.add(strconv.FormatInt(j.ID, 10), j.Name, j.Team, tier, rank, est, j.Reason)
 	}
 	c.out.table(stdout, t)
 	if p.CycleID == nil {

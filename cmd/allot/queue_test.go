@@ -139,6 +139,14 @@ func TestQueueOneSourceOfTruth(t *testing.T) {
 		t.Errorf("priorities: %+v", p)
 	}
 
+	// A job submitted after the cycle comes last, unranked, with no estimate.
+	late := submit("late", allot.Tier3, 1, time.Hour)
+	rc, out, _ = e.cli(demo.Engineer, "jobs", "--start", "--parsable", "--noheader")
+	lines = strings.Split(strings.TrimSpace(out), "\n")
+	if want := fmt.Sprintf("%d|late|nlp|3|N/A|N/A|waiting for the next scheduling cycle", late); rc != 0 || len(lines) != 3 || lines[2] != want {
+		t.Errorf("jobs --start with an unranked job: %d\n%s\nwant last %q", rc, out, want)
+	}
+
 	// Refused flags: a CLI error and exit status 2.
 	for _, args := range [][]string{
 		{"jobs", "--start", "--state", "R"},
