@@ -191,6 +191,9 @@ func (s *Scheduler) Cycle(ctx context.Context) (CycleResult, error) {
 		if res.ApplyResult, err = tx.ApplyPlan(ctx, starts, preempts, pending); err != nil {
 			return err
 		}
+		if err := tx.RecordShares(ctx, TeamShares(plan.Shares)); err != nil {
+			return err
+		}
 		if s.Metrics != nil {
 			waits = startWaits(st, starts, preempts)
 		}
@@ -238,11 +241,14 @@ func (s *Scheduler) capStarts(starts []store.StartOrder, preempts []store.Preemp
 		return starts, preempts, pending, 0
 	}
 	deferred := map[int64]bool{}
+	// They come first in the queue, in the order they were placed.
+	ready := make([]store.PendingUpdate, 0, len(starts)-limit+len(pending))
 	for _, o := range starts[limit:] {
 		deferred[o.JobID] = true
-		pending = append(pending, store.PendingUpdate{JobID: o.JobID, Priority: o.Priority, Breakdown: o.Breakdown,
+		ready = append(ready, store.PendingUpdate{JobID: o.JobID, Priority: o.Priority, Breakdown: o.Breakdown,
 			Reason: fmt.Sprintf("ready to start: the last cycle started the %d jobs ahead of it (at most %d a cycle); the next cycle starts it", limit, limit)})
 	}
+	pending = append(ready, pending...)
 	kept := preempts[:0:0]
 	for _, p := range preempts {
 		if !deferred[p.By] {
@@ -481,7 +487,8 @@ func (s *Scheduler) orders(st store.SchedState, plan scheduler.Plan, names []str
 			reason = fmt.Sprintf("team %s is over %d %% of its monthly budget, so this tier-%s job runs as preemptible (idle GPUs only, may be stopped, 70 %% cheaper) until the month ends; ",
 				j.Team, st.Policy.BudgetDemotePct, j.Tier) + reason
 		}
-		pending = append(pending, store.PendingUpdate{JobID: p.JobID, Priority: roundPriority(p.Priority, order), Breakdown: breakdown(p.Priority, order), Reason: reason})
+		pending = append(pending, store.PendingUpdate{JobID: p.JobID, Priority: roundPriority(p.Priority, order), Breakdown: breakdown(p.Priority, order), Reason: reason,
+			EstStart: p.EstStart, EstKind: EstKind(p)})
 	}
 	return starts, preempts, pending
 }
