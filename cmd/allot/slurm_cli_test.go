@@ -491,7 +491,7 @@ func TestCompletion(t *testing.T) {
 			}
 		}
 	}
-	if got := complete([]string{"jobs", "--st"}); strings.Join(got, " ") != "--state --states" {
+	if got := complete([]string{"jobs", "--st"}); strings.Join(got, " ") != "--start --state --states" {
 		t.Errorf("jobs --st<TAB>: %v", got)
 	}
 	if got := complete([]string{"jobs", "--state", "P"}); strings.Join(got, " ") != "PD" {
