@@ -278,6 +278,8 @@ func jobsFlags(stderr io.Writer) (*flag.FlagSet, func() *client.Client, *jobsCmd
 		fmt.Fprintln(stderr, "usage: allot jobs [--me] [--team T] [--state PD,R] [--user EMAIL] [-o FORMAT] [--parsable] [--noheader] [--json]")
 		fmt.Fprintln(stderr, "       allot jobs --start [--me] [--team T] [--tier T] [--name TEXT] [--limit N] [--parsable] [--noheader] [--json]")
 		fmt.Fprintln(stderr, "Lists jobs newest first, like squeue (which lists only pending and running ones: --state PD,R). Times are UTC.")
+		fmt.Fprintln(stderr, "With --start, like squeue --start: the pending jobs in the scheduler's order as its last cycle decided it, with their rank,")
+		fmt.Fprintln(stderr, "expected start and what it rests on (reservation, preemption, projection) and reason; jobs not yet through a cycle last.")
 		fs.PrintDefaults()
 		fmt.Fprintf(stderr, "Fields (letter for -o, names for --format/-O):\n%s", fieldHelp(jobFields))
 	}
