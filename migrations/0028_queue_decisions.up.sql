@@ -20,7 +20,10 @@
 -- foreign key to jobs 687 ms and 27 MB of WAL on its own (the check locks
 -- every referenced jobs row, WAL-logged). The view queue_decisions gives
 -- the row-per-job shape to SQL readers. A job id whose job is gone is
--- dropped by the next cycle; readers join jobs.
+-- dropped by the next cycle; readers join jobs. A job's priority and its
+-- breakdown stay on its jobs row (written when they change), where the
+-- job lists read them per job: arrays are cheap to write whole, not to
+-- read one element of for many jobs.
 CREATE UNLOGGED TABLE queue_cycle (
     one          boolean PRIMARY KEY DEFAULT true CHECK (one),
     cycle_id     bigint NOT NULL,       -- scheduling_cycles.id of the cycle
@@ -28,10 +31,6 @@ CREATE UNLOGGED TABLE queue_cycle (
     -- Element i (1-based) of each array is the job of rank i.
     job_ids      bigint[] NOT NULL,
     classes      smallint[] NOT NULL,   -- the class it competes in: 1..4, 5 = preemptible (demoted or preemptible)
-    priorities   double precision[] NOT NULL,
-    fair_shares  double precision[] NOT NULL, -- the breakdown's factors
-    sizes        double precision[] NOT NULL,
-    ages         double precision[] NOT NULL,
     reason_ids   integer[] NOT NULL,    -- index into reasons (most jobs share a few generic ones)
     reasons      text[] NOT NULL,
     est_starts   timestamptz[] NOT NULL, -- NULL elements: no estimate
@@ -40,29 +39,25 @@ CREATE UNLOGGED TABLE queue_cycle (
     -- projection: when enough GPUs come free by the running jobs' time
     -- limits, the jobs ahead placed first; '': no estimate.
     est_kinds    text[] NOT NULL,
-    CHECK (cardinality(job_ids) = cardinality(classes) AND cardinality(job_ids) = cardinality(priorities)
-        AND cardinality(job_ids) = cardinality(fair_shares) AND cardinality(job_ids) = cardinality(sizes)
-        AND cardinality(job_ids) = cardinality(ages) AND cardinality(job_ids) = cardinality(reason_ids)
+    CHECK (cardinality(job_ids) = cardinality(classes) AND cardinality(job_ids) = cardinality(reason_ids)
         AND cardinality(job_ids) = cardinality(est_starts) AND cardinality(job_ids) = cardinality(est_kinds))
 );
 
 -- Written every cycle, read far less: stored uncompressed (no pglz on
 -- the cycle's path).
 ALTER TABLE queue_cycle ALTER job_ids SET STORAGE EXTERNAL, ALTER classes SET STORAGE EXTERNAL,
-    ALTER priorities SET STORAGE EXTERNAL, ALTER fair_shares SET STORAGE EXTERNAL, ALTER sizes SET STORAGE EXTERNAL,
-    ALTER ages SET STORAGE EXTERNAL, ALTER reason_ids SET STORAGE EXTERNAL, ALTER est_starts SET STORAGE EXTERNAL,
-    ALTER est_kinds SET STORAGE EXTERNAL;
+    ALTER reason_ids SET STORAGE EXTERNAL, ALTER est_starts SET STORAGE EXTERNAL, ALTER est_kinds SET STORAGE EXTERNAL;
 
 -- One row per queued job, in the shape of a table (the reasons joined, not
 -- subscripted: a subscript would read the whole array again per row).
 CREATE VIEW queue_decisions AS
     SELECT d.job_id, m.cycle_id, d.rank::integer AS rank,
         d.class, CASE d.class WHEN 5 THEN 'preemptible' ELSE d.class::text END AS run_as,
-        d.priority, d.fair_share, d.size, d.age, r.reason,
+        r.reason,
         d.est_start, d.est_kind, m.decided_at
     FROM queue_cycle m
-    CROSS JOIN LATERAL unnest(m.job_ids, m.classes, m.priorities, m.fair_shares, m.sizes, m.ages, m.reason_ids, m.est_starts, m.est_kinds)
-        WITH ORDINALITY AS d(job_id, class, priority, fair_share, size, age, reason_id, est_start, est_kind, rank)
+    CROSS JOIN LATERAL unnest(m.job_ids, m.classes, m.reason_ids, m.est_starts, m.est_kinds)
+        WITH ORDINALITY AS d(job_id, class, reason_id, est_start, est_kind, rank)
     JOIN LATERAL unnest(m.reasons) WITH ORDINALITY AS r(reason, id) ON r.id = d.reason_id;
 
 -- Every team's fair-share standing as the last cycle computed it

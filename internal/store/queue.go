@@ -117,15 +117,14 @@ func (s *Store) recordQueue(ctx context.Context, pending []PendingUpdate, now ti
 	}
 	n := len(pending)
 	var (
-		ids                 = make([]int64, 0, n)
-		classes             = make([]int16, 0, n)
-		prio, fs, size, age = make([]float64, 0, n), make([]float64, 0, n), make([]float64, 0, n), make([]float64, 0, n)
-		reasonIDs           = make([]int32, 0, n)
-		reasons             []string
-		reasonID            = map[string]int32{}
-		ests                = make([]pgtype.Timestamptz, 0, n)
-		kinds               = make([]string, 0, n)
-		seen                = make(map[int64]bool, n)
+		ids       = make([]int64, 0, n)
+		classes   = make([]int16, 0, n)
+		reasonIDs = make([]int32, 0, n)
+		reasons   []string
+		reasonID  = map[string]int32{}
+		ests      = make([]pgtype.Timestamptz, 0, n)
+		kinds     = make([]string, 0, n)
+		seen      = make(map[int64]bool, n)
 	)
 	for _, p := range pending {
 		if seen[p.JobID] {
@@ -142,21 +141,18 @@ func (s *Store) recordQueue(ctx context.Context, pending []PendingUpdate, now ti
 		if !est.Valid {
 			kind = ""
 		}
-		b := p.Breakdown
-		ids, classes, reasonIDs, ests, kinds = append(ids, p.JobID), append(classes, int16(b.Class)), append(reasonIDs, r), append(ests, est), append(kinds, kind)
-		prio, fs, size, age = append(prio, p.Priority), append(fs, b.FairShare), append(size, b.Size), append(age, b.Age)
+		ids, classes, reasonIDs, ests, kinds = append(ids, p.JobID), append(classes, int16(p.Breakdown.Class)), append(reasonIDs, r), append(ests, est), append(kinds, kind)
 	}
 	if reasons == nil {
 		reasons = []string{}
 	}
 	_, err = s.db.Exec(ctx, `
-		INSERT INTO queue_cycle (one, cycle_id, decided_at, job_ids, classes, priorities, fair_shares, sizes, ages, reason_ids, reasons, est_starts, est_kinds)
-		VALUES (true, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+		INSERT INTO queue_cycle (one, cycle_id, decided_at, job_ids, classes, reason_ids, reasons, est_starts, est_kinds)
+		VALUES (true, $1, $2, $3, $4, $5, $6, $7, $8)
 		ON CONFLICT (one) DO UPDATE SET cycle_id = EXCLUDED.cycle_id, decided_at = EXCLUDED.decided_at, job_ids = EXCLUDED.job_ids,
-			classes = EXCLUDED.classes, priorities = EXCLUDED.priorities, fair_shares = EXCLUDED.fair_shares, sizes = EXCLUDED.sizes,
-			ages = EXCLUDED.ages, reason_ids = EXCLUDED.reason_ids, reasons = EXCLUDED.reasons, est_starts = EXCLUDED.est_starts,
+			classes = EXCLUDED.classes, reason_ids = EXCLUDED.reason_ids, reasons = EXCLUDED.reasons, est_starts = EXCLUDED.est_starts,
 			est_kinds = EXCLUDED.est_kinds`,
-		id, now, ids, classes, prio, fs, size, age, reasonIDs, reasons, ests, kinds)
+		id, now, ids, classes, reasonIDs, reasons, ests, kinds)
 	return mapErr("writing the queue", err)
 }
 

@@ -17,8 +17,8 @@ import (
 // BenchmarkQueueApply50k times what ApplyPlan writes for a queue of
 // 50,000 pending jobs in steady state (the same decisions again, as at
 // BenchmarkLiveCycle50k's fixed clock): the whole apply, and, within it,
-// the jobs-row write (pendingToJobRows) alone, which the stored queue
-// could replace.
+// the jobs-row write (pendingToJobRows) alone; the rest is storing the
+// queue (one row of arrays).
 //
 //	go test -run '^$' -bench BenchmarkQueueApply50k -benchtime 1x ./internal/store
 func BenchmarkQueueApply50k(b *testing.B) {
