@@ -291,9 +291,10 @@ func (st *state) forecast(want func(*pjob) bool, all bool) []int64 {
 			lo = max(lo, st.resvs[pj.resv].at)
 		}
 		at := st.forecastPlace(f, pj, lo)
+		pj.fcPreempt = pj.inflight || pj.preempts > 0
 		if pj.class.Production() && st.p.Mode == ModeAllot && !pj.inflight && pj.preempts == 0 {
 			if t := st.preemptStart(pj); t < at {
-				at = t
+				at, pj.fcPreempt = t, true
 			}
 		}
 		est[pj.idx] = at

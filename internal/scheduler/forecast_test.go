@@ -40,12 +40,21 @@ func TestForecastQueueAhead(t *testing.T) {
 	if r := pendingInfo(p, 2).Reason; !strings.Contains(r, "expected start 14:50 (forecast") || !strings.Contains(r, "by time limits 16:00") {
 		t.Errorf("reason of job 2 = %q", r)
 	}
+	for _, id := range []int64{1, 2, 3} {
+		if k := pendingInfo(p, id).EstKind; k != EstForecast {
+			t.Errorf("EstKind of job %d = %q, want forecast", id, k)
+		}
+	}
 
 	// ETALimits keeps the earlier estimate.
 	lp := allot()
 	lp.ETA = ETALimits
-	if got := pendingInfo(Schedule(s, t0, lp), 2).EstStart; !got.Equal(t0.Add(2 * time.Hour)) {
-		t.Errorf("ETALimits EstStart of job 2 = %v, want 16:00", got)
+	lpl := Schedule(s, t0, lp)
+	if got := pendingInfo(lpl, 2); !got.EstStart.Equal(t0.Add(2*time.Hour)) || got.EstKind != EstLimits {
+		t.Errorf("ETALimits job 2: EstStart %v kind %q, want 16:00, limits", got.EstStart, got.EstKind)
+	}
+	if got := pendingInfo(lpl, 1); !got.EstStart.Equal(t0.Add(time.Hour)) || got.EstKind != EstReservation {
+		t.Errorf("ETALimits job 1: EstStart %v kind %q, want 15:00, reservation", got.EstStart, got.EstKind)
 	}
 
 	// EstimateFor with NoPendingInfo: the same entry, for that job only.
@@ -77,16 +86,16 @@ func TestForecastPreemptionStart(t *testing.T) {
 		t.Fatalf("preempted a job younger than MinRuntime: %+v", p.Preemptions)
 	}
 	// MinRuntime 10 min: eligible at 14:06, plus 2 min grace.
-	if got := pendingInfo(p, 1).EstStart; !got.Equal(t0.Add(8 * time.Minute)) {
-		t.Errorf("EstStart = %v, want 14:08 (victim past MinRuntime + grace)", got)
+	if got := pendingInfo(p, 1); !got.EstStart.Equal(t0.Add(8*time.Minute)) || got.EstKind != EstPreemption {
+		t.Errorf("EstStart = %v (%q), want 14:08 (victim past MinRuntime + grace), preemption", got.EstStart, got.EstKind)
 	}
 	// Six minutes later it preempts, and its reservation is the grace end.
 	p = Schedule(s, t0.Add(6*time.Minute), allot())
 	if len(p.Preemptions) != 1 {
 		t.Fatalf("preemptions = %+v", p.Preemptions)
 	}
-	if got := pendingInfo(p, 1).EstStart; !got.Equal(t0.Add(8 * time.Minute)) {
-		t.Errorf("after preempting: EstStart = %v, want the grace end 14:08", got)
+	if got := pendingInfo(p, 1); !got.EstStart.Equal(t0.Add(8*time.Minute)) || got.EstKind != EstPreemption {
+		t.Errorf("after preempting: EstStart = %v (%q), want the grace end 14:08, preemption", got.EstStart, got.EstKind)
 	}
 }
 

@@ -48,23 +48,39 @@ func (st *state) finish() {
 	}
 	// eta is the start estimate of pj and its clause of the reason, from
 	// the limits estimate lim (zero if none) with its cause text.
-	eta := func(pj *pjob, lim time.Time, cause string, resv bool) (time.Time, string) {
+	eta := func(info *PendingInfo, pj *pjob, lim time.Time, cause string, resv bool) string {
 		limText := ""
+		limKind := EstLimits
+		if resv {
+			limKind = EstReservation
+			if pj.preempts > 0 || pj.inflight {
+				limKind = EstPreemption
+			}
+		}
 		if !lim.IsZero() {
 			limText = "; expected start " + clock(lim, st.now) + cause
 		}
-		if fc == nil || fc[pj.idx] == never {
-			return lim, limText
+		if fc == nil || fc[pj.idx] == never || !lim.IsZero() && resv && !abs(fc[pj.idx], st.now).Before(lim) {
+			// No forecast, or a reservation, which holds by time limits
+			// at the latest.
+			if !lim.IsZero() {
+				info.EstStart, info.EstKind = lim, limKind
+			}
+			return limText
 		}
 		t := abs(fc[pj.idx], st.now)
-		if !lim.IsZero() && (t.Equal(lim) || resv && t.After(lim)) {
-			return lim, limText // a reservation holds by time limits at the latest
+		info.EstStart, info.EstKind = t, EstForecast
+		if pj.fcPreempt {
+			info.EstKind = EstPreemption
+		}
+		if t.Equal(lim) {
+			return limText
 		}
 		text := "; expected start " + clock(t, st.now) + forecastNote
 		if !lim.IsZero() {
 			text += "; by time limits " + clock(lim, st.now) + cause
 		}
-		return t, text
+		return text
 	}
 	// generic appends the forecast, when there is one, to a generic reason.
 	generic := func(info *PendingInfo, pj *pjob, reason string, ahead int) {
@@ -72,7 +88,10 @@ func (st *state) finish() {
 		if fc == nil || fc[pj.idx] == never {
 			return
 		}
-		info.EstStart = abs(fc[pj.idx], st.now)
+		info.EstStart, info.EstKind = abs(fc[pj.idx], st.now), EstForecast
+		if pj.fcPreempt {
+			info.EstKind = EstPreemption
+		}
 		info.Reason = fmt.Sprintf("%s; %d blocked job(s) ahead; expected start %s%s", strings.TrimSuffix(reason, reasonNoEstimate), ahead, clock(info.EstStart, st.now), forecastNote)
 	}
 	st.plan.Pending = make([]PendingInfo, 0, n)
@@ -97,8 +116,7 @@ func (st *state) finish() {
 			if w {
 				lim := st.plan.Reservations[0].At
 				info.EstStartLimits = lim
-				var text string
-				info.EstStart, text = eta(pj, lim, " when enough GPUs reach their time limits", true)
+				text := eta(&info, pj, lim, " when enough GPUs reach their time limits", true)
 				info.Reason = fmt.Sprintf("%s; first in the FIFO queue, holds the backfill reservation%s", st.need(pj), text)
 			}
 		case pj.resv >= 0:
@@ -110,8 +128,7 @@ func (st *state) finish() {
 				if pj.preempts > 0 {
 					lead = fmt.Sprintf("preempted %d job(s) for it", pj.preempts)
 				}
-				var text string
-				info.EstStart, text = eta(pj, lim, st.causeText(r.cause, pj.resvCause), true)
+				text := eta(&info, pj, lim, st.causeText(r.cause, pj.resvCause), true)
 				info.Reason = fmt.Sprintf("%s; %s; largest free block is %d%s", st.need(pj), lead, st.largestFree(pj), text)
 			}
 		case st.p.Mode == ModeFIFO && pj != st.head, st.p.Mode == ModeEASY:
@@ -168,8 +185,7 @@ func (st *state) finish() {
 				cause = st.causeText(r.cause, r.causeN)
 			}
 			info.EstStartLimits = lim
-			var text string
-			info.EstStart, text = eta(pj, lim, cause, false)
+			text := eta(&info, pj, lim, cause, false)
 			if info.EstStart.IsZero() {
 				text = "; expected start unknown (running jobs without time limits)"
 			}

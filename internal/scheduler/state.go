@@ -138,6 +138,7 @@ type pjob struct {
 	inflight  bool // its victims are in their grace period
 	reclaim   bool // it takes its class's reserved GPUs back (Policy.Reserved)
 	starving  bool // served by the starvation guard this cycle
+	fcPreempt bool // its forecast start comes from preemption
 	blocker   string
 }
 

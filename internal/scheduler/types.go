@@ -468,7 +468,28 @@ type PendingInfo struct {
 	// ETAForecast it is set for reservation holders and the jobs that
 	// get a detailed reason.
 	EstStartLimits time.Time
+	// EstKind says what EstStart rests on ("" when it is zero).
+	EstKind EstKind
 }
+
+// EstKind is what a start estimate rests on (PendingInfo.EstKind).
+type EstKind string
+
+const (
+	// EstReservation: the job holds a reservation from EstStart on (by
+	// time limits; the forecast was not earlier).
+	EstReservation EstKind = "reservation"
+	// EstPreemption: GPUs freed by preemption: the job preempted this
+	// cycle or waits for its victims' grace period (EstStart = its end),
+	// or, a tier-1/2 job, it will preempt once victims pass MinRuntime.
+	EstPreemption EstKind = "preemption"
+	// EstForecast: the queue forecast (ETAForecast), no reservation or an
+	// earlier time than the reservation's.
+	EstForecast EstKind = "forecast"
+	// EstLimits: the earliest fit by time limits, ignoring the jobs ahead
+	// without a reservation (ETALimits, or no forecast for the job).
+	EstLimits EstKind = "limits"
+)
 
 // TeamShare is a team's fair-share standing, like one row of Slurm's sshare.
 type TeamShare struct {
