@@ -215,6 +215,8 @@ type state struct {
 	starving []*pjob // the starvation guard's jobs, oldest first (ModeAllot)
 	fc       fcast   // start forecast scratch (finish)
 	tc       topoCache
+	rawTotal int  // clusterGPUs, when rawKnown (from the topology)
+	rawKnown bool
 	preTabs  map[preemptKey][][]int64 // preemptStart's tables, this cycle
 	pc       partCache
 	// buffers kept between cycles
@@ -507,6 +509,7 @@ type topoCache struct {
 	pools   []pool
 	grps    []group
 	offline int
+	raw     int // clusterGPUs
 }
 
 func (c *topoCache) matches(ns []Node, same bool, owners []int) bool {
@@ -533,8 +536,9 @@ func (st *state) buildNodes(owners []int) {
 		if len(st.s.Nodes) > 0 {
 			c.src = &st.s.Nodes[0]
 		}
-		st.nodes = resize(st.nodes, len(st.s.Nodes))
+		st.nodes = grow(st.nodes, len(st.s.Nodes))
 		copy(st.nodes, c.base)
+		st.rawTotal, st.rawKnown = c.raw, true
 		st.pools, st.grps, st.offline = c.pools, c.grps, c.offline
 		for gi := range st.grps {
 			st.grps[gi].wf = 0
@@ -556,6 +560,9 @@ func (st *state) buildNodes(owners []int) {
 	}
 	c.base = append(c.base[:0], st.nodes...)
 	c.pools, c.grps, c.offline = st.pools, st.grps, st.offline
+	st.rawKnown = false
+	c.raw = st.clusterGPUs()
+	st.rawTotal, st.rawKnown = c.raw, true
 }
 
 func (st *state) buildNodesFresh(owners []int) {
@@ -771,6 +778,9 @@ func (st *state) buildIndex() {
 }
 
 func (st *state) clusterGPUs() int {
+	if st.rawKnown {
+		return st.rawTotal
+	}
 	total := 0
 	for i := range st.s.Nodes {
 		total += max(st.s.Nodes[i].GPUs, 0)

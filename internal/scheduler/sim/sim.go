@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"sync/atomic"
 	"time"
@@ -651,12 +652,7 @@ func waterFill(capacity int, demand []int, fair []float64, buf *[]int) {
 			idx = append(idx, i)
 		}
 	}
-	sort.Slice(idx, func(a, b int) bool {
-		if demand[idx[a]] != demand[idx[b]] {
-			return demand[idx[a]] < demand[idx[b]]
-		}
-		return idx[a] < idx[b]
-	})
+	slices.SortFunc(idx, func(a, b int) int { return cmp.Or(cmp.Compare(demand[a], demand[b]), cmp.Compare(a, b)) })
 	left := float64(capacity)
 	for k, i := range idx {
 		share := left / float64(len(idx)-k)
