@@ -215,7 +215,7 @@ type state struct {
 	starving []*pjob // the starvation guard's jobs, oldest first (ModeAllot)
 	fc       fcast   // start forecast scratch (finish)
 	tc       topoCache
-	rawTotal int  // clusterGPUs, when rawKnown (from the topology)
+	rawTotal int // clusterGPUs, when rawKnown (from the topology)
 	rawKnown bool
 	preTabs  map[preemptKey][][]int64 // preemptStart's tables, this cycle
 	pc       partCache
