@@ -722,7 +722,9 @@ func (s *state) pendingJob(j *simJob) scheduler.Job {
 // cycle calls the scheduler once and applies its plan.
 func (s *state) cycle() error {
 	now := Epoch.Add(s.now)
-	if s.cfg.CheckpointFraction > 0 {
+	// Only ModeAllot reads LastCheckpoint (the work a victim would lose);
+	// the baselines never preempt.
+	if s.cfg.CheckpointFraction > 0 && s.cfg.Policy.Mode == scheduler.ModeAllot {
 		for k := range s.running {
 			r := &s.running[k]
 			if r.Checkpointable {
