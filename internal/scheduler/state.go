@@ -223,6 +223,8 @@ type state struct {
 	teamPtrs  []*Team
 	teamNames []string // team names in st.teams order, as indexed by teamIdx
 	teamsBuf  []teamState
+	teamsSame bool       // this cycle's team names are the last cycle's
+	runTeams  []teamMemo // buildRunning's memo, by position
 
 	// victimAfter: while a research-class job looks for victims, only
 	// running jobs submitted after this (relative) time qualify (see
@@ -273,6 +275,12 @@ func resize[T any](xs []T, n int) []T {
 	return xs
 }
 
+// teamMemo is a running job's team name and index (buildRunning).
+type teamMemo struct {
+	name string
+	idx  int // -2: none
+}
+
 // grow returns xs with length n, reusing its array when it can; the
 // elements are not cleared (the caller sets every one).
 func grow[T any](xs []T, n int) []T {
@@ -298,7 +306,7 @@ func (st *state) reset(s *Snapshot, now time.Time, p Policy) {
 	st.runEvents, st.runRel, st.runRelOff = old.runEvents[:0], old.runRel[:0], old.runRelOff[:0]
 	st.extraBuf, st.touched = old.extraBuf[:0], old.touched[:0]
 	st.fc, st.tc, st.pc = old.fc, old.tc, old.pc
-	st.teamPtrs, st.teamNames, st.teamsBuf = old.teamPtrs, old.teamNames, old.teamsBuf
+	st.teamPtrs, st.teamNames, st.teamsBuf, st.runTeams = old.teamPtrs, old.teamNames, old.teamsBuf, old.runTeams
 }
 
 // release returns st to the pool, dropping references to the snapshot.
@@ -362,6 +370,7 @@ func (st *state) buildTeams() {
 		k++
 	}
 	same = same && k == len(st.teamNames)
+	st.teamsSame = same
 	if !same {
 		clear(st.teamIdx)
 		st.teamNames = st.teamNames[:0]
@@ -682,19 +691,29 @@ func (st *state) buildNodesFresh(owners []int) {
 func (st *state) buildRunning() {
 	needTeam := st.p.Mode == ModeAllot || st.p.Mode == ModeFIFOPartitioned
 	st.run = grow(st.run, len(st.s.Running))
-	lastTeam, lastIdx := "", -1
+	// The team index of the job at each position in the previous cycle:
+	// a caller that keeps its running jobs in place (the simulator) mostly
+	// finds the same team there, and a string comparison is cheaper than a
+	// map lookup. Valid while the team names are the same.
+	memo := st.runTeams
+	if !st.teamsSame {
+		memo = memo[:0]
+	}
+	for len(memo) < len(st.s.Running) {
+		memo = append(memo, teamMemo{idx: -2})
+	}
+	st.runTeams = memo
 	for i := range st.s.Running {
 		j := &st.s.Running[i]
 		r := &st.run[i]
 		*r = runJob{j: j, team: -1}
 		if needTeam {
-			if lastIdx < 0 || j.Team != lastTeam {
-				lastTeam, lastIdx = j.Team, i
-				r.team, _ = st.team(j.Team)
+			if m := &memo[i]; m.idx != -2 && m.name == j.Team {
+				r.team = m.idx
 			} else {
-				r.team = st.run[lastIdx].team
+				r.team, _ = st.team(j.Team)
+				m.name, m.idx = j.Team, r.team
 			}
-			lastIdx = i
 		}
 		r.class = j.RunAs
 		if r.class < Tier1 || r.class > TierPreemptible {
