@@ -86,6 +86,9 @@ type etaState struct {
 	teams   map[string]*ratioRing
 	buf     []float64
 	free    []int64 // naive: per node, GPU free times by time limits
+	// nextRefresh: no running job reaches its expected run time before
+	// this (refreshRunning).
+	nextRefresh time.Duration
 }
 
 func newETAState(n int) *etaState {
@@ -124,6 +127,10 @@ func (s *state) learned(j *simJob) time.Duration {
 // to the limit.
 func (s *state) refreshRunning() {
 	e := s.eta
+	if s.now < e.nextRefresh {
+		return // no running job has reached its expected run time
+	}
+	next := time.Duration(math.MaxInt64)
 	for k := range s.running {
 		r := &s.running[k]
 		if r.Expected <= 0 || r.Terminating || r.TimeLimit <= 0 {
@@ -132,6 +139,7 @@ func (s *state) refreshRunning() {
 		j := &s.jobs[r.ID-1]
 		ran := s.now - j.runStart
 		if ran < r.Expected {
+			next = min(next, j.runStart+r.Expected)
 			continue
 		}
 		frac := float64(ran+j.done) / float64(j.timeLimit)
@@ -144,7 +152,9 @@ func (s *state) refreshRunning() {
 			exp = time.Duration(q*float64(j.timeLimit)) - j.done
 		}
 		r.Expected = min(max(exp, ran+time.Second), r.TimeLimit)
+		next = min(next, j.runStart+r.Expected)
 	}
+	e.nextRefresh = next
 }
 
 // medianAbove is the median of the ratios above x (at least one).

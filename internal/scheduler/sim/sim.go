@@ -853,6 +853,9 @@ func (s *state) start(st scheduler.Start) error {
 	if job.RunAs == 0 {
 		job.RunAs = j.tier
 	}
+	if s.eta != nil && job.Expected > 0 {
+		s.eta.nextRefresh = min(s.eta.nextRefresh, s.now+job.Expected)
+	}
 	s.runIdx[idx] = int32(len(s.running))
 	s.running = append(s.running, job)
 	s.setBusy(j, +n)
