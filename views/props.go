@@ -96,15 +96,18 @@ type JobDetail struct {
 	SecretEnv   []string
 	Log         []string
 	// What the job page explains (see web/jobs.go for the methods).
-	Timeline    []TimelineEvent
-	Factors     []PriorityFactor
-	ClassText   string
-	Queue       *QueueInfo // pending jobs only
-	Util        LineChart
-	UtilNote    string
-	Cost        string
-	CostNote    string
-	ResubmitURL string // "" when the viewer may not submit for the team
+	Timeline []TimelineEvent
+	Factors  []PriorityFactor
+	// ProductOrder: the factors multiply (the response order: response
+	// ratio × fair-share multiplier) instead of adding weighted points.
+	ProductOrder bool
+	ClassText    string
+	Queue        *QueueInfo // pending jobs only
+	Util         LineChart
+	UtilNote     string
+	Cost         string
+	CostNote     string
+	ResubmitURL  string // "" when the viewer may not submit for the team
 }
 
 // TimelineEvent is one step of a job's life.

@@ -17,8 +17,12 @@ import (
 
 // PrioritiesJSON is the body of GET /api/v1/priorities.
 type PrioritiesJSON struct {
-	// Weights are the policy's multifactor weights the priorities were
-	// computed with.
+	// Order is the policy's queue order (allot.QueueOrderResponse or
+	// allot.QueueOrderMultifactor); each job's factors say which order its
+	// priority was computed under.
+	Order string `json:"order"`
+	// Weights are the policy's multifactor weights (used by the
+	// multifactor order only).
 	Weights PriorityWeightsJSON `json:"weights"`
 	MaxAgeS int64               `json:"max_age_s"`
 	Method  string              `json:"method"`
@@ -50,12 +54,15 @@ type JobPriorityJSON struct {
 	Class string `json:"class"` // the tier the job competes in (preemptible when demoted or preemptible)
 	// ClassOrder ranks the class (lower first), as admins set it.
 	ClassOrder int `json:"class_order"`
-	// Priority is the stored total: W_fs·fair_share + W_size·size + W_age·age.
-	Priority    float64                 `json:"priority"`
-	Factors     allot.PriorityBreakdown `json:"factors"`
-	Points      PriorityPointsJSON      `json:"points"`
-	SubmittedAt time.Time               `json:"submitted_at"`
-	Reason      string                  `json:"pending_reason"`
+	// Priority is the stored total: under the multifactor order
+	// W_fs·fair_share + W_size·size + W_age·age (Points), under the
+	// response order response_ratio × fair_share_multiplier (Points 0).
+	Priority            float64                 `json:"priority"`
+	Factors             allot.PriorityBreakdown `json:"factors"`
+	Points              PriorityPointsJSON      `json:"points"`
+	FairShareMultiplier float64                 `json:"fair_share_multiplier,omitempty"`
+	SubmittedAt         time.Time               `json:"submitted_at"`
+	Reason              string                  `json:"pending_reason"`
 	// Rank is the job's place in the scheduler's order over the whole
 	// queue at the last cycle (0: not through a cycle yet, listed last).
 	Rank int `json:"rank"`
@@ -76,6 +83,12 @@ const prioritiesMethod = "Pending jobs in the scheduler's order as its last cycl
 	"class first (tier 1 first; a preemptible or budget-demoted job competes as preemptible), then priority, with the starvation guard serving tier 3-4 jobs " +
 	"that have waited 20 minutes right after the production classes. Priority = W_fs·F + W_size·S + W_age·A, with F = the team's fair-share factor 2^(−U/S), " +
 	"S = GPUs ÷ cluster GPUs, A = wait ÷ max age (at most 1), as that cycle computed them. Jobs not yet through a cycle come last, by submission, with priority 0."
+
+const prioritiesMethodResponse = "Pending jobs in the scheduler's order as its last cycle decided it (rank), with that cycle's reasons and start estimates: " +
+	"class first (tier 1 first; a preemptible or budget-demoted job competes as preemptible), then priority = response ratio × fair-share multiplier: " +
+	"(wait + T) ÷ T with T the time limit, times max(2F, 1/32) with F = the team's fair-share factor 2^(−U/S), as that cycle computed them " +
+	"(the response order: short jobs first, every job passing newer ones once it has waited about its own length). " +
+	"Jobs not yet through a cycle come last, by submission, with priority 0."
 
 // jobClass is the tier a pending job competes in: the last cycle's class,
 // else its tier's (preemptible when submitted so).
@@ -134,8 +147,11 @@ func (s *Server) apiPriorities(c echo.Context) error {
 		return err
 	}
 	pts := func(w int, x float64) float64 { return math.Round(float64(w)*x*10) / 10 }
-	out := PrioritiesJSON{Weights: PriorityWeightsJSON{FairShare: p.WeightFairShare, Size: p.WeightSize, Age: p.WeightAge},
+	out := PrioritiesJSON{Order: p.QueueOrder, Weights: PriorityWeightsJSON{FairShare: p.WeightFairShare, Size: p.WeightSize, Age: p.WeightAge},
 		MaxAgeS: int64(p.MaxAge / time.Second), Method: prioritiesMethod, Jobs: make([]JobPriorityJSON, 0, len(jobs)), QueueLength: cyc.Pending}
+	if p.QueueOrder == allot.QueueOrderResponse {
+		out.Method = prioritiesMethodResponse
+	}
 	if cyc.ID != 0 {
 		id, at := cyc.ID, cyc.DecidedAt.UTC()
 		out.CycleID, out.DecidedAt = &id, &at
@@ -146,8 +162,12 @@ func (s *Server) apiPriorities(c echo.Context) error {
 		b := j.Breakdown
 		row := JobPriorityJSON{ID: j.ID, Name: j.Name, Team: j.Team, User: j.User, Tier: string(j.Tier), GPUs: j.GPUs,
 			Class: string(cl), ClassOrder: order[cl], Priority: j.Priority, Factors: b,
-			Points:      PriorityPointsJSON{FairShare: pts(p.WeightFairShare, b.FairShare), Size: pts(p.WeightSize, b.Size), Age: pts(p.WeightAge, b.Age)},
 			SubmittedAt: j.SubmittedAt.UTC(), Reason: j.PendingReason}
+		if b.Order == allot.QueueOrderResponse {
+			row.FairShareMultiplier = math.Round(allot.FairShareMultiplier(b.FairShare)*1e4) / 1e4
+		} else {
+			row.Points = PriorityPointsJSON{FairShare: pts(p.WeightFairShare, b.FairShare), Size: pts(p.WeightSize, b.Size), Age: pts(p.WeightAge, b.Age)}
+		}
 		if d := jobs[i].Decision; d != nil {
 			row.Rank, row.Reason, row.EstKind = d.Rank, d.Reason, d.EstKind
 			if d.RunAs != "" {

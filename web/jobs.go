@@ -108,7 +108,7 @@ func (s *Server) jobPage(c echo.Context) error {
 	}
 	d := views.JobDetail{Page: s.page(c, j.Name), Job: jobRow(&j), Command: allot.JoinCommand(j.Command), WorkDir: j.WorkDir,
 		GPUsPerNode: j.GPUsPerNode, Checkpointable: j.Checkpointable, Demoted: j.Demoted, Started: fmtTime(j.StartedAt), Ended: fmtTime(j.EndedAt),
-		Priority:  strconv.FormatFloat(j.Priority, 'f', 0, 64),
+		Priority:  FormatPriority(&j),
 		CanCancel: (j.State == allot.JobPending || j.State == allot.JobRunning) && (u.Admin || u.ID == j.UserID || u.LeadOf(j.Team))}
 	if j.ExitCode != nil {
 		d.ExitCode = strconv.Itoa(*j.ExitCode)
@@ -612,8 +612,18 @@ type JobDetailJSON struct {
 	GPUUtil         []GPUUtilJSON        `json:"gpu_util"`
 }
 
+// priorityFactors is the breakdown of j's priority as the last cycle
+// computed it. Under the response order the priority is a product: the
+// response ratio (its points are the ratio) times the fair-share
+// multiplier max(2F, 1/32) (its points are the multiplier); weights are 0.
 func priorityFactors(j *allot.Job, p allot.Policy) []PriorityFactorJSON {
 	b := j.Breakdown
+	if b.Order == allot.QueueOrderResponse {
+		return []PriorityFactorJSON{
+			{Name: "response-ratio", Factor: b.ResponseRatio, Points: b.ResponseRatio},
+			{Name: "fair-share", Factor: b.FairShare, Points: math.Round(allot.FairShareMultiplier(b.FairShare)*1e4) / 1e4},
+		}
+	}
 	pts := func(w int, f float64) float64 { return math.Round(float64(w)*f*10) / 10 }
 	return []PriorityFactorJSON{
 		{Name: "fair-share", Factor: b.FairShare, Weight: p.WeightFairShare, Points: pts(p.WeightFairShare, b.FairShare)},
@@ -777,9 +787,19 @@ func utilChart(j *allot.Job, pts []store.GPUUtilPoint, now time.Time) views.Line
 	return c
 }
 
-// explainView fills the job page's explanations.
-func explainView(d *views.JobDetail, j *allot.Job, x jobExplanation) {
-	d.Timeline = timeline(j, x.Segments, x.Now)
+// FormatPriority is a job's stored priority as people read it: a whole
+// number of points under the multifactor order, three decimals of the
+// response order's product.
+func FormatPriority(j *allot.Job) string {
+	if j.Breakdown.Order == allot.QueueOrderResponse {
+		return strconv.FormatFloat(j.Priority, 'f', 3, 64)
+	}
+	return strconv.FormatFloat(j.Priority, 'f', 0, 64)
+}
+
+// multifactorView fills the priority table of a job the multifactor
+// order ranked: weights × factors, summed.
+func multifactorView(d *views.JobDetail, j *allot.Job, x jobExplanation) {
 	total := 0.0
 	for _, f := range priorityFactors(j, x.Policy) {
 		meaning := map[string]string{
@@ -793,6 +813,25 @@ func explainView(d *views.JobDetail, j *allot.Job, x jobExplanation) {
 	}
 	d.Factors = append(d.Factors, views.PriorityFactor{Name: "total", Points: strconv.FormatFloat(math.Round(total), 'f', 0, 64),
 		Meaning: "the sum; jobs of the same class are ordered by it, highest first"})
+}
+
+// explainView fills the job page's explanations.
+func explainView(d *views.JobDetail, j *allot.Job, x jobExplanation) {
+	d.Timeline = timeline(j, x.Segments, x.Now)
+	if j.Breakdown.Order == allot.QueueOrderResponse {
+		d.ProductOrder = true
+		fs := priorityFactors(j, x.Policy)
+		d.Factors = []views.PriorityFactor{
+			{Name: fs[0].Name, Factor: strconv.FormatFloat(fs[0].Factor, 'f', 4, 64), Points: strconv.FormatFloat(fs[0].Points, 'f', 4, 64),
+				Meaning: "(wait + T) ÷ T, T = the time limit (" + allot.FormatDuration(j.TimeLimit) + "): 1 at submission, 2 once the job has waited its own length"},
+			{Name: fs[1].Name, Factor: strconv.FormatFloat(fs[1].Factor, 'f', 4, 64), Weight: "×", Points: strconv.FormatFloat(fs[1].Points, 'f', 4, 64),
+				Meaning: "the multiplier max(2F, 1/32), F = 2^(−U/S): 1 for a team at its share, up to 2 below it, down to 1/32 far above it"},
+			{Name: "total", Points: strconv.FormatFloat(j.Priority, 'f', 3, 64),
+				Meaning: "response ratio × fair-share multiplier: jobs of the same class are ordered by it, highest first (the response order; see Docs)"},
+		}
+	} else {
+		multifactorView(d, j, x)
+	}
 	class := j.Breakdown.Class
 	if class == 0 {
 		class = j.Tier.Class()

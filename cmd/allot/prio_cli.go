@@ -7,6 +7,7 @@ import (
 	"io"
 	"strconv"
 
+	"github.com/allotlabs/allot/internal/allot"
 	"github.com/allotlabs/allot/internal/client"
 )
 
@@ -36,9 +37,10 @@ func prioFlags(stderr io.Writer) (*flag.FlagSet, func() *client.Client, *prioCmd
 	aliasFlags(fs, map[string]string{"account": "team", "A": "team", "n": "norm", "w": "weights"})
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: allot prio [--team T] [--me] [--norm] [--weights] [--parsable] [--noheader] [--json]")
-		fmt.Fprintln(stderr, "Pending jobs in queue order, like sprio: class (CLASS, tier 1 first), then PRIORITY = AGE + FAIRSHARE + JOBSIZE,")
-		fmt.Fprintln(stderr, "each its factor times the policy's weight, as the last scheduling cycle computed them. (The starvation guard")
-		fmt.Fprintln(stderr, "also serves tier 3-4 jobs that have waited 20 minutes right after the production classes, oldest first.)")
+		fmt.Fprintln(stderr, "Pending jobs in queue order, like sprio: class (CLASS, tier 1 first), then PRIORITY as the last scheduling cycle")
+		fmt.Fprintln(stderr, "computed it. Under the response order (the default): PRIORITY = RESPONSE × FS_MULT, RESPONSE = (wait + T) / T with")
+		fmt.Fprintln(stderr, "T the time limit, FS_MULT = max(2·FAIRSHARE, 1/32). Under the multifactor order: PRIORITY = AGE + FAIRSHARE + JOBSIZE,")
+		fmt.Fprintln(stderr, "each its factor times the policy's weight (and tier 3-4 jobs that have waited 20 minutes are served first, oldest first).")
 		fs.PrintDefaults()
 	}
 	return fs, newClient, c
@@ -63,6 +65,17 @@ func cmdPrio(args []string, stdout, stderr io.Writer) int {
 	if c.weights {
 		t := simpleTable{header: []string{"JOBID", "PRIORITY", "AGE", "FAIRSHARE", "JOBSIZE"}}
 		t.add("Weights", "", strconv.Itoa(p.Weights.Age), strconv.Itoa(p.Weights.FairShare), strconv.Itoa(p.Weights.Size))
+		c.table(stdout, &t)
+		return 0
+	}
+	if p.Order == allot.QueueOrderResponse {
+		// The response order: PRIORITY = RESPONSE × FS_MULT.
+		t := simpleTable{header: []string{"JOBID", "TEAM", "USER", "TIER", "CLASS", "PRIORITY", "RESPONSE", "FS_MULT", "FAIRSHARE"}}
+		f := func(x float64) string { return strconv.FormatFloat(x, 'f', 4, 64) }
+		for _, j := range p.Jobs {
+			t.add(strconv.FormatInt(j.ID, 10), j.Team, j.User, j.Tier, j.Class, strconv.FormatFloat(j.Priority, 'f', 3, 64),
+				f(j.Factors.ResponseRatio), f(j.FairShareMultiplier), f(j.Factors.FairShare))
+		}
 		c.table(stdout, &t)
 		return 0
 	}

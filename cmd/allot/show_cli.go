@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/allotlabs/allot/internal/allot"
 	"github.com/allotlabs/allot/internal/client"
 	"github.com/allotlabs/allot/internal/clock"
 	"github.com/allotlabs/allot/web"
@@ -114,9 +115,19 @@ func writeJobKV(w io.Writer, j *web.JobDetailJSON, now time.Time) {
 		nodes = j.Runs[n-1].Nodes
 	}
 	var factors []string
-	for _, f := range j.PriorityFactors {
-		factors = append(factors, fmt.Sprintf("%s:%s×%d=%s", f.Name, strconv.FormatFloat(f.Factor, 'f', -1, 64), f.Weight,
-			strconv.FormatFloat(f.Points, 'f', 1, 64)))
+	prio := strconv.FormatFloat(j.Priority, 'f', 0, 64)
+	if j.PriorityBreakdown.Order == allot.QueueOrderResponse {
+		// response-ratio:R×fair-share-multiplier:M (the response order's product)
+		prio = strconv.FormatFloat(j.Priority, 'f', 3, 64)
+		for _, f := range j.PriorityFactors {
+			factors = append(factors, fmt.Sprintf("%s:%s", f.Name, strconv.FormatFloat(f.Points, 'f', -1, 64)))
+		}
+		factors = []string{strings.Join(factors, "×")}
+	} else {
+		for _, f := range j.PriorityFactors {
+			factors = append(factors, fmt.Sprintf("%s:%s×%d=%s", f.Name, strconv.FormatFloat(f.Factor, 'f', -1, 64), f.Weight,
+				strconv.FormatFloat(f.Points, 'f', 1, 64)))
+		}
 	}
 	lines := [][]kv{
 		{{"JobId", strconv.FormatInt(j.ID, 10)}, {"JobName", null(j.Name)}},
@@ -126,7 +137,7 @@ func writeJobKV(w io.Writer, j *web.JobDetailJSON, now time.Time) {
 		{{"JobState", slurmState[j.State][0]}, {"AllotState", j.State}, {"ExitCode", exit}, {"Segment", strconv.Itoa(j.Segment)},
 			{"Preemptions", strconv.Itoa(j.Preemptions)}},
 		{{"Reason", null(j.PendingReason)}},
-		{{"Priority", strconv.FormatFloat(j.Priority, 'f', 0, 64)}, {"PriorityClass", strconv.Itoa(j.PriorityBreakdown.Class)},
+		{{"Priority", prio}, {"PriorityClass", strconv.Itoa(j.PriorityBreakdown.Class)},
 			{"PriorityFactors", null(strings.Join(factors, ","))}},
 	}
 	if q := j.Queue; q != nil {

@@ -308,8 +308,11 @@ func TestSlurmShowSharePrio(t *testing.T) {
 		if j.Team != "nlp" {
 			t.Errorf("the engineer sees job %d of team %s", j.ID, j.Team)
 		}
-		if sum := j.Points.Age + j.Points.FairShare + j.Points.Size; math.Abs(sum-j.Priority) > 1 {
-			t.Errorf("job %d: priority %v ≠ Σ points %v", j.ID, j.Priority, sum)
+		// The response order (the default): priority = response ratio × fair-share multiplier.
+		if prod := j.Factors.ResponseRatio * j.FairShareMultiplier; p.Order != "response" || j.Factors.Order != "response" ||
+			j.Factors.ResponseRatio < 1 || math.Abs(prod-j.Priority) > 2e-3*max(1, prod) {
+			t.Errorf("job %d (order %q/%q): priority %v ≠ response ratio %v × multiplier %v", j.ID, p.Order, j.Factors.Order, j.Priority,
+				j.Factors.ResponseRatio, j.FairShareMultiplier)
 		}
 		if i > 0 {
 			q := p.Jobs[i-1]
@@ -337,7 +340,7 @@ func TestSlurmShowSharePrio(t *testing.T) {
 	}
 	rc, out, _ = e.cli(demo.Engineer, "prio", "--me", "--parsable")
 	lines = strings.Split(strings.TrimSpace(out), "\n")
-	if rc != 0 || lines[0] != "JOBID|TEAM|USER|TIER|CLASS|PRIORITY|AGE|FAIRSHARE|JOBSIZE" || len(lines) < 3 || // the demo's queue has noah's jobs too
+	if rc != 0 || lines[0] != "JOBID|TEAM|USER|TIER|CLASS|PRIORITY|RESPONSE|FS_MULT|FAIRSHARE" || len(lines) < 3 || // the demo's queue has noah's jobs too
 		!strings.Contains(out, fmt.Sprintf("\n%d|nlp|noah@example.com|3|", a)) || !strings.Contains(out, fmt.Sprintf("\n%d|nlp|noah@example.com|4|", ids["e3-noah-wide-job"])) {
 		t.Fatalf("prio --me:\n%s", out)
 	}
@@ -351,6 +354,36 @@ func TestSlurmShowSharePrio(t *testing.T) {
 	}
 	if rc, out, _ := e.cli(ravi, "prio", "--parsable", "--noheader", "-n"); rc != 0 || !strings.Contains(out, fmt.Sprintf("%d|recs|ravi@example.com|3|3|", rv)) || strings.Contains(out, "|nlp|") {
 		t.Errorf("prio as ravi: %d\n%s", rc, out)
+	}
+
+	// The multifactor order, saved by an admin: the next cycle's
+	// priorities are the sums of weights × factors, and prio shows them so.
+	if code, _, b := e.api("PUT", "/api/v1/policy", demo.Admin, `{"queue_order": "multifactor"}`); code != 200 {
+		t.Fatalf("setting the multifactor order: %d %s", code, b)
+	}
+	deadline := time.Now().Add(20 * time.Second) // a deadline: the saved policy asks for a cycle at once
+	for {
+		p = web.PrioritiesJSON{} // fresh: decoding into the old rows would keep their omitted fields
+		e.getJSON("/api/v1/priorities", demo.Engineer, &p)
+		done := p.Order == "multifactor" && len(p.Jobs) > 0
+		for _, j := range p.Jobs {
+			done = done && j.Factors.Order == ""
+		}
+		if done {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no cycle under the multifactor order: %+v", p)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, j := range p.Jobs {
+		if sum := j.Points.Age + j.Points.FairShare + j.Points.Size; math.Abs(sum-j.Priority) > 1 || j.FairShareMultiplier != 0 {
+			t.Errorf("multifactor: job %d: priority %v ≠ Σ points %v (multiplier %v)", j.ID, j.Priority, sum, j.FairShareMultiplier)
+		}
+	}
+	if rc, out, _ := e.cli(demo.Engineer, "prio", "--me", "--parsable"); rc != 0 || !strings.HasPrefix(out, "JOBID|TEAM|USER|TIER|CLASS|PRIORITY|AGE|FAIRSHARE|JOBSIZE\n") {
+		t.Errorf("prio under the multifactor order: %d\n%s", rc, out)
 	}
 }
 
