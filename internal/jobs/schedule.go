@@ -71,9 +71,59 @@ type Scheduler struct {
 	// which runs at once.
 	MaxStarts int
 
+	rowsMu sync.Mutex
+	rows   map[int64]rowCopy // what the last cycles wrote to pending jobs' rows
+
 	learnMu sync.Mutex
 	learnAt time.Time // business time of the last learning, zero: never
 	learned store.RunTimeRatios
+}
+
+// rowCopy is what a cycle wrote to a pending job's row.
+type rowCopy struct {
+	class, reason string
+	policy        int64
+	at            time.Time
+}
+
+// rowRefresh is how old (in business time) a pending job's row copy of its
+// priority and breakdown may grow while only they change (plus up to 5/6
+// of it, by job id, to spread the rewrites): the stored queue
+// (queue_cycle) has every cycle's; the rows serve the job lists.
+const rowRefresh = time.Minute
+
+// markCurrentRows sets RowCurrent on the updates whose job's row holds the
+// same reason and class, under the same policy version, written less than
+// rowRefresh ago; the rest are written.
+func (s *Scheduler) markCurrentRows(pending []store.PendingUpdate, st store.SchedState) {
+	s.rowsMu.Lock()
+	defer s.rowsMu.Unlock()
+	for i := range pending {
+		p := &pending[i]
+		c, ok := s.rows[p.JobID]
+		// Spread over the next rowRefresh so that rows written by one
+		// cycle (all of them, the first) are not all rewritten by another.
+		limit := rowRefresh + time.Duration(p.JobID%6)*rowRefresh/6
+		age := st.Now.Sub(c.at)
+		p.RowCurrent = ok && c.reason == p.Reason && c.class == strconv.Itoa(p.Breakdown.Class) && c.policy == st.Policy.Version &&
+			age >= 0 && age < limit
+	}
+}
+
+// wroteRows remembers what a committed cycle wrote to the rows, and
+// forgets jobs that left the queue.
+func (s *Scheduler) wroteRows(pending []store.PendingUpdate, st store.SchedState) {
+	s.rowsMu.Lock()
+	defer s.rowsMu.Unlock()
+	next := make(map[int64]rowCopy, len(pending))
+	for _, p := range pending {
+		if p.RowCurrent {
+			next[p.JobID] = s.rows[p.JobID]
+			continue
+		}
+		next[p.JobID] = rowCopy{class: strconv.Itoa(p.Breakdown.Class), reason: p.Reason, policy: st.Policy.Version, at: st.Now}
+	}
+	s.rows = next
 }
 
 // Learning run times for the start forecast: the median ratio of each
@@ -145,7 +195,10 @@ func (s *Scheduler) Cycle(ctx context.Context) (CycleResult, error) {
 	start := time.Now()
 	var phase struct{ load, schedule, apply time.Duration }
 	var waits []startWait
+	var applied []store.PendingUpdate // the queue of the cycle, once it commits
+	var appliedState store.SchedState
 	err := s.Store.InTx(ctx, func(tx *store.Store) error {
+		applied = nil
 		ok, err := tx.TryCycleLock(ctx)
 		if err != nil || !ok {
 			return err
@@ -185,6 +238,9 @@ func (s *Scheduler) Cycle(ctx context.Context) (CycleResult, error) {
 		}
 		starts, preempts, pending := s.orders(st, plan, nodeNames)
 		starts, preempts, pending, res.Deferred = s.capStarts(starts, preempts, pending)
+		s.markCurrentRows(pending, st)
+		applied = pending
+		appliedState = st
 		res.Pending = len(st.Pending) - len(starts)
 		phase.schedule = time.Since(t)
 		t = time.Now()
@@ -201,6 +257,9 @@ func (s *Scheduler) Cycle(ctx context.Context) (CycleResult, error) {
 		phase.apply = time.Since(t)
 		return err
 	})
+	if err == nil && applied != nil {
+		s.wroteRows(applied, appliedState)
+	}
 	if s.Metrics != nil && res.Ran {
 		m := s.Metrics
 		m.Cycles.Inc()
