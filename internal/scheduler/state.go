@@ -314,7 +314,7 @@ func (st *state) release() {
 	clear(st.run)
 	clear(st.pend)
 	clear(st.order)
-	clear(st.nodes)
+	// st.nodes holds nothing of the snapshot (claims are indices): not cleared.
 	clear(st.teamPtrs)
 	clear(st.teamsBuf)
 	st.s, st.plan, st.pools, st.grps, st.teams = nil, Plan{}, nil, nil, nil
