@@ -244,6 +244,19 @@ func TestConfirmCancel(t *testing.T) {
 func TestSlurmShowSharePrio(t *testing.T) {
 	e, ids := slurmEnv(t)
 	a, rv := ids["e3-noah-a"], ids["e3-ravi"]
+	// Once a cycle has ranked it, the job's priority is the response order's product.
+	deadline := time.Now().Add(20 * time.Second) // a deadline: submissions ask for a cycle at once
+	for {
+		var d web.JobDetailJSON
+		e.getJSON(fmt.Sprintf("/api/v1/jobs/%d", a), demo.Engineer, &d)
+		if d.Queue != nil && d.Queue.Ranked && d.PriorityBreakdown.Order == "response" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("job %d was not ranked by a cycle under the response order: %+v", a, d.Queue)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 
 	rc, out, errOut := e.cli(demo.Engineer, "show", "job", fmt.Sprint(a))
 	if rc != 0 {
@@ -252,7 +265,7 @@ func TestSlurmShowSharePrio(t *testing.T) {
 	for _, s := range []string{fmt.Sprintf("JobId=%d JobName=e3-noah-a\n", a), "   UserId=noah@example.com Account=nlp RunAsUser=",
 		"JobState=PENDING AllotState=pending", "\n   Reason=", "TimeLimit=4:00:00 RunTime=0:00 TimeLeft=4:00:00",
 		"GPUs=8 GPUType=A100-80GB GPUsPerNode=(null) TRES=gpu:A100-80GB:8", "\n   Command=python train.py\n", "QueuePosition=",
-		"PriorityFactors=fair-share:", "StartTime=N/A", "MinCPUsNode=0 MinMemoryNode=0 Image=(null)"} {
+		"PriorityFactors=response-ratio:1×fair-share:", "StartTime=N/A", "MinCPUsNode=0 MinMemoryNode=0 Image=(null)"} {
 		if !strings.Contains(out, s) {
 			t.Errorf("show lacks %q:\n%s", s, out)
 		}
@@ -361,7 +374,7 @@ func TestSlurmShowSharePrio(t *testing.T) {
 	if code, _, b := e.api("PUT", "/api/v1/policy", demo.Admin, `{"queue_order": "multifactor"}`); code != 200 {
 		t.Fatalf("setting the multifactor order: %d %s", code, b)
 	}
-	deadline := time.Now().Add(20 * time.Second) // a deadline: the saved policy asks for a cycle at once
+	deadline = time.Now().Add(20 * time.Second) // a deadline: the saved policy asks for a cycle at once
 	for {
 		p = web.PrioritiesJSON{} // fresh: decoding into the old rows would keep their omitted fields
 		e.getJSON("/api/v1/priorities", demo.Engineer, &p)
