@@ -148,7 +148,17 @@ func (c *State) Collect(ch chan<- prometheus.Metric) {
 	for _, b := range s.Budgets {
 		g(c.budget, float64(b.UsedGPUSeconds)/float64(b.BudgetGPUHours*3600), b.Team)
 	}
-	for team, f := range FairShares(s.Shares, s.Now) {
+	// The last cycle's factors (what it ordered the queue by, as the
+	// fair-share table shows them); before the first cycle, computed by
+	// the scheduler core from the same inputs.
+	shares := FairShares(s.Shares, s.Now)
+	if s.CycleShares.CycleID != 0 {
+		shares = map[string]float64{}
+		for team, sh := range s.CycleShares.Teams {
+			shares[team] = sh.FairShare
+		}
+	}
+	for team, f := range shares {
 		g(c.fairShare, f, team)
 	}
 	if !s.LastCycle.IsZero() {

@@ -24,7 +24,10 @@ type MetricsState struct {
 	BurstNodes int
 	Budgets    []TeamBudgetUse
 	Shares     []TeamShareInput
-	River      []RiverCount
+	// CycleShares are the fair-share factors the last scheduling cycle
+	// computed (what it ordered the queue by); none before the first.
+	CycleShares CycleShares
+	River       []RiverCount
 	// Engine is the last word from an external engine (Slurm); nil when
 	// none is configured.
 	Engine *EngineSyncState
@@ -151,6 +154,9 @@ func (s *Store) metricsState(ctx context.Context) (MetricsState, error) {
 		}
 	}
 	if m.Shares, err = s.TeamShareInputs(ctx); err != nil {
+		return m, err
+	}
+	if m.CycleShares, err = s.LastShares(ctx); err != nil {
 		return m, err
 	}
 	rows, err = s.db.Query(ctx, `SELECT queue, state::text, count(*) FROM river_job GROUP BY 1, 2 ORDER BY 1, 2`)
