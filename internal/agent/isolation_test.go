@@ -205,7 +205,10 @@ func TestServerKillOrderEndsAnOrphanAtOnce(t *testing.T) {
 	t.Parallel()
 	p := newPeer(t)
 	ta := startAgent(t, p)
-	ta.run(t, shLease(161, []int{3}, `trap '' TERM; sleep 300`))
+	ta.run(t, shLease(161, []int{3}, `trap '' TERM; echo trapped; sleep 300`))
+	// The kill order comes once the job ignores SIGTERM: sent before the
+	// shell had set its trap, the agent's SIGTERM would end it first.
+	p.waitLogLine(ref(161), "trapped", 10*time.Second)
 	p.mu.Lock()
 	p.kill = []agentproto.LeaseRef{ref(161)}
 	p.mu.Unlock()

@@ -31,6 +31,9 @@ func TestDCGMJobMapping(t *testing.T) {
 		t.Fatal(err)
 	}
 	ta.run(t, shLease(77, []int{1, 3}, "echo ready; exec sleep 30"))
+	// The agent reports a start just before it counts the job as running;
+	// its first output line comes after.
+	p.waitLogLine(ref(77), "ready", 10*time.Second)
 	if err := ta.writeDCGMJobMapping(dir); err != nil {
 		t.Fatal(err)
 	}
