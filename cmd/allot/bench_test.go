@@ -206,7 +206,7 @@ func percentileMS(sorted []time.Duration, p float64) float64 {
 func (e *benchEnv) firstOutputLatencies(n int, budget time.Duration, quiet bool) []time.Duration {
 	b, ctx := e.b, context.Background()
 	lat := make([]time.Duration, 0, n)
-	stop := time.Now().Add(budget)
+	stop := time.Now().Add(budget) // a deadline: the benchmark's time budget
 	for i := 0; i < n && time.Now().Before(stop); i++ {
 		id, err := e.submit(jobBody("fraud", "sh", "-c", fmt.Sprintf("echo first %d", i)))
 		if err != nil {
@@ -346,7 +346,7 @@ func BenchmarkSubmitThroughput(b *testing.B) {
 	wg.Wait()
 	burst := time.Since(start)
 	b.StopTimer()
-	lastSubmit := time.Now()
+	lastSubmit := time.Now() // a stopwatch: submission to cycle
 	if failed > 0 {
 		b.Fatalf("%d of %d submissions failed; first: %v", failed, total, firstEr)
 	}
@@ -501,8 +501,8 @@ func BenchmarkHeartbeatIngest(b *testing.B) {
 					}
 					return
 				}
-				for time.Now().Before(end) {
-					send(time.Now())
+				for time.Now().Before(end) { // a deadline: the load's end
+					send(time.Now()) // a stopwatch: when each call left
 				}
 			})
 		}

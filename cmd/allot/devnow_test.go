@@ -84,7 +84,7 @@ func TestDevNow(t *testing.T) {
 	}
 	// The tokens file follows the "running" line.
 	var env []byte
-	for wait := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+	for wait := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) { // a deadline
 		env, err = os.ReadFile(filepath.Join(dir, "tokens.env"))
 		if err == nil && strings.Contains(string(env), "ALLOT_URL") {
 			break
@@ -178,7 +178,7 @@ func TestDevNow(t *testing.T) {
 		if resp.StatusCode != 201 {
 			t.Fatalf("submitting the README example: %d", resp.StatusCode)
 		}
-		for wait := time.Now().Add(60 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+		for wait := time.Now().Add(60 * time.Second); ; time.Sleep(500 * time.Millisecond) { // a deadline
 			var log web.JobLogJSON
 			get(fmt.Sprintf("/api/v1/jobs/%d/log", job.ID), tokens["ALLOT_TOKEN"], &log)
 			if l := strings.Join(log.Lines, "\n"); strings.Contains(l, "train: args ['--lr', '3e-4']") {

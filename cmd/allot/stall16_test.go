@@ -291,7 +291,7 @@ func TestStalledClientsCannotStallTheControlPlane(t *testing.T) {
 				}
 				fmt.Fprintf(c, "POST /api/v1/jobs HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n",
 					addr, e.tokens[demo.Engineer], len(body))
-				sent := time.Now()
+				sent := time.Now() // a stopwatch: how long the server keeps a trickle open
 				closed := make(chan struct{})
 				go func() {
 					io.Copy(io.Discard, c) //nolint:errcheck // until the server closes it

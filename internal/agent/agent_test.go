@@ -184,7 +184,7 @@ func TestLogLinesArriveAndTheFirstFast(t *testing.T) {
 	ref := ref(5)
 	p.push(agentproto.Orders{Offer: []agentproto.Lease{l}})
 	p.waitFor("take", 5*time.Second, func() bool { return len(p.takes) == 1 })
-	startAt := time.Now()
+	startAt := time.Now() // a stopwatch
 	p.push(agentproto.Orders{Start: []agentproto.LeaseRef{ref}})
 	p.waitLogLine(ref, "first", 5*time.Second)
 	p.mu.Lock()
@@ -221,7 +221,7 @@ func TestStopWithGraceLetsTheJobCheckpoint(t *testing.T) {
 	script := `trap 'echo saved > "` + marker + `"; exit 0' TERM; echo ready; while :; do sleep 0.05; done`
 	ta.run(t, shLease(7, []int{0, 1}, script))
 	p.waitLogLine(ref(7), "ready", 5*time.Second)
-	at := time.Now()
+	at := time.Now() // a stopwatch: how long the stop takes
 	p.push(agentproto.Orders{Stop: []agentproto.Stop{{JobID: 7, Segment: 1, Grace: 5 * time.Second, Reason: "preempted"}}})
 	e := p.waitExit(ref(7), 10*time.Second)
 	if took := time.Since(at); took > 4*time.Second {
@@ -243,7 +243,7 @@ func TestStopKillsAJobThatIgnoresSIGTERM(t *testing.T) {
 	ta := startAgent(t, p)
 	s := ta.run(t, shLease(8, []int{3}, `trap '' TERM; echo ready; while :; do sleep 0.05; done`))
 	p.waitLogLine(ref(8), "ready", 5*time.Second)
-	at := time.Now()
+	at := time.Now() // a stopwatch: how long the stop takes
 	p.push(agentproto.Orders{Stop: []agentproto.Stop{{JobID: 8, Segment: 1, Grace: 300 * time.Millisecond, Reason: "cancelled"}}})
 	e := p.waitExit(ref(8), 10*time.Second)
 	if took := time.Since(at); took < 300*time.Millisecond {

@@ -209,7 +209,7 @@ func (p *peer) log(w http.ResponseWriter, r *http.Request) {
 	}
 	p.ends[ref] = append(p.ends[ref], l.Ends...)
 	if _, seen := p.firstLog[ref]; !seen {
-		p.firstLog[ref] = time.Now()
+		p.firstLog[ref] = time.Now() // a stopwatch: start to first output line
 	}
 	p.logs[ref] = append(p.logs[ref], l.Lines...)
 	p.notifyLocked()

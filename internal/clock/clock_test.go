@@ -43,7 +43,7 @@ func TestFromEnv(t *testing.T) {
 			if tt.name == "offset wins" {
 				at := strings.TrimPrefix(strings.Fields(string(out))[0], "now=")
 				got, perr := time.Parse(time.RFC3339Nano, at)
-				if perr != nil || got.After(time.Now().Add(-23*time.Hour)) {
+				if perr != nil || got.After(time.Now().Add(-23*time.Hour)) { // the real clock: the offset is against it
 					t.Errorf("ALLOT_CLOCK_OFFSET=-24h: now %q", at)
 				}
 			}

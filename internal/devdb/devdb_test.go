@@ -178,7 +178,7 @@ func TestPrivateCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	stale := fmt.Sprintf("%d\n%s\n%d\n%d\n\n127.0.0.1\n  1234  5678\nready   \n",
-		dead.Process.Pid, o.DataDir, time.Now().Unix(), 5432)
+		dead.Process.Pid, o.DataDir, time.Now().Unix(), 5432) // PostgreSQL's own pid file stamps the real clock
 	if err := os.WriteFile(filepath.Join(o.DataDir, "postmaster.pid"), []byte(stale), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -279,7 +279,7 @@ func TestEnsureDatabase(t *testing.T) {
 	if err := ping(ctx, admin, probeTimeout); err != nil {
 		t.Skipf("no PostgreSQL answers at 127.0.0.1:5432 (%v); start one to run this test", err)
 	}
-	name := fmt.Sprintf(`devdb "Test" %d-%d`, os.Getpid(), time.Now().UnixNano())
+	name := fmt.Sprintf(`devdb "Test" %d-%d`, os.Getpid(), time.Now().UnixNano()) // a unique name, not a time
 	t.Cleanup(func() {
 		exec1(t, context.Background(), admin, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize())
 	})

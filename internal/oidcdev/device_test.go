@@ -33,7 +33,7 @@ func newDeviceFixture(t *testing.T) *deviceFixture {
 	// whoever verifies a token (see package clock), so the provider's clock
 	// is the real one, shifted forward only to expire codes and tokens.
 	f.p, err = New(Config{Issuer: srv.URL, Users: DemoUsers("pw"), DeviceInterval: time.Second, DeviceCodeTTL: time.Minute,
-		RefreshTTL: time.Hour, Now: func() time.Time { return time.Now().Add(time.Duration(f.shift.Load())) },
+		RefreshTTL: time.Hour, Now: func() time.Time { return time.Now().Add(time.Duration(f.shift.Load())) }, // OIDC tokens live on the real clock
 		Clients: []Client{{ID: "app", Secret: "s3", RedirectURIs: []string{"http://127.0.0.1/cb"}}, {ID: "cli", DeviceGrant: true}}})
 	if err != nil {
 		t.Fatal(err)
