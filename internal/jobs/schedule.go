@@ -81,9 +81,10 @@ type Scheduler struct {
 
 // rowCopy is what a cycle wrote to a pending job's row.
 type rowCopy struct {
-	class, reason string
-	policy        int64
-	at            time.Time
+	class  int
+	reason string
+	policy int64
+	at     time.Time
 }
 
 // rowRefresh is how old (in business time) a pending job's row copy of its
@@ -105,7 +106,7 @@ func (s *Scheduler) markCurrentRows(pending []store.PendingUpdate, st store.Sche
 		// cycle (all of them, the first) are not all rewritten by another.
 		limit := rowRefresh + time.Duration(p.JobID%6)*rowRefresh/6
 		age := st.Now.Sub(c.at)
-		p.RowCurrent = ok && c.reason == p.Reason && c.class == strconv.Itoa(p.Breakdown.Class) && c.policy == st.Policy.Version &&
+		p.RowCurrent = ok && c.reason == p.Reason && c.class == p.Breakdown.Class && c.policy == st.Policy.Version &&
 			age >= 0 && age < limit
 	}
 }
@@ -121,7 +122,7 @@ func (s *Scheduler) wroteRows(pending []store.PendingUpdate, st store.SchedState
 			next[p.JobID] = s.rows[p.JobID]
 			continue
 		}
-		next[p.JobID] = rowCopy{class: strconv.Itoa(p.Breakdown.Class), reason: p.Reason, policy: st.Policy.Version, at: st.Now}
+		next[p.JobID] = rowCopy{class: p.Breakdown.Class, reason: p.Reason, policy: st.Policy.Version, at: st.Now}
 	}
 	s.rows = next
 }
@@ -373,9 +374,9 @@ func corePolicy(p allot.Policy, tiers []allot.Tier) scheduler.Policy {
 	// ratio (the simulator's default, no starvation guard: continuous
 	// aging serves every job) or Slurm's multifactor weights with the
 	// 20-minute starvation guard, as before.
-	cp.Order, cp.StarvationWait = scheduler.OrderResponse, 0
-	if p.QueueOrder == allot.QueueOrderMultifactor {
-		cp.Order, cp.StarvationWait = scheduler.OrderMultifactor, 20*time.Minute
+	cp.Order, cp.StarvationWait = queueOrder(p), 0
+	if cp.Order == scheduler.OrderMultifactor {
+		cp.StarvationWait = 20 * time.Minute
 	}
 	cp.WeightFairShare, cp.WeightSize, cp.WeightAge = float64(p.WeightFairShare), float64(p.WeightSize), float64(p.WeightAge)
 	cp.MaxAge, cp.HalfLife, cp.GracePeriod, cp.MinRuntime = p.MaxAge, p.HalfLife, p.GracePeriod, p.MinRuntime
@@ -395,6 +396,15 @@ func corePolicy(p allot.Policy, tiers []allot.Tier) scheduler.Policy {
 		}
 	}
 	return cp
+}
+
+// queueOrder is the core's order inside a class for the policy's
+// QueueOrder.
+func queueOrder(p allot.Policy) scheduler.Order {
+	if p.QueueOrder == allot.QueueOrderMultifactor {
+		return scheduler.OrderMultifactor
+	}
+	return scheduler.OrderResponse
 }
 
 func coreJob(j *allot.Job) scheduler.Job {
@@ -489,7 +499,7 @@ func (s *Scheduler) orders(st store.SchedState, plan scheduler.Plan, names []str
 			host[n.Name] = n.Name
 		}
 	}
-	order := corePolicy(st.Policy, nil).Order
+	order := queueOrder(st.Policy)
 	var starts []store.StartOrder
 	for _, p := range plan.Starts {
 		j := jobs[p.JobID]

@@ -480,12 +480,7 @@ func (st *state) preemptTable(c Tier, reclaim bool, mg int) [][]int64 {
 		cs = cs[:0]
 		for _, ri := range st.nodeRun[n] {
 			r := &st.run[ri]
-			k := 0
-			for _, sl := range r.j.Placement {
-				if sl.Node == n {
-					k += len(sl.GPUs)
-				}
-			}
+			k := r.gpusOn(n)
 			if r.term {
 				cs = append(cs, cand{max(r.end, 0), k}) // freed at its grace end
 				continue

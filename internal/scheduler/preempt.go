@@ -105,6 +105,17 @@ type victimCand struct {
 	gpus  int // on this node
 }
 
+// gpusOn counts the GPUs r holds on node n.
+func (r *runJob) gpusOn(n int) int {
+	k := 0
+	for _, sl := range r.j.Placement {
+		if sl.Node == n {
+			k += len(sl.GPUs)
+		}
+	}
+	return k
+}
+
 // nodeVictims picks the victims on node n that bring it to target free
 // GPUs: victim groups in order, then lowest priority, fewest GPUs, newest
 // start, id. ok is false when that is impossible.
@@ -114,12 +125,7 @@ func (st *state) nodeVictims(n, target, maxGroup int, class Tier, reclaim bool, 
 	vs = buf[:0]
 	for _, ri := range st.nodeRun[n] {
 		r := &st.run[ri]
-		k := 0
-		for _, sl := range r.j.Placement {
-			if sl.Node == n {
-				k += len(sl.GPUs)
-			}
-		}
+		k := r.gpusOn(n)
 		if r.term {
 			avail += k // freed at its grace end, within one grace period
 			continue

@@ -981,12 +981,7 @@ func (s *Store) HeartbeatJobs(ctx context.Context, node string, stats []JobStat)
 	var orphans []Orphan
 	err := s.InTx(ctx, func(tx *Store) error {
 		now := tx.Now()
-		listed := make([]LeaseRef, len(stats))
-		byRef := make(map[LeaseRef]JobStat, len(stats))
-		for i, st := range stats {
-			listed[i] = LeaseRef{JobID: st.JobID, Segment: st.Segment}
-			byRef[listed[i]] = st
-		}
+		listed, byRef := listedStats(stats)
 		leases, err := tx.nodeLeases(ctx, node, listed)
 		if err != nil {
 			return err

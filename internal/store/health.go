@@ -621,27 +621,14 @@ const asyncCommitSQL = `ac AS (SELECT set_config('synchronous_commit', 'off', tr
 // leases need more (an orphan held or released) takes the transactional
 // path.
 func (s *Store) HeartbeatJobsAsync(ctx context.Context, node string, stats []JobStat) ([]Orphan, error) {
-	listed := make([]LeaseRef, len(stats))
-	byRef := make(map[LeaseRef]JobStat, len(stats))
-	for i, st := range stats {
-		listed[i] = LeaseRef{JobID: st.JobID, Segment: st.Segment}
-		byRef[listed[i]] = st
-	}
+	listed, byRef := listedStats(stats)
 	leases, err := s.nodeLeases(ctx, node, listed)
 	if err != nil {
 		return nil, err
 	}
-	var seen []JobStat
-	var orphans []Orphan
-	for _, d := range allot.ReconcileHeartbeat(leases, listed) {
-		switch d.Action {
-		case allot.ActSeen:
-			seen = append(seen, byRef[d.Ref])
-		case allot.ActKill:
-			orphans = append(orphans, Orphan{LeaseRef: d.Ref})
-		default:
-			return s.heartbeatJobsTx(ctx, node, stats)
-		}
+	seen, orphans, needTx := splitReconciled(leases, listed, byRef)
+	if needTx {
+		return s.heartbeatJobsTx(ctx, node, stats)
 	}
 	if len(seen) == 0 {
 		return orphans, nil
@@ -650,6 +637,36 @@ func (s *Store) HeartbeatJobsAsync(ctx context.Context, node string, stats []Job
 		return nil, err
 	}
 	return orphans, nil
+}
+
+// listedStats is a heartbeat's job list as lease refs, and each one's
+// statistics by its ref.
+func listedStats(stats []JobStat) ([]LeaseRef, map[LeaseRef]JobStat) {
+	listed := make([]LeaseRef, len(stats))
+	byRef := make(map[LeaseRef]JobStat, len(stats))
+	for i, st := range stats {
+		listed[i] = LeaseRef{JobID: st.JobID, Segment: st.Segment}
+		byRef[listed[i]] = st
+	}
+	return listed, byRef
+}
+
+// splitReconciled sorts allot.ReconcileHeartbeat's decisions for the
+// asynchronous paths: the statistics of the listed leases seen alive, the
+// leases the agent must kill, and whether one needs the transactional path
+// (an orphan's GPUs held or released: heartbeatJobsTx).
+func splitReconciled(leases []allot.NodeLease, listed []LeaseRef, byRef map[LeaseRef]JobStat) (seen []JobStat, orphans []Orphan, needTx bool) {
+	for _, d := range allot.ReconcileHeartbeat(leases, listed) {
+		switch d.Action {
+		case allot.ActSeen:
+			seen = append(seen, byRef[d.Ref])
+		case allot.ActKill:
+			orphans = append(orphans, Orphan{LeaseRef: d.Ref})
+		default:
+			return nil, nil, true
+		}
+	}
+	return seen, orphans, false
 }
 
 // confirmSeen records the statistics of the leases a heartbeat lists that
@@ -805,12 +822,9 @@ func (s *Store) RecordHeartbeatRound(ctx context.Context, node string, samples [
 		check = check[:maxHealthOutput]
 	}
 	check = strings.ToValidUTF8(check, "?")
-	listed := make([]LeaseRef, len(stats))
-	byRef := make(map[LeaseRef]JobStat, len(stats))
+	listed, byRef := listedStats(stats)
 	jobs, segs := make([]int64, len(stats)), make([]int32, len(stats))
 	for i, st := range stats {
-		listed[i] = LeaseRef{JobID: st.JobID, Segment: st.Segment}
-		byRef[listed[i]] = st
 		jobs[i], segs[i] = st.JobID, int32(st.Segment)
 	}
 	sql, args := heartbeatSQL(node, s.Now(), samples)
@@ -833,23 +847,17 @@ func (s *Store) RecordHeartbeatRound(ctx context.Context, node string, samples [
 	if err != nil {
 		return r, err
 	}
-	var seen []JobStat
-	for _, d := range allot.ReconcileHeartbeat(leases, listed) {
-		switch d.Action {
-		case allot.ActSeen:
-			seen = append(seen, byRef[d.Ref])
-		case allot.ActKill:
-			r.Orphans = append(r.Orphans, Orphan{LeaseRef: d.Ref})
-		default:
-			// An orphan to hold or release: the transaction, then the
-			// health evaluation after it, as before.
-			if r.Orphans, err = s.heartbeatJobsTx(ctx, node, stats); err != nil {
-				return r, err
-			}
-			r.Health, err = s.EvaluateHeartbeatHealth(ctx, node, gpus, check, "")
+	seen, orphans, needTx := splitReconciled(leases, listed, byRef)
+	if needTx {
+		// An orphan to hold or release: the transaction, then the
+		// health evaluation after it, as before.
+		if r.Orphans, err = s.heartbeatJobsTx(ctx, node, stats); err != nil {
 			return r, err
 		}
+		r.Health, err = s.EvaluateHeartbeatHealth(ctx, node, gpus, check, "")
+		return r, err
 	}
+	r.Orphans = append(r.Orphans, orphans...)
 	if len(seen) > 0 {
 		if err := s.confirmSeen(ctx, node, seen); err != nil {
 			return r, err

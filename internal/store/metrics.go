@@ -23,7 +23,7 @@ type MetricsState struct {
 	// BurstNodes are burst nodes not yet released.
 	BurstNodes int
 	Budgets    []TeamBudgetUse
-	Shares     []TeamShareInput
+	Shares     []TeamShareInput // loaded only while CycleShares has none
 	// CycleShares are the fair-share factors the last scheduling cycle
 	// computed (what it ordered the queue by); none before the first.
 	CycleShares CycleShares
@@ -153,11 +153,13 @@ func (s *Store) metricsState(ctx context.Context) (MetricsState, error) {
 			m.Budgets[i].UsedGPUSeconds = used[m.Budgets[i].Team]
 		}
 	}
-	if m.Shares, err = s.TeamShareInputs(ctx); err != nil {
-		return m, err
-	}
 	if m.CycleShares, err = s.LastShares(ctx); err != nil {
 		return m, err
+	}
+	if m.CycleShares.CycleID == 0 { // before the first cycle: computed from the inputs
+		if m.Shares, err = s.TeamShareInputs(ctx); err != nil {
+			return m, err
+		}
 	}
 	rows, err = s.db.Query(ctx, `SELECT queue, state::text, count(*) FROM river_job GROUP BY 1, 2 ORDER BY 1, 2`)
 	if m.River, err = collect(rows, err, "counting River jobs for metrics", func(r pgx.CollectableRow) (RiverCount, error) {
