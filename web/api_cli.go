@@ -93,12 +93,10 @@ const prioritiesMethodResponse = "Pending jobs in the scheduler's order as its l
 // jobClass is the tier a pending job competes in: the last cycle's class,
 // else its tier's (preemptible when submitted so).
 func jobClass(j *allot.Job) allot.TierID {
-	switch c := j.Breakdown.Class; {
-	case c == 5:
-		return allot.TierPreemptible
-	case c >= 1 && c <= 4:
-		return allot.TierID(strconv.Itoa(c))
-	case j.Preemptible:
+	if t, ok := allot.TierOfClass(j.Breakdown.Class); ok {
+		return t
+	}
+	if j.Preemptible {
 		return allot.TierPreemptible
 	}
 	return j.Tier

@@ -45,6 +45,18 @@ func (t TierID) Class() int {
 	return n
 }
 
+// TierOfClass is Class's inverse: the tier of class 1..4, preemptible for
+// 5; false for any other number.
+func TierOfClass(class int) (TierID, bool) {
+	switch {
+	case class == 5:
+		return TierPreemptible, true
+	case class >= 1 && class <= 4:
+		return TierID(strconv.Itoa(class)), true
+	}
+	return "", false
+}
+
 // Tier is a job class with its rights and price.
 type Tier struct {
 	ID          TierID

@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
@@ -96,15 +95,10 @@ func (s *Store) cycleID(ctx context.Context) (int64, error) {
 	return id, mapErr("numbering the cycle", err)
 }
 
-// runAsOfClass is the tier a breakdown's class names (5: preemptible).
+// runAsOfClass is the tier a breakdown's class names ("" for none).
 func runAsOfClass(class int) allot.TierID {
-	if class == 5 {
-		return allot.TierPreemptible
-	}
-	if class >= 1 && class <= 4 {
-		return allot.TierID(strconv.Itoa(class))
-	}
-	return ""
+	t, _ := allot.TierOfClass(class)
+	return t
 }
 
 // recordQueue replaces the stored queue with pending, in the scheduler's
