@@ -61,11 +61,49 @@ func deviceRules(devs []devNum) []specs.LinuxDeviceCgroup {
 	return rules
 }
 
+// v2Devices is rules in the form the cgroup v2 eBPF device filter
+// takes: every rule with a type ("a" for all) and a major and minor (-1
+// for any). The filter (cgroup2.DeviceFilter) dereferences Major and Minor
+// and knows no empty type: given deviceRules as v1 takes them, it panics.
+func v2Devices(rules []specs.LinuxDeviceCgroup) []specs.LinuxDeviceCgroup {
+	out := make([]specs.LinuxDeviceCgroup, len(rules))
+	for i, r := range rules {
+		if r.Type == "" {
+			r.Type = "a"
+		}
+		any := int64(-1)
+		if r.Major == nil {
+			r.Major = &any
+		}
+		if r.Minor == nil {
+			r.Minor = &any
+		}
+		out[i] = r
+	}
+	return out
+}
+
+// cgroupRoot is where the cgroup filesystems are mounted: the unified
+// (v2) hierarchy itself, or the v1 hierarchies under it.
+const cgroupRoot = "/sys/fs/cgroup"
+
 // cgroupDriver makes and finds job cgroups under one parent (one per
 // agent, so several agents on one host stay apart).
 type cgroupDriver struct {
-	v2     bool
+	v2 bool
+	// root is where the v2 hierarchy is mounted: "" is cgroupRoot (a
+	// unified host, the agent's only choice); tests use a hybrid host's
+	// cgroupRoot/unified.
+	root   string
 	parent string // e.g. "/allot/node-a"
+}
+
+// v2Root is the v2 hierarchy's mount point.
+func (d *cgroupDriver) v2Root() string {
+	if d.root == "" {
+		return cgroupRoot
+	}
+	return d.root
 }
 
 // v1Subsystems are the v1 controllers a job cgroup uses: the limits,
@@ -103,7 +141,7 @@ func newCgroupDriver(parent string) (*cgroupDriver, error) {
 	switch cgroups.Mode() {
 	case cgroups.Unified:
 		d.v2 = true
-		b, err := os.ReadFile("/sys/fs/cgroup/cgroup.controllers")
+		b, err := os.ReadFile(cgroupRoot + "/cgroup.controllers")
 		if err != nil {
 			return nil, fmt.Errorf("reading cgroup v2 controllers: %w", err)
 		}
@@ -150,13 +188,24 @@ func (d *cgroupDriver) create(name string, lim jobLimits) (*jobCgroup, error) {
 			res.Pids = &cgroup2.Pids{Max: lim.PidsMax}
 		}
 		if lim.Devices != nil {
-			res.Devices = deviceRules(lim.Devices)
+			res.Devices = v2Devices(deviceRules(lim.Devices))
 		}
-		m, err := cgroup2.NewManager("/sys/fs/cgroup", p, res)
+		dir := path.Join(d.v2Root(), p)
+		// A cgroup left by an earlier start of this lease (an agent that
+		// died before cleaning up) still has its eBPF device filter: a new
+		// one would be attached next to it and both would have to allow;
+		// and once killed, it kills what is started into it (see Kill).
+		// Start from a fresh one; one with processes in it is not ours to
+		// reuse.
+		if err := rmdirTree(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("creating cgroup %s: an earlier one is still there: %w", p, err)
+		}
+		m, err := cgroup2.NewManager(d.v2Root(), p, res)
 		if err != nil {
+			_ = os.Remove(dir)
 			return nil, fmt.Errorf("creating cgroup %s: %w", p, err)
 		}
-		return &jobCgroup{path: p, v2: m}, nil
+		return &jobCgroup{path: p, root: d.v2Root(), v2: m}, nil
 	}
 	res := &specs.LinuxResources{}
 	if lim.MemoryBytes > 0 {
@@ -186,14 +235,14 @@ func (d *cgroupDriver) create(name string, lim jobLimits) (*jobCgroup, error) {
 func (d *cgroupDriver) load(name string) (*jobCgroup, error) {
 	p := d.groupPath(name)
 	if d.v2 {
-		m, err := cgroup2.Load(p)
+		m, err := cgroup2.Load(p, cgroup2.WithMountpoint(d.v2Root()))
 		if err != nil {
 			return nil, err
 		}
-		if _, err := os.Stat(path.Join("/sys/fs/cgroup", p)); err != nil {
+		if _, err := os.Stat(path.Join(d.v2Root(), p)); err != nil {
 			return nil, err
 		}
-		return &jobCgroup{path: p, v2: m}, nil
+		return &jobCgroup{path: p, root: d.v2Root(), v2: m}, nil
 	}
 	cg, err := cgroup1.Load(cgroup1.StaticPath(p), cgroup1.WithHierarchy(v1Hierarchy))
 	if err != nil {
@@ -204,9 +253,9 @@ func (d *cgroupDriver) load(name string) (*jobCgroup, error) {
 
 // children lists the job cgroups under the parent (to find orphans).
 func (d *cgroupDriver) children() []string {
-	dir := path.Join("/sys/fs/cgroup", d.parent)
+	dir := path.Join(d.v2Root(), d.parent)
 	if !d.v2 {
-		dir = path.Join("/sys/fs/cgroup/pids", d.parent)
+		dir = path.Join(cgroupRoot, "pids", d.parent)
 	}
 	ents, err := os.ReadDir(dir)
 	if err != nil {
@@ -224,6 +273,7 @@ func (d *cgroupDriver) children() []string {
 // jobCgroup is one job's cgroup.
 type jobCgroup struct {
 	path string // relative to the cgroup root
+	root string // v2: where the hierarchy is mounted
 	v1   cgroup1.Cgroup
 	v2   *cgroup2.Manager
 }
@@ -260,8 +310,15 @@ func (c *jobCgroup) Signal(sig syscall.Signal) {
 
 // Kill kills every process of the job and waits (up to 10 s) until the
 // cgroup is empty. v1 freezes the cgroup first, so nothing forks between
-// reading the list and the signals; v2 writes cgroup.kill.
+// reading the list and the signals; v2 writes cgroup.kill. A v2 cgroup
+// once killed must not be used again: Linux (6.18 at least) kills every
+// process started into it with CLONE_INTO_CGROUP afterwards, at once.
 func (c *jobCgroup) Kill() error {
+	if c.v2 != nil {
+		if _, err := os.Stat(path.Join(c.root, c.path)); errors.Is(err, fs.ErrNotExist) {
+			return nil // deleted: nothing in it
+		}
+	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if c.v2 != nil {
@@ -312,6 +369,27 @@ func removeTree(p string) {
 	}
 }
 
+// rmdirTree removes the cgroup dir and the cgroups below it, deepest
+// first; it fails where one still has processes.
+func rmdirTree(dir string) error {
+	var dirs []string
+	err := filepath.WalkDir(dir, func(d string, e fs.DirEntry, err error) error {
+		if err == nil && e.IsDir() {
+			dirs = append(dirs, d)
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	for i := len(dirs) - 1; i >= 0; i-- {
+		if err := os.Remove(dirs[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // enter moves the calling process into the cgroup and returns a function
 // that moves it back where it was. The v1 way for a supervisor to start a
 // child inside a cgroup: a fork inherits the cgroup, and the supervisor
@@ -333,17 +411,16 @@ func (c *jobCgroup) enter() (leave func() error, err error) {
 
 // dirFD opens the v2 cgroup directory for SysProcAttr.CgroupFD.
 func (c *jobCgroup) dirFD() (int, error) {
-	return unix.Open(path.Join("/sys/fs/cgroup", c.path), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	return unix.Open(path.Join(c.root, c.path), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 }
 
 // removeParent removes the agent's cgroup parent when no job is left in it
 // (the agent stops and keeps no jobs).
 func (d *cgroupDriver) removeParent() {
-	if d.v2 {
-		_ = os.Remove(path.Join("/sys/fs/cgroup", d.parent))
-		return
+	roots := []string{d.v2Root()}
+	if !d.v2 {
+		roots, _ = filepath.Glob(cgroupRoot + "/*")
 	}
-	roots, _ := filepath.Glob("/sys/fs/cgroup/*")
 	for _, r := range roots {
 		// Remove the parent and then its own parent when that is empty too
 		// (e.g. allot/<node>, then allot).

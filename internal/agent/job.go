@@ -177,7 +177,7 @@ func (a *Agent) start(ref agentproto.LeaseRef) {
 		spec.PrivateTmp = tmp // the job's own directory is its /tmp
 	}
 	if cg != nil {
-		spec.Cgroup, spec.CgroupV2 = cg.Path(), a.cgd.v2
+		spec.Cgroup, spec.CgroupV2, spec.CgroupRoot = cg.Path(), a.cgd.v2, a.cgd.root
 	}
 	if l.Image != "" {
 		if a.runtime == nil {

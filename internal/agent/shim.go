@@ -49,7 +49,9 @@ type shimSpec struct {
 	SameUser bool   `json:"same_user,omitempty"`
 	Cgroup   string `json:"cgroup,omitempty"` // relative to the cgroup root; "" = none
 	CgroupV2 bool   `json:"cgroup_v2,omitempty"`
-	Output   string `json:"output"`
+	// CgroupRoot is where the v2 hierarchy is mounted ("" = /sys/fs/cgroup).
+	CgroupRoot string `json:"cgroup_root,omitempty"`
+	Output     string `json:"output"`
 	// Cleanup runs (as root) after the job ended, e.g. removing a container.
 	Cleanup []string `json:"cleanup,omitempty"`
 	// PrivateTmp, when set, is the job's own /tmp: the job gets a mount
@@ -139,7 +141,7 @@ func ShimMain(args []string, stderr io.Writer) int {
 	var cg *jobCgroup
 	var leave func() error
 	if spec.Cgroup != "" {
-		d := &cgroupDriver{v2: spec.CgroupV2, parent: filepath.Dir(spec.Cgroup)}
+		d := &cgroupDriver{v2: spec.CgroupV2, root: spec.CgroupRoot, parent: filepath.Dir(spec.Cgroup)}
 		if cg, err = d.load(filepath.Base(spec.Cgroup)); err != nil {
 			return fail(fmt.Errorf("loading the job's cgroup: %w", err))
 		}

@@ -1,0 +1,489 @@
+package agent
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"os/user"
+	"path"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containerd/cgroups/v3"
+	"github.com/containerd/cgroups/v3/cgroup2"
+	"golang.org/x/sys/unix"
+)
+
+// The cgroup v2 path, run for real: a job started by the real shim
+// (CLONE_INTO_CGROUP) in a v2 job cgroup, fenced by its eBPF device
+// filter, killed with cgroup.kill. On a unified host the hierarchy is
+// /sys/fs/cgroup; on a hybrid one (v1 controllers, with a cgroup2
+// hierarchy at /sys/fs/cgroup/unified) it is the latter: there the kernel
+// runs the v2 cgroup's device program as well as the v1 devices
+// controller, and cgroup.procs, cgroup.kill and CLONE_INTO_CGROUP work
+// without any controller, so only the limits (memory, cpu, pids: bound to
+// v1 there) are skipped.
+
+// v2TestDriver is a v2 driver on the host's cgroup2 hierarchy, under a
+// parent of the test's own; whatever the test leaves there is killed and
+// removed when it ends, and a cgroup left behind fails the test.
+func v2TestDriver(t *testing.T) *cgroupDriver {
+	t.Helper()
+	needRoot(t)
+	var root string
+	switch cgroups.Mode() {
+	case cgroups.Unified:
+		root = cgroupRoot
+	case cgroups.Hybrid:
+		root = cgroupRoot + "/unified"
+	default:
+		t.Skip("no cgroup2 hierarchy: /sys/fs/cgroup is cgroup v1 only, with no cgroup2 at /sys/fs/cgroup/unified")
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(root, &st); err != nil || st.Type != unix.CGROUP2_SUPER_MAGIC {
+		t.Skipf("%s is not a cgroup2 filesystem (%v)", root, err)
+	}
+	d := &cgroupDriver{v2: true, root: root, parent: path.Clean("/" + testCgroupParent(t) + "-v2")}
+	t.Cleanup(func() {
+		for _, n := range d.children() {
+			if cg, err := d.load(n); err == nil {
+				_ = cg.Kill()
+				_ = cg.Delete()
+			}
+		}
+		d.removeParent()
+		if _, err := os.Stat(path.Join(root, d.parent)); err == nil {
+			t.Errorf("cgroup %s is left behind", path.Join(root, d.parent))
+		}
+	})
+	return d
+}
+
+// v2Job is a job started by the real shim in cg.
+type v2Job struct {
+	shim *exec.Cmd
+	pid  int
+	dir  string
+	done chan struct{}
+}
+
+// startV2Job starts argv as testUser through the shim (this test binary,
+// as the agent would start it) in cg, and returns once the job runs.
+func startV2Job(t *testing.T, d *cgroupDriver, cg *jobCgroup, argv ...string) *v2Job {
+	t.Helper()
+	u, err := user.Lookup(testUser)
+	if err != nil {
+		t.Fatal(err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	spec := shimSpec{Argv: argv, Env: []string{"PATH=/usr/bin:/bin"}, Dir: "/", UID: uint32(uid), GID: uint32(gid),
+		Groups: []uint32{uint32(gid)}, Output: filepath.Join(dir, "output.log"),
+		Cgroup: cg.Path(), CgroupV2: true, CgroupRoot: d.root}
+	cmd, pid, err := startShim(exe, dir, spec, []string{"PATH=/usr/bin:/bin"})
+	if err != nil {
+		t.Fatalf("starting the job through the shim: %v", err)
+	}
+	j := &v2Job{shim: cmd, pid: pid, dir: dir, done: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		close(j.done)
+	}()
+	t.Cleanup(func() {
+		_ = cg.Kill()
+		j.wait(t)
+	})
+	return j
+}
+
+// wait waits for the shim to end (it ends once the job's main process did
+// and it killed the rest) and returns the job's exit record.
+func (j *v2Job) wait(t *testing.T) exitRecord {
+	t.Helper()
+	select {
+	case <-j.done:
+	case <-time.After(20 * time.Second):
+		_ = j.shim.Process.Kill()
+		t.Fatal("the job's shim did not end within 20 s")
+	}
+	var rec exitRecord
+	if err := readJSONFile(filepath.Join(j.dir, "exit.json"), &rec); err != nil {
+		t.Fatalf("the shim wrote no exit status: %v", err)
+	}
+	return rec
+}
+
+func (j *v2Job) output(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(j.dir, "output.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// gone reports whether cg's directory is gone from the hierarchy.
+func gone(d *cgroupDriver, cg *jobCgroup) bool {
+	_, err := os.Stat(path.Join(d.v2Root(), cg.Path()))
+	return os.IsNotExist(err)
+}
+
+// waitProcs waits until cg holds at least n processes.
+func waitProcs(t *testing.T, cg *jobCgroup, n int) []int {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second) // a test deadline, not product time
+	for {
+		ps := cg.Procs()
+		if len(ps) >= n {
+			return ps
+		}
+		if time.Now().After(deadline) { // a test deadline, not product time
+			t.Fatalf("cgroup %s holds %v, want %d processes", cg.Path(), ps, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestCgroupV2DeviceRulesCompile: the rules a job gets compile into the
+// eBPF device program (the filter panicked on the v1 form of the rules,
+// whose wildcards have no major or minor).
+func TestCgroupV2DeviceRulesCompile(t *testing.T) {
+	t.Parallel()
+	rules := v2Devices(deviceRules([]devNum{{nvidiaMajor, 1}, {nvidiaMajor, nvidiaCtlMinor}, {511, -1}}))
+	if _, _, err := cgroup2.DeviceFilter(rules); err != nil {
+		t.Fatalf("compiling the device rules: %v", err)
+	}
+	for _, r := range rules {
+		if r.Type == "" || r.Major == nil || r.Minor == nil {
+			t.Errorf("rule %+v is not complete", r)
+		}
+	}
+	// The v1 rules are left as they were.
+	if v1 := deviceRules(nil); v1[0].Type != "" || v1[0].Major != nil {
+		t.Errorf("v2Devices changed the v1 rules: %+v", v1[0])
+	}
+}
+
+// TestCgroupDriverPicksTheHostsVersion: the agent's driver is v1 on a
+// hybrid host and v2, on /sys/fs/cgroup, on a unified one.
+func TestCgroupDriverPicksTheHostsVersion(t *testing.T) {
+	needRoot(t)
+	t.Parallel()
+	d, err := newCgroupDriver(testCgroupParent(t))
+	if err != nil {
+		t.Skipf("this host gives jobs no cgroups: %v", err)
+	}
+	if want := cgroups.Mode() == cgroups.Unified; d.v2 != want || d.root != "" || d.v2Root() != "/sys/fs/cgroup" {
+		t.Errorf("driver v2=%v root=%q on a host in mode %v", d.v2, d.v2Root(), cgroups.Mode())
+	}
+}
+
+// TestCgroupV2DeviceFence: a job in a v2 job cgroup opens its own GPU and
+// nvidiactl (ENXIO: no driver behind the fake nodes) and /dev/null; the
+// eBPF program answers EPERM for another GPU.
+func TestCgroupV2DeviceFence(t *testing.T) {
+	d := v2TestDriver(t)
+	t.Parallel()
+	dev := filepath.Join(sharedTempDir(t), "dev")
+	if err := makeFakeDevices(dev, 4); err != nil {
+		t.Fatal(err)
+	}
+	cg, err := d.create("job-1-1", jobLimits{Devices: []devNum{{nvidiaMajor, 1}, {nvidiaMajor, nvidiaCtlMinor}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	script := `for n in nvidia1 nvidia2 nvidia3 nvidiactl; do cat ` + dev + `/$n 2>&1 >/dev/null | sed "s/.*: /$n: /"; done; echo x > /dev/null && echo null: written`
+	j := startV2Job(t, d, cg, "/bin/sh", "-c", script)
+	if e := j.wait(t); e.ExitCode != 0 {
+		t.Errorf("exit = %+v", e)
+	}
+	out := j.output(t)
+	for _, want := range []string{"nvidia1: No such device or address", "nvidia2: Operation not permitted",
+		"nvidia3: Operation not permitted", "nvidiactl: No such device or address", "null: written"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("want %q in:\n%s", want, out)
+		}
+	}
+	if err := cg.Delete(); err != nil || !gone(d, cg) {
+		t.Errorf("deleting the job cgroup: %v", err)
+	}
+}
+
+// TestCgroupV2SetsidAndDoubleForkDieWithTheJob: what a job starts with
+// setsid or a double fork stays in its cgroup; the shim kills it (v2:
+// cgroup.kill) when the main process exits, and the empty cgroup is
+// removed.
+func TestCgroupV2SetsidAndDoubleForkDieWithTheJob(t *testing.T) {
+	d := v2TestDriver(t)
+	t.Parallel()
+	cg, err := d.create("job-2-1", jobLimits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := jobDir(t)
+	script := `setsid sh -c 'echo $$ > ` + dir + `/a; exec sleep 300' & (sh -c 'echo $$ > ` + dir + `/b; exec sleep 300' </dev/null >/dev/null 2>&1 &) ; ` +
+		`while [ ! -s ` + dir + `/a ] || [ ! -s ` + dir + `/b ]; do sleep 0.05; done; exit 0`
+	j := startV2Job(t, d, cg, "/bin/sh", "-c", script)
+	if e := j.wait(t); e.ExitCode != 0 {
+		t.Fatalf("exit = %+v: %s", e, j.output(t))
+	}
+	for _, f := range []string{"a", "b"} {
+		b, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			t.Fatalf("escapee %s never ran: %v", f, err)
+		}
+		pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		if _, ok := procStartTime(pid); ok {
+			t.Errorf("escapee %s (pid %d) outlived its job", f, pid)
+		}
+	}
+	if ps := cg.Procs(); len(ps) != 0 {
+		t.Errorf("cgroup still holds %v", ps)
+	}
+	if err := cg.Delete(); err != nil || !gone(d, cg) {
+		t.Errorf("deleting the job cgroup: %v", err)
+	}
+}
+
+// TestCgroupV2KillEndsARunningJob: Kill (cgroup.kill) ends a running job,
+// its setsid'ed and double-forked processes with it, at once.
+func TestCgroupV2KillEndsARunningJob(t *testing.T) {
+	d := v2TestDriver(t)
+	t.Parallel()
+	cg, err := d.create("job-3-1", jobLimits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := startV2Job(t, d, cg, "/bin/sh", "-c", `trap '' TERM; setsid sleep 300 & (sleep 300 </dev/null >/dev/null 2>&1 &); sleep 300`)
+	ps := waitProcs(t, cg, 4)
+	if !slices.Contains(ps, j.pid) {
+		t.Errorf("the job's main process %d is not in its cgroup %v", j.pid, ps)
+	}
+	if err := cg.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	for _, pid := range ps {
+		if _, ok := procStartTime(pid); ok {
+			t.Errorf("pid %d outlived Kill", pid)
+		}
+	}
+	if e := j.wait(t); e.Signal != "SIGKILL" {
+		t.Errorf("exit = %+v, want SIGKILL", e)
+	}
+	if err := cg.Delete(); err != nil || !gone(d, cg) {
+		t.Errorf("deleting the job cgroup: %v", err)
+	}
+}
+
+// TestCgroupV2JobStartsInItsCgroup: the shim starts the job with
+// CLONE_INTO_CGROUP: the job is in its cgroup from its first instruction
+// and the shim itself never enters it.
+func TestCgroupV2JobStartsInItsCgroup(t *testing.T) {
+	d := v2TestDriver(t)
+	t.Parallel()
+	cg, err := d.create("job-4-1", jobLimits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// cat is the job's process itself (exec): what it reads is where it
+	// was when it ran its first instruction, or nearly.
+	j := startV2Job(t, d, cg, "/bin/sh", "-c", `exec /bin/cat /proc/self/cgroup`)
+	j.wait(t)
+	if out := j.output(t); !slices.Contains(strings.Split(out, "\n"), "0::"+cg.Path()) {
+		t.Errorf("the job ran in\n%s\nwant 0::%s", out, cg.Path())
+	}
+	if err := cg.Delete(); err != nil {
+		t.Fatal(err)
+	}
+	// A fresh cgroup: the shim killed the first once its job ended, and a
+	// killed v2 cgroup kills what is started into it.
+	if cg, err = d.create("job-4-2", jobLimits{}); err != nil {
+		t.Fatal(err)
+	}
+	j = startV2Job(t, d, cg, "/bin/sleep", "300")
+	waitProcs(t, cg, 1)
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", j.shim.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(b), cg.Path()) {
+		t.Errorf("the shim is in the job's cgroup:\n%s", b)
+	}
+	if ps := cg.Procs(); !slices.Equal(ps, []int{j.pid}) {
+		t.Errorf("cgroup holds %v, want only the job %d", ps, j.pid)
+	}
+	if err := cg.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	j.wait(t)
+}
+
+// TestCgroupV2RestartedAgentFindsItsJobs: a new driver (an agent started
+// again) lists the job cgroup, loads it, sees the job's processes and
+// kills and removes them; an unknown name does not load.
+func TestCgroupV2RestartedAgentFindsItsJobs(t *testing.T) {
+	d := v2TestDriver(t)
+	t.Parallel()
+	cg, err := d.create("job-5-1", jobLimits{Devices: []devNum{{nvidiaMajor, 0}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := startV2Job(t, d, cg, "/bin/sleep", "300")
+	waitProcs(t, cg, 1)
+
+	again := &cgroupDriver{v2: true, root: d.root, parent: d.parent}
+	if got := again.children(); !slices.Equal(got, []string{"job-5-1"}) {
+		t.Fatalf("children = %v, want [job-5-1]", got)
+	}
+	found, err := again.load("job-5-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if found.Path() != cg.Path() || !slices.Equal(found.Procs(), []int{j.pid}) {
+		t.Errorf("loaded %s with %v, want %s with [%d]", found.Path(), found.Procs(), cg.Path(), j.pid)
+	}
+	if _, err := again.load("job-6-1"); err == nil {
+		t.Error("a cgroup that does not exist loaded")
+	}
+	if err := found.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if e := j.wait(t); e.Signal != "SIGKILL" {
+		t.Errorf("exit = %+v, want SIGKILL", e)
+	}
+	if err := found.Delete(); err != nil || !gone(d, cg) {
+		t.Errorf("deleting the job cgroup: %v", err)
+	}
+	if got := again.children(); len(got) != 0 {
+		t.Errorf("children after the delete = %v", got)
+	}
+}
+
+// TestCgroupV2StaleCgroupIsNotReused: a job cgroup left from an earlier
+// start of the same lease is made anew (its device program must not stay
+// next to the new one, and, killed, it would kill the new job at its
+// start), and one that still has processes is refused.
+func TestCgroupV2StaleCgroupIsNotReused(t *testing.T) {
+	d := v2TestDriver(t)
+	t.Parallel()
+	dev := filepath.Join(sharedTempDir(t), "dev")
+	if err := makeFakeDevices(dev, 3); err != nil {
+		t.Fatal(err)
+	}
+	old, err := d.create("job-7-1", jobLimits{Devices: []devNum{{nvidiaMajor, 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := startV2Job(t, d, old, "/bin/sleep", "300")
+	waitProcs(t, old, 1)
+	if _, err := d.create("job-7-1", jobLimits{Devices: []devNum{{nvidiaMajor, 2}}}); err == nil || !strings.Contains(err.Error(), "still there") {
+		t.Errorf("creating over a cgroup with a running job: err = %v", err)
+	}
+	if err := old.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	j.wait(t)
+	// The old cgroup (empty, with its program allowing GPU 1) is left;
+	// the new one allows GPU 2 only.
+	cg, err := d.create("job-7-1", jobLimits{Devices: []devNum{{nvidiaMajor, 2}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// And it is not the killed one, which would kill the job at its start.
+	j = startV2Job(t, d, cg, "/bin/sh", "-c", `for n in nvidia1 nvidia2; do cat `+dev+`/$n 2>&1 >/dev/null | sed "s/.*: /$n: /"; done`)
+	if e := j.wait(t); e.ExitCode != 0 {
+		t.Errorf("exit = %+v, want 0", e)
+	}
+	out := j.output(t)
+	for _, want := range []string{"nvidia1: Operation not permitted", "nvidia2: No such device or address"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("want %q in:\n%s", want, out)
+		}
+	}
+	if err := cg.Delete(); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestCgroupV2Limits: memory, CPU and pids limits on v2, where the host
+// has those controllers in its v2 hierarchy (on a hybrid host they are
+// bound to v1: skipped, saying so).
+func TestCgroupV2Limits(t *testing.T) {
+	d := v2TestDriver(t)
+	t.Parallel()
+	b, err := os.ReadFile(path.Join(d.v2Root(), "cgroup.controllers"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := strings.Fields(string(b))
+	need := func(t *testing.T, c string) {
+		if !slices.Contains(have, c) {
+			t.Skipf("the %s controller is not in %s/cgroup.controllers (%q): on this host it is bound to cgroup v1", c, d.v2Root(), have)
+		}
+	}
+	read := func(t *testing.T, cg *jobCgroup, file string) string {
+		b, err := os.ReadFile(path.Join(d.v2Root(), cg.Path(), file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	t.Run("memory", func(t *testing.T) {
+		need(t, "memory")
+		cg, err := d.create("job-8-1", jobLimits{MemoryBytes: 64 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := read(t, cg, "memory.max"); got != strconv.Itoa(64<<20) {
+			t.Errorf("memory.max = %s", got)
+		}
+		j := startV2Job(t, d, cg, "/bin/sh", "-c", `x=$(head -c 268435456 /dev/zero | tr '\0' x); echo survived ${#x}`)
+		if e := j.wait(t); e.ExitCode == 0 || strings.Contains(j.output(t), "survived") {
+			t.Errorf("the job used 256 MB under a 64 MiB limit: %+v %s", e, j.output(t))
+		}
+		if err := cg.Delete(); err != nil {
+			t.Error(err)
+		}
+	})
+	t.Run("cpu", func(t *testing.T) {
+		need(t, "cpu")
+		cg, err := d.create("job-8-2", jobLimits{MilliCPUs: 500})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := read(t, cg, "cpu.max"); got != "50000 100000" {
+			t.Errorf("cpu.max = %s, want 50000 100000", got)
+		}
+		if err := cg.Delete(); err != nil {
+			t.Error(err)
+		}
+	})
+	t.Run("pids", func(t *testing.T) {
+		need(t, "pids")
+		cg, err := d.create("job-8-3", jobLimits{PidsMax: 16})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := read(t, cg, "pids.max"); got != "16" {
+			t.Errorf("pids.max = %s", got)
+		}
+		// 40 forks: those over the limit fail (pids.events counts them).
+		j := startV2Job(t, d, cg, "/bin/sh", "-c", `i=0; while [ $i -lt 40 ]; do sleep 5 & i=$((i+1)); done 2>/dev/null; exit 0`)
+		j.wait(t)
+		if got := read(t, cg, "pids.events"); got == "max 0" {
+			t.Errorf("40 processes under a pids limit of 16: pids.events = %q", got)
+		}
+		if err := cg.Delete(); err != nil {
+			t.Error(err)
+		}
+	})
+}
