@@ -88,42 +88,6 @@ func cmdUser(args []string, stdout, stderr io.Writer) int {
 	return 2
 }
 
-const teamUsage = `usage:
-  allot team set-account TEAM ACCOUNT     the team's service account: its jobs run as it when their submitter has no account
-  allot team set-account TEAM ""          no service account
-flags: --server URL --token T --note TEXT
-`
-
-func cmdTeam(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("team set-account", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, teamUsage) }
-	newClient := clientFlags(fs)
-	note := fs.String("note", "", "why, for the audit log")
-	pos, ok := parseInterleaved(fs, args)
-	if !ok {
-		return 2
-	}
-	if len(pos) != 3 || pos[0] != "set-account" {
-		fmt.Fprint(stderr, teamUsage)
-		return 2
-	}
-	team, account := pos[1], pos[2]
-	r, err := newClient().SetTeamAccount(context.Background(), team, account, *note)
-	if err != nil {
-		return reportErr(stderr, "team set-account", err)
-	}
-	switch {
-	case !r.Changed:
-		fmt.Fprintf(stdout, "no change: team %s already has service account %s\n", team, dash(account))
-	case account == "":
-		fmt.Fprintf(stdout, "team %s has no service account now (audit entry %d)\n", team, r.AuditID)
-	default:
-		fmt.Fprintf(stdout, "team %s's service account is %s (audit entry %d)\n", team, account, r.AuditID)
-	}
-	return 0
-}
-
 func dash(s string) string {
 	if s == "" {
 		return "—"

@@ -52,7 +52,7 @@ Use it:
   logout    sign out: revoke the stored token and remove it
   token     personal API tokens: allot token create --name laptop | list | revoke ID
   user      who jobs run as (admin): allot user accounts | set-account noah@example.com noah | disable EMAIL | enable EMAIL
-  team      a team's service account (admin): allot team set-account nlp svc-nlp
+  team      teams (admin): allot team list | create ml --name "Machine Learning" --budget-gpu-hours 1000 | set ml --guarantee H100=8 | set-account ml svc-ml
   gpu-type  GPU types (admin): allot gpu-type list | create H100 --memory-gb 80 --rate 4.10 | set NAME --rate R | retire NAME
   billing   allot billing rollup: the hourly billing rollup, now (DATABASE_URL)
   node      nodes (admin): allot node list | drain gpu03 --reason "fan" [--requeue] | undrain gpu03 --note "fixed"

@@ -270,9 +270,31 @@ func TestFromZeroToFirstJob(t *testing.T) {
 		t.Errorf("set capacity cost: %q", out)
 	}
 
-	// 5. A team (the JSON API, as the README's curl does).
-	if code := z.api("POST", "/api/v1/teams", `{"slug":"ml","name":"Machine Learning","cost_center":"CC-1000","monthly_budget_gpu_hours":1000}`, &struct{}{}); code != http.StatusCreated {
-		t.Fatalf("POST /api/v1/teams: %d", code)
+	// 5. A team, with allot team create; bad input is refused and
+	// creates nothing.
+	for _, bad := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"team", "create", "ml", "--name", "Machine Learning", "--cost-center", "CC-1000", "--budget-gpu-hours", "-5"}, "monthly_budget_gpu_hours"},
+		{[]string{"team", "create", "ML Team", "--name", "Machine Learning", "--cost-center", "CC-1000"}, "slug"},
+		{[]string{"team", "create", "ml", "--name", "Machine Learning", "--cost-center", "CC-1000", "--guarantee", "A100=2"}, "guarantees"},
+	} {
+		if code, _, errs := z.allot(bad.args...); code != 1 || !strings.Contains(errs, bad.want) {
+			t.Errorf("allot %s: exit %d, %q (want exit 1 naming %s)", strings.Join(bad.args, " "), code, errs, bad.want)
+		}
+	}
+	if list := z.must("team", "list"); strings.Contains(list, "ml ") || strings.Contains(list, "ML Team") {
+		t.Fatalf("a refused team was created:\n%s", list)
+	}
+	if out := z.must("team", "create", "ml", "--name", "Machine Learning", "--cost-center", "CC-1000", "--budget-gpu-hours", "1000"); !strings.Contains(out, "team ml (Machine Learning): budget 1000 GPU-h/month, weight 1") {
+		t.Errorf("team create printed %q", out)
+	}
+	if out := z.must("team", "set", "ml", "--guarantee", "H100=2", "--fair-share-weight", "2", "--note", "two GPUs for evals"); !strings.Contains(out, "weight 2, guarantees H100=2") {
+		t.Errorf("team set printed %q", out)
+	}
+	if list := z.must("team", "list"); !regexp.MustCompile(`ml\s+Machine Learning\s+CC-1000\s+1000\s+2\s+H100=2\s+—`).MatchString(list) {
+		t.Errorf("team list:\n%s", list)
 	}
 
 	// 6. A node token; unknown GPU types are refused.
@@ -567,6 +589,14 @@ func TestZeroCommandsUsage(t *testing.T) {
 		{[]string{"gpu-type", "frobnicate"}, 2, `unknown subcommand "frobnicate"`},
 		{[]string{"gpu-type", "set", "H100"}, 2, "give --memory-gb, --rate or --capacity-cost"},
 		{[]string{"gpu-type", "retire", "H100", "--rate", "1"}, 2, "allot gpu-type list"},
+		{[]string{"team"}, 2, "allot team create SLUG --name NAME"},
+		{[]string{"team", "create", "ml"}, 2, "give --name"},
+		{[]string{"team", "create", "ml", "--name", "x", "--guarantee", "H100"}, 2, `"H100" is not TYPE=N`},
+		{[]string{"team", "create", "ml", "--name", "x", "--budget-gpu-hours", "lots"}, 2, `"lots" is not a whole number`},
+		{[]string{"team", "set", "ml"}, 2, "give at least one of --name"},
+		{[]string{"team", "set-account", "ml"}, 2, "allot team list"},
+		{[]string{"team", "frobnicate"}, 2, `unknown subcommand "frobnicate"`},
+		{[]string{"team", "list"}, 1, "cannot reach the Allot server"},
 		{[]string{"billing"}, 2, "usage: allot billing rollup"},
 		{[]string{"billing", "rollup", "extra"}, 2, "usage: allot billing rollup"},
 		{[]string{"gpu-type", "list"}, 1, "cannot reach the Allot server"},
