@@ -47,7 +47,13 @@ func v2TestDriver(t *testing.T) *cgroupDriver {
 	if err := unix.Statfs(root, &st); err != nil || st.Type != unix.CGROUP2_SUPER_MAGIC {
 		t.Skipf("%s is not a cgroup2 filesystem (%v)", root, err)
 	}
-	d := &cgroupDriver{v2: true, root: root, parent: path.Clean("/" + testCgroupParent(t) + "-v2")}
+	// Two levels of the test's own (as allot-local/NAME is), so that the
+	// cleanup checks removeParent removes the parent's parent too.
+	own := path.Clean("/" + testCgroupParent(t) + "-v2")
+	d := &cgroupDriver{v2: true, root: root, parent: own + "/node-a"}
+	if err := os.MkdirAll(path.Join(root, d.parent), 0o755); err != nil {
+		t.Skipf("cannot make cgroups in %s: %v", root, err)
+	}
 	t.Cleanup(func() {
 		for _, n := range d.children() {
 			if cg, err := d.load(n); err == nil {
@@ -56,8 +62,8 @@ func v2TestDriver(t *testing.T) *cgroupDriver {
 			}
 		}
 		d.removeParent()
-		if _, err := os.Stat(path.Join(root, d.parent)); err == nil {
-			t.Errorf("cgroup %s is left behind", path.Join(root, d.parent))
+		if _, err := os.Stat(path.Join(root, own)); err == nil {
+			t.Errorf("cgroup %s is left behind", path.Join(root, own))
 		}
 	})
 	return d
@@ -387,6 +393,9 @@ func TestCgroupV2StaleCgroupIsNotReused(t *testing.T) {
 	waitProcs(t, old, 1)
 	if _, err := d.create("job-7-1", jobLimits{Devices: []devNum{{nvidiaMajor, 2}}}); err == nil || !strings.Contains(err.Error(), "still there") {
 		t.Errorf("creating over a cgroup with a running job: err = %v", err)
+	}
+	if ps := old.Procs(); !slices.Equal(ps, []int{j.pid}) || gone(d, old) {
+		t.Errorf("the refused create touched the running job's cgroup: %v", ps)
 	}
 	if err := old.Kill(); err != nil {
 		t.Fatal(err)
