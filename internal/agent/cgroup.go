@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -94,9 +95,20 @@ type cgroupDriver struct {
 	// root is where the v2 hierarchy is mounted: "" is cgroupRoot (a
 	// unified host, the agent's only choice); tests use a hybrid host's
 	// cgroupRoot/unified.
-	root   string
-	parent string // e.g. "/allot/node-a"
+	root string
+	// without are the v2 limits (memory, cpu, pids) this driver leaves
+	// unset, their controller missing from its hierarchy: only a test's
+	// driver on a hybrid host's cgroup2, where they are bound to v1. An
+	// agent's own driver has them all (newCgroupDriver checks).
+	without []string
+	parent  string // e.g. "/allot/node-a"
 }
+
+// v2TestDrivers are drivers (by cleaned parent) that agents with that
+// cgroup parent use instead of the host's choice: a test registers one to
+// run the agent's v2 path on a hybrid host's cgroup2 hierarchy. Nothing
+// else registers any.
+var v2TestDrivers sync.Map
 
 // v2Root is the v2 hierarchy's mount point.
 func (d *cgroupDriver) v2Root() string {
@@ -138,6 +150,10 @@ func newCgroupDriver(parent string) (*cgroupDriver, error) {
 		return nil, errors.New("making job cgroups needs root")
 	}
 	d := &cgroupDriver{parent: path.Clean("/" + parent)}
+	if t, ok := v2TestDrivers.Load(d.parent); ok {
+		td := t.(cgroupDriver)
+		return &td, nil
+	}
 	switch cgroups.Mode() {
 	case cgroups.Unified:
 		d.v2 = true
@@ -175,16 +191,16 @@ func (d *cgroupDriver) create(name string, lim jobLimits) (*jobCgroup, error) {
 	p := d.groupPath(name)
 	if d.v2 {
 		res := &cgroup2.Resources{}
-		if lim.MemoryBytes > 0 {
+		if lim.MemoryBytes > 0 && !slices.Contains(d.without, "memory") {
 			m := lim.MemoryBytes
 			res.Memory = &cgroup2.Memory{Max: &m}
 		}
-		if lim.MilliCPUs > 0 {
+		if lim.MilliCPUs > 0 && !slices.Contains(d.without, "cpu") {
 			q := lim.MilliCPUs * 100 // µs per 100 ms period
 			period := uint64(100000)
 			res.CPU = &cgroup2.CPU{Max: cgroup2.NewCPUMax(&q, &period)}
 		}
-		if lim.PidsMax > 0 {
+		if lim.PidsMax > 0 && !slices.Contains(d.without, "pids") {
 			res.Pids = &cgroup2.Pids{Max: lim.PidsMax}
 		}
 		if lim.Devices != nil {

@@ -16,11 +16,13 @@ import (
 	"github.com/containerd/cgroups/v3"
 	"github.com/containerd/cgroups/v3/cgroup2"
 	"golang.org/x/sys/unix"
+
+	"github.com/allotlabs/allot/internal/agentproto"
 )
 
 // The cgroup v2 path, run for real: a job started by the real shim
 // (CLONE_INTO_CGROUP) in a v2 job cgroup, fenced by its eBPF device
-// filter, killed with cgroup.kill. On a unified host the hierarchy is
+// filter, killed with cgroup.kill; then the same through a whole agent. On a unified host the hierarchy is
 // /sys/fs/cgroup; on a hybrid one (v1 controllers, with a cgroup2
 // hierarchy at /sys/fs/cgroup/unified) it is the latter: there the kernel
 // runs the v2 cgroup's device program as well as the v1 devices
@@ -495,4 +497,115 @@ func TestCgroupV2Limits(t *testing.T) {
 			t.Error(err)
 		}
 	})
+}
+
+// v2Agent has the agents of the test use a v2 driver on the host's
+// cgroup2 hierarchy (on a hybrid host: without the limits bound to v1
+// there), under the test's own parent: the whole path of a job, from the
+// agent's start through the shim to the end and the cleanup, on v2.
+func v2Agent(t *testing.T) func(*Config) {
+	t.Helper()
+	d := v2TestDriver(t)
+	b, err := os.ReadFile(path.Join(d.v2Root(), "cgroup.controllers"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []string{"memory", "cpu", "pids"} {
+		if !slices.Contains(strings.Fields(string(b)), c) {
+			d.without = append(d.without, c)
+		}
+	}
+	v2TestDrivers.Store(d.parent, *d)
+	t.Cleanup(func() { v2TestDrivers.Delete(d.parent) })
+	return func(c *Config) { c.CgroupParent = strings.TrimPrefix(d.parent, "/") }
+}
+
+// TestCgroupV2AgentFencesGPUsAndKillsEscapees: the agent's jobs on v2:
+// in their own cgroup, fenced to their GPUs by the eBPF program, and what
+// they start with setsid or a double fork dies with them.
+func TestCgroupV2AgentFencesGPUsAndKillsEscapees(t *testing.T) {
+	v2 := v2Agent(t)
+	t.Parallel()
+	p := newPeer(t)
+	ta := startAgent(t, p, v2)
+	if iso := ta.isolation(); !strings.Contains(iso, "cgroup-v2") {
+		t.Errorf("isolation = %q, want cgroup-v2", iso)
+	}
+	script := `grep '^0::' /proc/self/cgroup; d=$(dirname ${ALLOT_GPU_DEVICES%%,*}); for n in nvidia1 nvidia2 nvidia3 nvidiactl; do cat $d/$n 2>&1 >/dev/null | sed "s/.*: /$n: /"; done`
+	ta.run(t, shLease(201, []int{1}, script))
+	if e := p.waitExit(ref(201), 5*time.Second); e.ExitCode != 0 {
+		t.Errorf("exit = %+v: %s", e, logOf(p, ref(201)))
+	}
+	out := logOf(p, ref(201))
+	for _, want := range []string{"0::/" + ta.cfg.CgroupParent + "/job-201-1", "nvidia1: No such device or address", "nvidia2: Operation not permitted",
+		"nvidia3: Operation not permitted", "nvidiactl: No such device or address"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("want %q in:\n%s", want, out)
+		}
+	}
+
+	dir := jobDir(t)
+	script = `setsid sh -c 'echo $$ > ` + dir + `/a; exec sleep 300' & (sh -c 'echo $$ > ` + dir + `/b; exec sleep 300' </dev/null >/dev/null 2>&1 &) ; ` +
+		`while [ ! -s ` + dir + `/a ] || [ ! -s ` + dir + `/b ]; do sleep 0.05; done; exit 0`
+	ta.run(t, shLease(202, []int{2}, script))
+	if e := p.waitExit(ref(202), 5*time.Second); e.ExitCode != 0 {
+		t.Fatalf("exit = %+v", e)
+	}
+	for _, f := range []string{"a", "b"} {
+		b, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			t.Fatalf("escapee %s never ran: %v", f, err)
+		}
+		pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		if _, ok := procStartTime(pid); ok {
+			t.Errorf("escapee %s (pid %d) outlived its job", f, pid)
+		}
+	}
+}
+
+// TestCgroupV2AgentRestartAdoptsJobsAndKillsOrphans: an agent restarted
+// on v2 finds its running job by its cgroup and lease, kills a job cgroup
+// no lease explains, and ends the adopted job on a stop order.
+func TestCgroupV2AgentRestartAdoptsJobsAndKillsOrphans(t *testing.T) {
+	v2 := v2Agent(t)
+	t.Parallel()
+	p := newPeer(t)
+	state := sharedTempDir(t)
+	keep := func(c *Config) { c.StateDir, c.KeepJobsOnExit = state, true }
+	ta := startAgent(t, p, v2, keep)
+	s := ta.run(t, shLease(211, []int{2}, `echo up; exec sleep 300`))
+	ta.stop()
+	// An orphan: a job cgroup with a process and no lease.
+	d, err := newCgroupDriver(ta.cfg.CgroupParent)
+	if err != nil || !d.v2 {
+		t.Fatalf("driver %+v: %v", d, err)
+	}
+	orphan, err := d.create("job-999-1", jobLimits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	oj := startV2Job(t, d, orphan, "/bin/sleep", "300")
+	waitProcs(t, orphan, 1)
+
+	ta2 := startAgent(t, p, v2, keep, func(c *Config) { c.KeepJobsOnExit = false })
+	p.mu.Lock()
+	reg := p.regs[len(p.regs)-1]
+	p.mu.Unlock()
+	if len(reg.Running) != 1 || reg.Running[0].JobID != 211 || reg.Running[0].PID != s.PID {
+		t.Errorf("registration after the restart lists %+v, want job 211 pid %d", reg.Running, s.PID)
+	}
+	if e := oj.wait(t); e.Signal != "SIGKILL" {
+		t.Errorf("orphan exit = %+v, want SIGKILL", e)
+	}
+	if !gone(d, orphan) {
+		t.Errorf("the orphan's cgroup %s is left", orphan.Path())
+	}
+	p.push(agentproto.Orders{Stop: []agentproto.Stop{{JobID: 211, Segment: 1, Grace: time.Second, Reason: "cancelled"}}})
+	if e := p.waitExit(ref(211), 5*time.Second); e.Reason != "cancelled" {
+		t.Errorf("exit = %+v", e)
+	}
+	ta2.stop()
+	if got := d.children(); len(got) != 0 {
+		t.Errorf("job cgroups left after the agent stopped: %v", got)
+	}
 }
