@@ -335,6 +335,41 @@ func TestCgroupV2JobStartsInItsCgroup(t *testing.T) {
 	j.wait(t)
 }
 
+// TestCgroupV2KillAndDeleteReachNestedCgroups: what a container runtime
+// makes under the job cgroup (its --cgroup-parent) is killed and removed
+// with it.
+func TestCgroupV2KillAndDeleteReachNestedCgroups(t *testing.T) {
+	d := v2TestDriver(t)
+	t.Parallel()
+	cg, err := d.create("job-9-1", jobLimits{Devices: []devNum{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(path.Join(d.v2Root(), cg.Path(), "libpod-x"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	inner, err := d.load("job-9-1/libpod-x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := startV2Job(t, d, inner, "/bin/sleep", "300")
+	if ps := waitProcs(t, cg, 1); !slices.Equal(ps, []int{j.pid}) {
+		t.Errorf("the job cgroup lists %v, want the nested job %d", ps, j.pid)
+	}
+	if err := cg.Delete(); err == nil {
+		t.Error("deleted a cgroup with a running job in it")
+	}
+	if err := cg.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if e := j.wait(t); e.Signal != "SIGKILL" {
+		t.Errorf("exit = %+v, want SIGKILL", e)
+	}
+	if err := cg.Delete(); err != nil || !gone(d, cg) {
+		t.Errorf("deleting the job cgroup and the one under it: %v", err)
+	}
+}
+
 // TestCgroupV2RestartedAgentFindsItsJobs: a new driver (an agent started
 // again) lists the job cgroup, loads it, sees the job's processes and
 // kills and removes them; an unknown name does not load.
