@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"cmp"
+	"math"
 	"slices"
 )
 
@@ -21,7 +22,43 @@ type fcast struct {
 	off []int32
 	gap []bool   // node n has a GPU with a gap
 	win []gpuWin // scratch
+	// The single-node index (see fcFast): per pool, per GPU count g, a
+	// min tree over the pool's nodes without a gap, built on first use;
+	// the nodes with a gap, per pool, are scanned.
+	trees  [][]fcTree
+	gaps   [][]int
+	listed []bool // node n is in its pool's gaps
+	stack  []int  // tree walk scratch
 }
+
+// fcKey ranks a node without a gap for a single-node job of g GPUs: when
+// its g-th earliest GPU comes free, how many of its GPUs are free then,
+// its index (forecastPlace's best fit, lexicographic).
+type fcKey struct {
+	t int64
+	c int32
+	n int32
+}
+
+var noKey = fcKey{t: never, c: math.MaxInt32, n: math.MaxInt32}
+
+func (a fcKey) less(b fcKey) bool {
+	return a.t < b.t || a.t == b.t && (a.c < b.c || a.c == b.c && a.n < b.n)
+}
+
+// fcTree is a min tree of fcKeys over a pool's node positions: leaves at
+// k[size+pos], k[i] = min(k[2i], k[2i+1]).
+type fcTree struct {
+	built bool
+	size  int
+	k     []fcKey
+}
+
+// fcFast switches on the forecast's shortcuts, which change no result:
+// the single-node index, the multi-node domains' filter and
+// preemptTable's skip. Off, every eligible node is scanned (a test
+// compares the two).
+var fcFast = true
 
 // gpuSlot is one GPU in the projection: free from fa on (never if
 // unavailable), and idle in the gap [gs, ge) before a projected job (a
@@ -90,6 +127,16 @@ func (st *state) buildForecast() *fcast {
 	f.off[len(st.nodes)] = int32(total)
 	f.at = resize(f.at, total)
 	f.gap = resize(f.gap, len(st.nodes))
+	f.listed = resize(f.listed, len(st.nodes))
+	f.trees = grow(f.trees, len(st.pools))
+	f.gaps = grow(f.gaps, len(st.pools))
+	for pi := range st.pools {
+		f.trees[pi] = grow(f.trees[pi], st.pools[pi].maxCap+1)
+		for g := range f.trees[pi] {
+			f.trees[pi][g].built = false
+		}
+		f.gaps[pi] = f.gaps[pi][:0]
+	}
 	// Free now: 0; unavailable: never. Running GPUs are set below.
 	for i := range st.nodes {
 		ns := &st.nodes[i]
@@ -315,6 +362,41 @@ func (st *state) forecast(want func(*pjob) bool, all bool) []int64 {
 func (st *state) forecastPlace(f *fcast, pj *pjob, lo int64) int64 {
 	g := pj.j.GPUs
 	run := expectedRun(pj.j)
+	if !pj.multi && fcFast {
+		best := noKey
+		for _, pi := range pj.elig {
+			if g > st.pools[pi].maxCap {
+				continue
+			}
+			if k := st.fcQuery(f, pi, g, lo); k.less(best) {
+				best = k
+			}
+			// Nodes with a gap: a shorter job may fit in it.
+			for _, n := range f.gaps[pi] {
+				gs := f.at[f.off[n]:f.off[n+1]]
+				if len(gs) < g {
+					continue
+				}
+				t := f.fit(n, g, run, lo, false)
+				if t == never || t > best.t {
+					continue
+				}
+				free := 0
+				for free < len(gs) && gs[free].fa <= t {
+					free++
+				}
+				if k := (fcKey{t, int32(free), int32(n)}); k.less(best) {
+					best = k
+				}
+			}
+		}
+		if best.t == never {
+			return never
+		}
+		f.fit(int(best.n), g, run, lo, true)
+		st.fcTouch(f, int(best.n))
+		return best.t
+	}
 	if !pj.multi {
 		bestT, bestFree, bestN := never, 0, -1
 		for _, pi := range pj.elig {
@@ -373,7 +455,11 @@ func (st *state) forecastPlace(f *fcast, pj *pjob, lo int64) int64 {
 				if k == 0 || len(gs) < k {
 					continue
 				}
-				buf = append(buf, nodeAt{max(gs[k-1].fa, lo), n})
+				// Only a node free before the best domain's time can
+				// make this domain better: the others sort after them.
+				if t := max(gs[k-1].fa, lo); t < bestT || !fcFast {
+					buf = append(buf, nodeAt{t, n})
+				}
 			}
 			slices.SortFunc(buf, func(a, b nodeAt) int { return cmp.Or(cmp.Compare(a.t, b.t), cmp.Compare(a.n, b.n)) })
 			got := 0
@@ -405,9 +491,123 @@ func (st *state) forecastPlace(f *fcast, pj *pjob, lo int64) int64 {
 		}
 		k = min(k, left)
 		f.take(x.n, k, bestT, end)
+		if fcFast {
+			st.fcTouch(f, x.n)
+		}
 		left -= k
 	}
 	return bestT
+}
+
+// fcKeyOf is node n's key for g GPUs (noKey if it has a gap, fewer GPUs,
+// or never has g free).
+func (f *fcast) fcKeyOf(n, g int) fcKey {
+	if f.gap[n] {
+		return noKey
+	}
+	gs := f.at[f.off[n]:f.off[n+1]]
+	if len(gs) < g || gs[g-1].fa == never {
+		return noKey
+	}
+	t := gs[g-1].fa
+	c := g
+	for c < len(gs) && gs[c].fa <= t {
+		c++
+	}
+	return fcKey{t, int32(c), int32(n)}
+}
+
+// fcQuery is the best node without a gap of pool pi for g GPUs not
+// before lo, as forecastPlace ranks them: the least (start, GPUs free
+// then, index), the start being max(key.t, lo); noKey if none.
+func (st *state) fcQuery(f *fcast, pi, g int, lo int64) fcKey {
+	tr := &f.trees[pi][g]
+	if !tr.built {
+		nodes := st.pools[pi].nodes
+		size := 1
+		for size < len(nodes) {
+			size *= 2
+		}
+		tr.size = size
+		tr.k = grow(tr.k, 2*size)
+		for i := range size {
+			k := noKey
+			if i < len(nodes) {
+				k = f.fcKeyOf(nodes[i], g)
+			}
+			tr.k[size+i] = k
+		}
+		for i := size - 1; i >= 1; i-- {
+			a, b := tr.k[2*i], tr.k[2*i+1]
+			if b.less(a) {
+				a = b
+			}
+			tr.k[i] = a
+		}
+		tr.built = true
+	}
+	root := tr.k[1]
+	if root.t == never || root.t >= lo {
+		// Every node starts when its g-th GPU comes free: the keys are
+		// exact.
+		return root
+	}
+	// Every node whose g-th GPU is free by lo starts at lo: the fewest
+	// GPUs free at lo, then the lowest index. (Free times are never
+	// before now, so with lo = 0, as in ModeAllot and ModeEASY but for
+	// preemptors, this is not reached.)
+	best := noKey
+	stack := append(f.stack[:0], 1)
+	for len(stack) > 0 {
+		i := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if tr.k[i].t > lo {
+			continue
+		}
+		if i < tr.size {
+			stack = append(stack, 2*i+1, 2*i)
+			continue
+		}
+		n := int(tr.k[i].n)
+		gs := f.at[f.off[n]:f.off[n+1]]
+		free := 0
+		for free < len(gs) && gs[free].fa <= lo {
+			free++
+		}
+		if k := (fcKey{lo, int32(free), int32(n)}); k.less(best) {
+			best = k
+		}
+	}
+	f.stack = stack
+	return best
+}
+
+// fcTouch updates the index after node n's projection changed.
+func (st *state) fcTouch(f *fcast, n int) {
+	ns := &st.nodes[n]
+	if ns.pool < 0 {
+		return
+	}
+	pi := int(ns.pool)
+	if f.gap[n] && !f.listed[n] {
+		f.listed[n] = true
+		f.gaps[pi] = append(f.gaps[pi], n)
+	}
+	for g := range f.trees[pi] {
+		tr := &f.trees[pi][g]
+		if !tr.built {
+			continue
+		}
+		i := tr.size + int(ns.pos)
+		tr.k[i] = f.fcKeyOf(n, g)
+		for i /= 2; i >= 1; i /= 2 {
+			a, b := tr.k[2*i], tr.k[2*i+1]
+			if b.less(a) {
+				a = b
+			}
+			tr.k[i] = a
+		}
+	}
 }
 
 func (f *fcast) len(n int) int { return int(f.off[n+1] - f.off[n]) }
@@ -476,6 +676,25 @@ func (st *state) preemptTable(c Tier, reclaim bool, mg int) [][]int64 {
 		ns := &st.nodes[n]
 		if ns.pool < 0 {
 			continue
+		}
+		// row is nondecreasing in g, and a victim frees its GPUs a grace
+		// period from now at the earliest (a terminating job may free
+		// them sooner): when row[cap] is already at most that, such a
+		// node only adds the GPUs free now.
+		if row := tab[ns.pool]; fcFast && grace >= 0 && row[ns.cap] <= grace {
+			term := false
+			for _, ri := range st.nodeRun[n] {
+				if st.run[ri].term {
+					term = true
+					break
+				}
+			}
+			if !term {
+				for g := 1; g <= ns.free; g++ {
+					row[g] = 0
+				}
+				continue
+			}
 		}
 		cs = cs[:0]
 		for _, ri := range st.nodeRun[n] {

@@ -1,11 +1,13 @@
 package scheduler
 
 import (
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"pgregory.net/rapid"
 )
 
 func expected(d time.Duration) jobOpt { return func(j *Job) { j.Expected = d } }
@@ -114,5 +116,71 @@ func TestForecastFIFOOrder(t *testing.T) {
 	p = Schedule(s, t0, mode(ModeEASY))
 	if len(p.Starts) != 1 || p.Starts[0].JobID != 2 {
 		t.Fatalf("EASY starts = %+v", p.Starts)
+	}
+}
+
+// The forecast's shortcuts (fcFast) choose what the scan of every
+// eligible node chose: the same plans (EstStart included) with it on and
+// off, on random snapshots (jobs with expected run times, so that the
+// projection leaves gaps) and on a benchmark-like cluster in every mode.
+// Not parallel: it switches the package-level fcFast.
+func TestForecastIndexMatchesScan(t *testing.T) {
+	defer func() { fcFast = true }()
+	both := func(s Snapshot, now time.Time, p Policy) (Plan, Plan) {
+		fcFast = true
+		a := Schedule(s, now, p)
+		fcFast = false
+		b := Schedule(s, now, p)
+		fcFast = true
+		return a, b
+	}
+	rapid.Check(t, func(t *rapid.T) {
+		s := genSnapshot(t)
+		for i := range s.Running {
+			if rapid.Bool().Draw(t, "run-expected") {
+				s.Running[i].Expected = time.Duration(rapid.IntRange(1, 400).Draw(t, "run-exp")) * time.Minute
+			}
+		}
+		for i := range s.Pending {
+			if rapid.Bool().Draw(t, "pend-expected") {
+				s.Pending[i].Expected = time.Duration(rapid.IntRange(1, 400).Draw(t, "pend-exp")) * time.Minute
+			}
+		}
+		p := genPolicy(t)
+		a, b := both(s, t0, p)
+		if diff := cmp.Diff(b, a); diff != "" {
+			t.Fatalf("index differs from the scan (-scan +index):\n%s", diff)
+		}
+	})
+	r := rand.New(rand.NewPCG(7, 7))
+	for _, size := range []struct{ pending, nodes int }{{3000, 300}, {800, 40}} {
+		s := benchSnapshot(size.pending, size.nodes)
+		for i := range s.Running {
+			if r.IntN(2) == 0 {
+				s.Running[i].Expected = time.Duration(1+r.IntN(600)) * time.Minute
+			}
+		}
+		for i := range s.Pending {
+			if r.IntN(2) == 0 {
+				s.Pending[i].Expected = time.Duration(1+r.IntN(600)) * time.Minute
+			}
+		}
+		for _, m := range allModes {
+			p := DefaultPolicy()
+			p.Mode = m
+			a, b := both(s, t0, p)
+			if diff := cmp.Diff(b, a); diff != "" {
+				t.Fatalf("%s, %d × %d: index differs from the scan (-scan +index):\n%s", m, size.pending, size.nodes, diff)
+			}
+			n := 0
+			for _, pi := range a.Pending {
+				if pi.EstKind == EstForecast {
+					n++
+				}
+			}
+			if n == 0 {
+				t.Errorf("%s, %d × %d: no forecast estimate to compare", m, size.pending, size.nodes)
+			}
+		}
 	}
 }
