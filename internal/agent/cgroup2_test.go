@@ -7,6 +7,7 @@ import (
 	"os/user"
 	"path"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -209,6 +210,11 @@ func TestCgroupV2DeviceFence(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The program outlives the agent's file descriptor of it (closed by
+	// its finalizer): the attachment holds it, as it must across agent
+	// restarts.
+	runtime.GC()
+	runtime.GC()
 	script := `for n in nvidia1 nvidia2 nvidia3 nvidiactl; do cat ` + dev + `/$n 2>&1 >/dev/null | sed "s/.*: /$n: /"; done; echo x > /dev/null && echo null: written`
 	j := startV2Job(t, d, cg, "/bin/sh", "-c", script)
 	if e := j.wait(t); e.ExitCode != 0 {
