@@ -337,8 +337,12 @@ func newState(s *Snapshot, now time.Time, p Policy) *state {
 	if p.Mode == ModeAllot && !p.RawGuarantees {
 		st.scaleGuarantees()
 	}
-	st.buildRunning()
-	st.buildIndex()
+	if s.Keep != nil {
+		st.buildRunningKept(s.Keep, owners)
+	} else {
+		st.buildRunning()
+		st.buildIndex()
+	}
 	return st
 }
 
@@ -778,15 +782,7 @@ func (st *state) buildIndex() {
 	}
 	for pi := range st.pools {
 		pl := &st.pools[pi]
-		w := (len(pl.nodes) + 63) / 64
-		if len(pl.buckets) != pl.maxCap+1 || len(pl.words) != w*(pl.maxCap+1) {
-			pl.buckets = make([][]uint64, pl.maxCap+1)
-			pl.counts = make([]int, pl.maxCap+1)
-			pl.words = make([]uint64, w*(pl.maxCap+1))
-			for f := range pl.buckets {
-				pl.buckets[f] = pl.words[f*w : (f+1)*w]
-			}
-		} else {
+		if !pl.allocIndex() {
 			clear(pl.counts)
 			clear(pl.words)
 		}
@@ -794,6 +790,22 @@ func (st *state) buildIndex() {
 			st.indexAdd(n)
 		}
 	}
+}
+
+// allocIndex sizes pl's free-GPU index for its nodes; it reports whether
+// it allocated (zeroed) arrays.
+func (pl *pool) allocIndex() bool {
+	w := (len(pl.nodes) + 63) / 64
+	if len(pl.buckets) == pl.maxCap+1 && len(pl.words) == w*(pl.maxCap+1) {
+		return false
+	}
+	pl.buckets = make([][]uint64, pl.maxCap+1)
+	pl.counts = make([]int, pl.maxCap+1)
+	pl.words = make([]uint64, w*(pl.maxCap+1))
+	for f := range pl.buckets {
+		pl.buckets[f] = pl.words[f*w : (f+1)*w]
+	}
+	return true
 }
 
 func (st *state) clusterGPUs() int {

@@ -409,6 +409,10 @@ type Snapshot struct {
 	// one). Schedule then skips comparing the nodes with those of the
 	// cycle it reuses state from. False is always correct.
 	NodesSame bool
+	// Keep, when set, keeps the running jobs' state between this caller's
+	// cycles; the caller reports the running jobs it changed (see
+	// RunningKeep). Nil is always correct.
+	Keep *RunningKeep
 }
 
 // Priority is a job's multifactor priority and its breakdown. Each factor is

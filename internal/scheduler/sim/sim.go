@@ -60,7 +60,11 @@ type Config struct {
 	// EveryEvent disables the skipping of provably idle baseline cycles
 	// (for tests that check the skipping changes nothing).
 	EveryEvent bool
-	Progress   *atomic.Int64
+	// NoKeep makes every cycle read all running jobs again instead of
+	// keeping their state (scheduler.RunningKeep) between cycles (for
+	// tests that check keeping it changes nothing).
+	NoKeep   bool
+	Progress *atomic.Int64
 	// Burst models cloud burst (ModeAllot only; nil = none).
 	Burst *BurstConfig
 }
@@ -259,6 +263,8 @@ type state struct {
 	// nodesChanged: s.nodes changed since the last cycle (burst), so the
 	// snapshot may not promise NodesSame.
 	nodesChanged bool
+	// keep is told every position of running changed (nil: Config.NoKeep).
+	keep *scheduler.RunningKeep
 }
 
 // Run replays trace (sorted by Submit) under cfg and returns the metrics.
@@ -285,6 +291,9 @@ func Run(cfg Config, trace []TraceJob) (*Result, error) {
 	// The replay reads starts, preemptions and nothing else of a plan.
 	cfg.Policy.NoPendingInfo = true
 	s := &state{cfg: cfg, sched: cfg.Schedule, progress: cfg.Progress}
+	if !cfg.NoKeep {
+		s.keep = new(scheduler.RunningKeep)
+	}
 	if s.sched == nil {
 		s.sched = scheduler.Schedule
 	}
@@ -736,7 +745,7 @@ func (s *state) cycle() error {
 			}
 		}
 	}
-	snap := scheduler.Snapshot{Nodes: s.nodes, Running: s.running, Pending: s.pending, Teams: s.teams, NodesSame: !s.nodesChanged}
+	snap := scheduler.Snapshot{Nodes: s.nodes, Running: s.running, Pending: s.pending, Teams: s.teams, NodesSame: !s.nodesChanged, Keep: s.keep}
 	s.nodesChanged = false
 	pol := s.cfg.Policy
 	if s.eta != nil && s.etaTargets() {
@@ -857,6 +866,7 @@ func (s *state) start(st scheduler.Start) error {
 		s.eta.nextRefresh = min(s.eta.nextRefresh, s.now+job.Expected)
 	}
 	s.runIdx[idx] = int32(len(s.running))
+	s.keep.Changed(len(s.running))
 	s.running = append(s.running, job)
 	s.setBusy(j, +n)
 	return nil
@@ -893,6 +903,7 @@ func (s *state) preempt(pr scheduler.Preemption) error {
 	j.phase = phaseTerminating
 	end := s.now + s.cfg.Policy.GracePeriod
 	r := &s.running[s.runIdx[idx]]
+	s.keep.Changed(int(s.runIdx[idx]))
 	r.Terminating = true
 	r.GraceEnd = Epoch.Add(end)
 	// As the live loop does: the core holds the GPUs coming free for the
@@ -918,6 +929,7 @@ func (s *state) release(idx int) {
 	k := s.runIdx[idx]
 	last := int32(len(s.running) - 1)
 	if k != last {
+		s.keep.Changed(int(k))
 		s.running[k] = s.running[last]
 		s.runIdx[s.running[k].ID-1] = k
 	}

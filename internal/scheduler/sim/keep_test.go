@@ -1,0 +1,46 @@
+package sim
+
+import (
+	"testing"
+	"time"
+
+	gocmp "github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/burst"
+	"github.com/allotlabs/allot/internal/scheduler"
+)
+
+// TestKeepChangesNothing: keeping the running jobs' state between cycles
+// (scheduler.RunningKeep, the default) gives the replay of reading every
+// running job each cycle, in every mode, with preemptions, multi-node
+// jobs, the ETA measurement and burst nodes (which change the nodes).
+func TestKeepChangesNothing(t *testing.T) {
+	t.Parallel()
+	trace := randomTrace(400, 3) // TestDeterministic's: it preempts
+	teams := []TeamSpec{{"a", 8}, {"b", 16}, {"c", 24}}
+	ignore := cmpopts.IgnoreFields(Result{}, "CycleMeanUS", "CycleP99US", "SimWallS")
+	for _, m := range []scheduler.Mode{scheduler.ModeAllot, scheduler.ModeEASY, scheduler.ModeFIFO, scheduler.ModeFIFOPartitioned} {
+		cfg := Config{Nodes: 6, GPUsPerNode: 8, DomainNodes: 2, Teams: teams, Policy: policy(m),
+			Cycle: 10 * time.Second, WalltimeFactor: 2, CheckpointFraction: 0.5, ETA: true, Schedule: scheduler.Schedule}
+		kept := run(t, cfg, trace)
+		cfg.NoKeep = true
+		every := run(t, cfg, trace)
+		if d := gocmp.Diff(every, kept, ignore); d != "" {
+			t.Errorf("%s: keeping the running state changed the replay (-every cycle +kept):\n%s", m, d)
+		}
+		if m == scheduler.ModeAllot && kept.Preemptions == 0 {
+			t.Errorf("%s: no preemption; the test should exercise one", m)
+		}
+	}
+	// Burst nodes come and go: the nodes change, and the keep is rebuilt.
+	rate := allot.Money{Micros: 1_400_000, Currency: "USD"}
+	bc := &BurstConfig{Shape: burst.Shape{GPUType: "A100-spot", GPUs: 8, Rate: rate}, Thresholds: burst.FromPolicy(allot.DefaultPolicy()), Delay: 5 * time.Minute}
+	cfg := burstCfg(bc)
+	kept := run(t, cfg, burstTrace())
+	cfg.NoKeep = true
+	if d := gocmp.Diff(run(t, cfg, burstTrace()), kept, ignore, cmpopts.IgnoreUnexported(BurstResult{})); d != "" || kept.Burst.Nodes == 0 {
+		t.Errorf("burst: keeping the running state changed the replay (-every cycle +kept):\n%s", d)
+	}
+}
