@@ -8,10 +8,12 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/containerd/cgroups/v3"
 	"github.com/containerd/cgroups/v3/cgroup1"
@@ -87,6 +89,17 @@ func v2Devices(rules []specs.LinuxDeviceCgroup) []specs.LinuxDeviceCgroup {
 // cgroupRoot is where the cgroup filesystems are mounted: the unified
 // (v2) hierarchy itself, or the v1 hierarchies under it.
 const cgroupRoot = "/sys/fs/cgroup"
+
+// v2Leaf is the cgroup under a v2 job cgroup that the shim starts the
+// job's processes in; the job cgroup itself holds none. cgroup v2 lets a
+// cgroup give controllers to cgroups below it (cgroup.subtree_control)
+// only while it holds no process itself: a container runtime, started in
+// the job cgroup, makes its container's cgroup under it (the job cgroup is
+// its --cgroup-parent) and would get EBUSY enabling memory, pids or cpu
+// there. With the runtime client (or a host job) in the leaf, the job
+// cgroup is free to, and its limits and device program still cover
+// everything under it. v1 has no such rule and no leaf.
+const v2Leaf = "main"
 
 // cgroupDriver makes and finds job cgroups under one parent (one per
 // agent, so several agents on one host stay apart).
@@ -220,6 +233,11 @@ func (d *cgroupDriver) create(name string, lim jobLimits) (*jobCgroup, error) {
 		if err != nil {
 			_ = os.Remove(dir)
 			return nil, fmt.Errorf("creating cgroup %s: %w", p, err)
+		}
+		// The job's processes go in a leaf under it (see v2Leaf).
+		if err := os.Mkdir(path.Join(dir, v2Leaf), 0o755); err != nil {
+			_ = rmdirTree(dir)
+			return nil, fmt.Errorf("creating cgroup %s/%s: %w", p, v2Leaf, err)
 		}
 		return &jobCgroup{path: p, root: d.v2Root(), v2: m}, nil
 	}
@@ -356,11 +374,18 @@ func (c *jobCgroup) Kill() error {
 	}
 }
 
-// Delete removes the (empty) cgroup, and in v1 what a container runtime
+// Delete removes the (empty) cgroup and the cgroups under it (v2: its
+// leaf and a container runtime's), and in v1 what a container runtime
 // made under it in other hierarchies (blkio, cpuset, name=systemd…).
 func (c *jobCgroup) Delete() error {
 	if c.v2 != nil {
-		return c.v2.Delete()
+		if ps := c.Procs(); len(ps) > 0 {
+			return fmt.Errorf("removing cgroup %s: it still has processes %v", c.path, ps)
+		}
+		if err := rmdirTree(path.Join(c.root, c.path)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("removing cgroup %s: %w", c.path, err)
+		}
+		return nil
 	}
 	err := c.v1.Delete()
 	removeTree(c.path)
@@ -406,14 +431,23 @@ func rmdirTree(dir string) error {
 	return nil
 }
 
-// enter moves the calling process into the cgroup and returns a function
-// that moves it back where it was. The v1 way for a supervisor to start a
-// child inside a cgroup: a fork inherits the cgroup, and the supervisor
-// leaves before the child can fork anything.
+// enter moves the calling process into the cgroup (v2: its leaf) and
+// returns a function that moves it back where it was. The v1 way for a
+// supervisor to start a child inside a cgroup: a fork inherits the
+// cgroup, and the supervisor leaves before the child can fork anything.
+// On v2 it is the fallback where clone3 with CLONE_INTO_CGROUP is not
+// available (see cloneIntoCgroupWorks).
 func (c *jobCgroup) enter() (leave func() error, err error) {
 	pid := os.Getpid()
 	if c.v2 != nil {
-		return nil, errors.New("cgroup v2: start the child with CLONE_INTO_CGROUP instead")
+		orig, err := ownV2Cgroup()
+		if err != nil {
+			return nil, fmt.Errorf("finding the supervisor's cgroup: %w", err)
+		}
+		if err := writeProcs(path.Join(c.root, c.path, v2Leaf), pid); err != nil {
+			return nil, fmt.Errorf("entering cgroup %s/%s: %w", c.path, v2Leaf, err)
+		}
+		return func() error { return writeProcs(path.Join(c.root, orig), pid) }, nil
 	}
 	orig, err := cgroup1.Load(cgroup1.PidPath(pid), cgroup1.WithHierarchy(v1Hierarchy))
 	if err != nil {
@@ -425,9 +459,79 @@ func (c *jobCgroup) enter() (leave func() error, err error) {
 	return func() error { return orig.AddProc(uint64(pid)) }, nil
 }
 
-// dirFD opens the v2 cgroup directory for SysProcAttr.CgroupFD.
+// ownV2Cgroup is the calling process's cgroup in the v2 hierarchy (the
+// "0::" line of /proc/self/cgroup).
+func ownV2Cgroup() (string, error) {
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return "", err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if p, ok := strings.CutPrefix(l, "0::"); ok && strings.HasPrefix(p, "/") {
+			return path.Clean(p), nil
+		}
+	}
+	return "", errors.New("no cgroup v2 line in /proc/self/cgroup")
+}
+
+// writeProcs moves process pid (all its threads) into the cgroup dir.
+func writeProcs(dir string, pid int) error {
+	f, err := os.OpenFile(path.Join(dir, "cgroup.procs"), os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(strconv.Itoa(pid))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// dirFD opens the v2 job's leaf for SysProcAttr.CgroupFD.
 func (c *jobCgroup) dirFD() (int, error) {
-	return unix.Open(path.Join(c.root, c.path), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	return unix.Open(path.Join(c.root, c.path, v2Leaf), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+}
+
+// cloneIntoCgroupWorks reports whether this process can start a child
+// with clone3 and CLONE_INTO_CGROUP (which SysProcAttr.UseCgroupFD
+// uses), and otherwise the error clone3 gives: ENOSYS before Linux 5.3 or
+// under a seccomp profile that refuses clone3 so that libc falls back to
+// clone (Docker's and containerd's since 2020), EPERM under older such
+// profiles, E2BIG before 5.7 (clone3 without CLONE_INTO_CGROUP). It never
+// makes a process: it passes a stack size without a stack, which a kernel
+// that knows every field refuses (EINVAL) only after it has checked the
+// size of the arguments, and before it looks at the cgroup.
+func cloneIntoCgroupWorks() (bool, error) {
+	// struct clone_args, CLONE_ARGS_SIZE_VER2: flags, pidfd, child_tid,
+	// parent_tid, exit_signal, stack, stack_size, tls, set_tid,
+	// set_tid_size, cgroup.
+	var args [11]uint64
+	args[0] = unix.CLONE_INTO_CGROUP
+	args[4] = uint64(unix.SIGCHLD)
+	args[6] = 1 // stack_size with no stack: EINVAL
+	// A cgroup fd that is not zero, so that a kernel whose clone_args end
+	// before it refuses them (E2BIG) instead of ignoring it.
+	args[10] = 1
+	pid, _, e := unix.RawSyscall(unix.SYS_CLONE3, uintptr(unsafe.Pointer(&args[0])), unsafe.Sizeof(args), 0)
+	switch {
+	case e == unix.EINVAL:
+		return true, nil
+	case e != 0:
+		return false, e
+	case pid == 0:
+		// Not reachable (the arguments are invalid); were it, this is the
+		// child, which must not run on.
+		unix.RawSyscall(unix.SYS_EXIT_GROUP, 127, 0, 0)
+	}
+	var ws unix.WaitStatus
+	_, _ = unix.Wait4(int(pid), &ws, 0, nil)
+	return true, nil
+}
+
+// cloneUnsupported reports whether err, from starting a child with
+// UseCgroupFD, may mean clone3 or CLONE_INTO_CGROUP is not available.
+func cloneUnsupported(err error) bool {
+	return errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EPERM) || errors.Is(err, unix.E2BIG) || errors.Is(err, unix.EINVAL)
 }
 
 // removeParent removes the agent's cgroup parent when no job is left in it

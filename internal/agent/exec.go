@@ -57,6 +57,11 @@ func (a *Agent) prepare() error {
 				return fmt.Errorf("agent: cannot give jobs their own cgroups (%v); fix the node or, for development only, --cgroups off", err)
 			}
 			a.cgd = d
+			if d.v2 {
+				if ok, why := cloneIntoCgroupWorks(); !ok {
+					a.log.Warn("clone3 with CLONE_INTO_CGROUP is not available here: job shims move each job into its cgroup through cgroup.procs instead", "err", why)
+				}
+			}
 		}
 	case "off":
 	default:

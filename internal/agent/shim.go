@@ -127,7 +127,9 @@ func ShimMain(args []string, stderr io.Writer) int {
 	if err != nil {
 		return fail(err)
 	}
-	cmd := &exec.Cmd{Path: spec.Argv[0], Args: spec.Argv, Env: spec.Env, Dir: spec.Dir, Stdin: devnull, Stdout: out, Stderr: out}
+	newCmd := func(attr *syscall.SysProcAttr) *exec.Cmd {
+		return &exec.Cmd{Path: spec.Argv[0], Args: spec.Argv, Env: spec.Env, Dir: spec.Dir, Stdin: devnull, Stdout: out, Stderr: out, SysProcAttr: attr}
+	}
 	attr := &syscall.SysProcAttr{Setsid: true}
 	switch {
 	case spec.AsRoot, spec.SameUser:
@@ -137,7 +139,6 @@ func ShimMain(args []string, stderr io.Writer) int {
 		}
 		attr.Credential = &syscall.Credential{Uid: spec.UID, Gid: spec.GID, Groups: spec.Groups}
 	}
-	cmd.SysProcAttr = attr
 	var cg *jobCgroup
 	var leave func() error
 	if spec.Cgroup != "" {
@@ -146,6 +147,8 @@ func ShimMain(args []string, stderr io.Writer) int {
 			return fail(fmt.Errorf("loading the job's cgroup: %w", err))
 		}
 		if spec.CgroupV2 {
+			// Into the job's leaf from its first instruction
+			// (CLONE_INTO_CGROUP); the shim itself stays out.
 			fd, err := cg.dirFD()
 			if err != nil {
 				return fail(fmt.Errorf("opening the job's cgroup: %w", err))
@@ -162,7 +165,10 @@ func ShimMain(args []string, stderr io.Writer) int {
 	// runtime's no-new-privileges): no setuid program (sudo, pkexec) makes
 	// it root. The runtime a container job starts through runs as root.
 	noNewPrivs := !spec.AsRoot
-	if spec.PrivateTmp != "" || noNewPrivs {
+	start := func(cmd *exec.Cmd) error {
+		if spec.PrivateTmp == "" && !noNewPrivs {
+			return cmd.Start()
+		}
 		// The child inherits the mount namespace and no_new_privs of the
 		// thread that forks it: set them on a goroutine's own locked
 		// thread, start the child from it, and let that thread end with the
@@ -185,9 +191,24 @@ func ShimMain(args []string, stderr io.Writer) int {
 			}
 			ch <- cmd.Start()
 		}()
-		err = <-ch
-	} else {
-		err = cmd.Start()
+		return <-ch
+	}
+	cmd := newCmd(attr)
+	err = start(cmd)
+	if err != nil && attr.UseCgroupFD && cloneUnsupported(err) {
+		// No clone3 or no CLONE_INTO_CGROUP (an old kernel, a seccomp
+		// profile): start it as on v1, with the shim in the job's leaf
+		// while it forks, so the job is still in it from its first
+		// instruction.
+		if ok, why := cloneIntoCgroupWorks(); !ok {
+			fmt.Fprintf(stderr, "allot job-shim: clone3 with CLONE_INTO_CGROUP is not available (%v): moving the job into its cgroup through cgroup.procs\n", why)
+			plain := *attr
+			plain.UseCgroupFD, plain.CgroupFD = false, 0
+			cmd = newCmd(&plain)
+			if leave, err = cg.enter(); err == nil {
+				err = start(cmd)
+			}
+		}
 	}
 	if leave != nil {
 		if lerr := leave(); lerr != nil && err == nil {
