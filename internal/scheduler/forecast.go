@@ -164,8 +164,8 @@ func (st *state) buildForecast() *fcast {
 			}
 		}
 	}
-	for i := range st.run {
-		r := &st.run[i]
+	for i := range st.runs() {
+		r := &st.runs()[i]
 		set(r.j.Placement, st.expectedEnd(r))
 	}
 	for i := range st.starts {
@@ -684,7 +684,7 @@ func (st *state) preemptTable(c Tier, reclaim bool, mg int) [][]int64 {
 		if row := tab[ns.pool]; fcFast && grace >= 0 && row[ns.cap] <= grace {
 			term := false
 			for _, ri := range st.nodeRun[n] {
-				if st.run[ri].term {
+				if st.runs()[ri].term {
 					term = true
 					break
 				}
@@ -698,7 +698,7 @@ func (st *state) preemptTable(c Tier, reclaim bool, mg int) [][]int64 {
 		}
 		cs = cs[:0]
 		for _, ri := range st.nodeRun[n] {
-			r := &st.run[ri]
+			r := &st.runs()[ri]
 			k := r.gpusOn(n)
 			if r.term {
 				cs = append(cs, cand{max(r.end, 0), k}) // freed at its grace end

@@ -44,6 +44,7 @@ type RunningKeep struct {
 	came    []keptSlot // and of jobs that came
 	mark    []bool
 	until   []int64 // scratch
+	alloc   []int   // per team (st.teams order): GPUs of its running jobs not terminating
 	// shared[n]: two kept jobs hold the same GPU of node n (bad input):
 	// its GPUs in use are recomputed from every job when one leaves.
 	shared []bool
@@ -138,10 +139,43 @@ func (st *state) buildRunningKept(k *RunningKeep, owners []int) {
 		st.grps[gi].wf = k.wf[gi]
 	}
 	st.free = k.free
-	// The running jobs, as buildRunning sets them; the nodes' until in a
-	// compact array first (the node states are larger than a cache).
+	for i := range st.teams {
+		st.teams[i].alloc = k.alloc[i]
+	}
+	st.keep = k
+	if st.p.Mode != ModeAllot {
+		// Only ModeAllot reads the nodes' until (placePacked); the
+		// running jobs are read only when a job is blocked.
+		st.runLazy = true
+		return
+	}
+	// The nodes' until in a compact array first (the node states are
+	// larger than a cache).
 	until := resize(k.until, len(st.nodes))
 	k.until = until
+	st.fillRunKept(until)
+	for i, u := range until {
+		if u != 0 {
+			st.nodes[i].until = u
+		}
+	}
+}
+
+// runs is the running jobs' working state, filled from the keep on first
+// use when the cycle deferred it.
+func (st *state) runs() []runJob {
+	if st.runLazy {
+		st.runLazy = false
+		st.fillRunKept(nil)
+	}
+	return st.run
+}
+
+// fillRunKept sets st.run from the keep's entries as buildRunning does
+// (the teams' alloc comes from the keep); with until, the nodes' until
+// too, indexed by node.
+func (st *state) fillRunKept(until []int64) {
+	k := st.keep
 	st.run = grow(st.run, len(st.s.Running))
 	for i := range st.s.Running {
 		e := &k.entries[i]
@@ -163,18 +197,12 @@ func (st *state) buildRunningKept(k *RunningKeep, owners []int) {
 		} else {
 			r.end = never
 		}
-		for _, sl := range e.slots {
-			if sl.any {
-				until[sl.node] = max(until[sl.node], r.end)
+		if until != nil {
+			for _, sl := range e.slots {
+				if sl.any {
+					until[sl.node] = max(until[sl.node], r.end)
+				}
 			}
-		}
-		if r.team >= 0 && !r.term {
-			st.teams[r.team].alloc += r.gpus
-		}
-	}
-	for i, u := range until {
-		if u != 0 {
-			st.nodes[i].until = u
 		}
 	}
 }
@@ -199,6 +227,10 @@ func (st *state) keepSave(k *RunningKeep, owners []int) {
 		k.nodes[i].until = 0
 	}
 	k.free = st.free
+	k.alloc = k.alloc[:0]
+	for i := range st.teams {
+		k.alloc = append(k.alloc, st.teams[i].alloc)
+	}
 	k.words = grow(k.words, len(st.pools))
 	k.counts = grow(k.counts, len(st.pools))
 	for pi := range st.pools {
@@ -238,6 +270,13 @@ func (st *state) keepApply(k *RunningKeep) {
 	old := len(k.entries)
 	k.touched, k.gone, k.came = k.touched[:0], k.gone[:0], k.came[:0]
 	touch := func(e *keptRun, list *[]keptSlot) {
+		if e.team >= 0 && !e.term {
+			if list == &k.gone {
+				k.alloc[e.team] -= e.gpus
+			} else {
+				k.alloc[e.team] += e.gpus
+			}
+		}
 		for _, sl := range e.slots {
 			if !k.mark[sl.node] {
 				k.mark[sl.node] = true
@@ -246,6 +285,10 @@ func (st *state) keepApply(k *RunningKeep) {
 			*list = append(*list, sl)
 		}
 	}
+	// A position reported twice is applied once (its leaving GPUs would
+	// otherwise come twice and read as shared).
+	slices.Sort(k.dirty)
+	k.dirty = slices.Compact(k.dirty)
 	for _, i := range k.dirty {
 		if i < 0 || i >= min(n, old) {
 			continue // added or removed: below

@@ -45,6 +45,7 @@ func TestPropertyKeepMatchesRebuild(t *testing.T) {
 					s.Running[k].Terminating = true
 					s.Running[k].GraceEnd = now.Add(2 * time.Minute)
 					keep.Changed(k)
+					keep.Changed(k) // twice: applied once
 				case op == 2 && len(want.Starts) > 0: // a start of the plan comes to run
 					st := want.Starts[0]
 					for _, pj := range s.Pending {
@@ -78,4 +79,28 @@ func TestPropertyKeepMatchesRebuild(t *testing.T) {
 			}
 		}
 	})
+}
+
+// A position reported twice is not read as two jobs on the same GPUs
+// (which would make the keep recompute the node from every job).
+func TestKeepChangedTwice(t *testing.T) {
+	t.Parallel()
+	s := Snapshot{Nodes: cluster(2, 8), NodesSame: true,
+		Running: []Job{job(100, 4, limit(time.Hour), on(time.Minute, slot(0, seq(0, 4)...)))}}
+	keep := new(RunningKeep)
+	s.Keep = keep
+	Schedule(s, t0, allot())
+	s.Running[0].Terminating, s.Running[0].GraceEnd = true, t0.Add(time.Minute)
+	keep.Changed(0)
+	keep.Changed(0)
+	Schedule(s, t0, allot())
+	if keep.shared[0] {
+		t.Error("node 0 marked as holding a GPU twice")
+	}
+	s.Running = append(s.Running, job(101, 1, on(0, slot(0, 3))))
+	keep.Changed(1)
+	Schedule(s, t0, allot())
+	if !keep.shared[0] {
+		t.Error("node 0, where two jobs hold GPU 3, not marked")
+	}
 }

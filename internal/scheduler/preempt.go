@@ -43,8 +43,8 @@ func (st *state) preemptRight(pj *pjob) int {
 // stopping, and by jobs of c started this cycle.
 func (st *state) classGPUs(c Tier) int {
 	n := 0
-	for i := range st.run {
-		if r := &st.run[i]; r.class == c && !r.term {
+	for i := range st.runs() {
+		if r := &st.runs()[i]; r.class == c && !r.term {
 			n += r.gpus
 		}
 	}
@@ -88,10 +88,10 @@ func (st *state) buildNodeRun() {
 		return
 	}
 	st.nodeRun = make([][]int, len(st.nodes))
-	for i := range st.run {
-		r := &st.run[i]
+	for i := range st.runs() {
+		r := &st.runs()[i]
 		r.lost, r.vprio = st.lostWork(r), st.runPrio(r)
-		for _, sl := range st.run[i].j.Placement {
+		for _, sl := range st.runs()[i].j.Placement {
 			if sl.Node >= 0 && sl.Node < len(st.nodes) && len(sl.GPUs) > 0 {
 				st.nodeRun[sl.Node] = append(st.nodeRun[sl.Node], i)
 			}
@@ -124,7 +124,7 @@ func (st *state) nodeVictims(n, target, maxGroup int, class Tier, reclaim bool, 
 	avail := ns.free
 	vs = buf[:0]
 	for _, ri := range st.nodeRun[n] {
-		r := &st.run[ri]
+		r := &st.runs()[ri]
 		k := r.gpusOn(n)
 		if r.term {
 			avail += k // freed at its grace end, within one grace period
@@ -141,16 +141,16 @@ func (st *state) nodeVictims(n, target, maxGroup int, class Tier, reclaim bool, 
 		return vs[:0], -1, 0, 0, true
 	}
 	slices.SortFunc(vs, func(a, b victimCand) int {
-		ra, rb := &st.run[a.ri], &st.run[b.ri]
+		ra, rb := &st.runs()[a.ri], &st.runs()[b.ri]
 		return cmp.Or(cmp.Compare(a.group, b.group), cmp.Compare(rb.class, ra.class), cmp.Compare(ra.lost, rb.lost),
 			cmp.Compare(ra.vprio, rb.vprio), cmp.Compare(ra.gpus, rb.gpus), cmp.Compare(ra.j.ID, rb.j.ID))
 	})
 	worst = -1
 	for i, v := range vs {
 		avail += v.gpus
-		freed += st.run[v.ri].gpus
+		freed += st.runs()[v.ri].gpus
 		if v.group != vgPreemptible {
-			lost += st.run[v.ri].lost // preemptible work is not protected
+			lost += st.runs()[v.ri].lost // preemptible work is not protected
 		}
 		worst = max(worst, v.group)
 		if avail >= target {
@@ -288,7 +288,7 @@ func (st *state) preempt(pj *pjob, maxGroup int, maxLost float64) bool {
 		}
 		chosen = bestSet
 	}
-	slices.SortFunc(chosen, func(a, b int) int { return cmp.Compare(st.run[a].j.ID, st.run[b].j.ID) })
+	slices.SortFunc(chosen, func(a, b int) int { return cmp.Compare(st.runs()[a].j.ID, st.runs()[b].j.ID) })
 	for _, ri := range chosen {
 		st.markVictim(ri, pj)
 	}
@@ -300,7 +300,7 @@ func (st *state) preempt(pj *pjob, maxGroup int, maxLost float64) bool {
 }
 
 func (st *state) markVictim(ri int, by *pjob) {
-	r := &st.run[ri]
+	r := &st.runs()[ri]
 	grp := st.victimGroup(r, vgAnyResearch)
 	var why string
 	switch grp {
@@ -323,7 +323,7 @@ func (st *state) markVictim(ri int, by *pjob) {
 	r.end = min(r.end, int64(st.p.GracePeriod)) // a job past its time limit ends anyway
 	st.victims = append(st.victims, ri)
 	if st.isVictim == nil {
-		st.isVictim = make([]bool, len(st.run))
+		st.isVictim = make([]bool, len(st.runs()))
 	}
 	st.isVictim[ri] = true
 	if r.team >= 0 {

@@ -161,8 +161,8 @@ func (st *state) runAllot() {
 	// Preemptors whose victims are still in their grace period come first:
 	// they start, or reserve the GPUs coming free, before anyone else.
 	var preemptors map[int64]bool
-	for i := range st.run {
-		if r := &st.run[i]; r.term && r.j.PreemptedBy != 0 {
+	for i := range st.runs() {
+		if r := &st.runs()[i]; r.term && r.j.PreemptedBy != 0 {
 			if preemptors == nil {
 				preemptors = map[int64]bool{}
 			}
@@ -440,8 +440,8 @@ func (st *state) shadow(pj *pjob) (int64, int) {
 		}
 		return k
 	}
-	for i := range st.run {
-		r := &st.run[i]
+	for i := range st.runs() {
+		r := &st.runs()[i]
 		if r.end == never {
 			continue
 		}

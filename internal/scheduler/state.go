@@ -180,7 +180,10 @@ type state struct {
 	teams   []teamState
 	teamIdx map[string]int
 
-	run     []runJob
+	run []runJob // read through runs()
+	// runLazy: run is not filled yet; runs() fills it from keep.
+	runLazy bool
+	keep    *RunningKeep
 	pend    []pjob
 	order   []*pjob
 	starts  []startRec
@@ -318,6 +321,7 @@ func (st *state) release() {
 	clear(st.teamPtrs)
 	clear(st.teamsBuf)
 	st.s, st.plan, st.pools, st.grps, st.teams = nil, Plan{}, nil, nil, nil
+	st.keep, st.runLazy = nil, false
 	st.starts, st.resvs, st.victims, st.isVictim, st.nodeRun = nil, nil, nil, nil, nil
 	st.head, st.lastElig, st.starving = nil, nil, nil
 	statePool.Put(st)
@@ -388,16 +392,31 @@ func (st *state) buildTeams() {
 			st.teamIdx[t.Name] = len(st.teams)
 			st.teamNames = append(st.teamNames, t.Name)
 		}
-		g := 0
-		for _, v := range t.Guarantee {
-			if v > 0 {
-				g += v
-			}
-		}
-		st.teams = append(st.teams, teamState{t: t, guarantee: g})
+		st.teams = append(st.teams, teamState{t: t, guarantee: guaranteeSum(t.Guarantee)})
 	}
 	st.teamsBuf = st.teams
 	st.computeShares()
+}
+
+// guaranteeSum is the sum of a team's positive guarantees. A map of one
+// untyped guarantee (the simulator's) is read without
+// iterating it: an iteration costs more than the rest of a team's setup.
+func guaranteeSum(m map[string]int) int {
+	switch len(m) {
+	case 0:
+		return 0
+	case 1:
+		if v, ok := m[""]; ok {
+			return max(v, 0)
+		}
+	}
+	g := 0
+	for _, v := range m {
+		if v > 0 {
+			g += v
+		}
+	}
+	return g
 }
 
 // scaleGuarantees shrinks oversubscribed guarantees: when they add up to

@@ -48,8 +48,8 @@ func (st *state) sortRunEvents() {
 	}
 	st.runSorted = true
 	st.runEvents = st.runEvents[:0]
-	for i := range st.run {
-		r := &st.run[i]
+	for i := range st.runs() {
+		r := &st.runs()[i]
 		if r.end == never || r.victim {
 			continue
 		}
@@ -63,7 +63,7 @@ func (st *state) sortRunEvents() {
 	// Flatten the releases so that sweeps read contiguous memory.
 	st.runRelOff = resize(st.runRelOff, len(st.runEvents)+1)
 	for i, ev := range st.runEvents {
-		for _, sl := range st.run[ev.idx].j.Placement {
+		for _, sl := range st.runs()[ev.idx].j.Placement {
 			if sl.Node >= 0 && sl.Node < len(st.nodes) && len(sl.GPUs) > 0 {
 				st.runRel = append(st.runRel, nodeRel{node: int32(sl.Node), gpus: int32(len(sl.GPUs))})
 			}
@@ -138,7 +138,7 @@ func (st *state) sweep(pj *pjob, horizon int64) sweepResult {
 		}
 	}
 	for _, vi := range st.victims {
-		extra = append(extra, event{at: st.run[vi].end, kind: evGrace, idx: vi, id: st.run[vi].j.ID})
+		extra = append(extra, event{at: st.runs()[vi].end, kind: evGrace, idx: vi, id: st.runs()[vi].j.ID})
 	}
 	for i := range st.resvs {
 		if e := st.resvs[i].end; e != never {
@@ -191,7 +191,7 @@ func (st *state) sweep(pj *pjob, horizon int64) sweepResult {
 				}
 				break
 			}
-			for _, sl := range st.run[ev.idx].j.Placement {
+			for _, sl := range st.runs()[ev.idx].j.Placement {
 				if sl.Node >= 0 && sl.Node < len(st.nodes) {
 					release(sl.Node, len(sl.GPUs))
 				}
