@@ -119,8 +119,8 @@ func (st *state) keepUsable(k *RunningKeep, owners []int) bool {
 // buildRunningKept is buildRunning and buildIndex from the keep: the
 // changed jobs are applied to the kept nodes and index, which are copied
 // into the cycle; every running job's entry is then read from the keep.
-func (st *state) buildRunningKept(k *RunningKeep, owners []int) {
-	if !st.keepUsable(k, owners) {
+func (st *state) buildRunningKept(k *RunningKeep, owners []int, usable bool) {
+	if !usable {
 		st.buildRunning()
 		st.buildIndex()
 		st.keepSave(k, owners)

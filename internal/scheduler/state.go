@@ -337,12 +337,15 @@ func newState(s *Snapshot, now time.Time, p Policy) *state {
 	if p.Mode == ModeFIFOPartitioned {
 		owners = st.partitionCached()
 	}
-	st.buildNodes(owners)
+	// A usable keep has the nodes with the running jobs applied: the
+	// topology's are not copied first.
+	kept := s.Keep != nil && st.keepUsable(s.Keep, owners)
+	st.buildNodes(owners, kept)
 	if p.Mode == ModeAllot && !p.RawGuarantees {
 		st.scaleGuarantees()
 	}
 	if s.Keep != nil {
-		st.buildRunningKept(s.Keep, owners)
+		st.buildRunningKept(s.Keep, owners, kept)
 	} else {
 		st.buildRunning()
 		st.buildIndex()
@@ -562,14 +565,18 @@ func (c *topoCache) matches(ns []Node, same bool, owners []int) bool {
 	return true
 }
 
-func (st *state) buildNodes(owners []int) {
+// buildNodes sets up the topology; with noCopy (a keep provides them) the
+// nodes' states are left to the caller when the topology is kept.
+func (st *state) buildNodes(owners []int, noCopy bool) {
 	c := &st.tc
 	if c.matches(st.s.Nodes, st.s.NodesSame, owners) {
 		if len(st.s.Nodes) > 0 {
 			c.src = &st.s.Nodes[0]
 		}
 		st.nodes = grow(st.nodes, len(st.s.Nodes))
-		copy(st.nodes, c.base)
+		if !noCopy {
+			copy(st.nodes, c.base)
+		}
 		st.rawTotal, st.rawKnown = c.raw, true
 		st.pools, st.grps, st.offline = c.pools, c.grps, c.offline
 		for gi := range st.grps {
