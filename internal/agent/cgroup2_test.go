@@ -86,12 +86,13 @@ type v2Job struct {
 // as the agent would start it) in cg, and returns once the job runs.
 func startV2Job(t *testing.T, d *cgroupDriver, cg *jobCgroup, argv ...string) *v2Job {
 	t.Helper()
-	return startV2JobWith(t, d, cg, func(start func() (*exec.Cmd, int, error)) (*exec.Cmd, int, error) { return start() }, argv...)
+	return startV2JobWith(t, d, cg, nil, nil, argv...)
 }
 
-// startV2JobWith is startV2Job where via calls start (the start of the
-// shim), e.g. from a thread of its own.
-func startV2JobWith(t *testing.T, d *cgroupDriver, cg *jobCgroup, via func(start func() (*exec.Cmd, int, error)) (*exec.Cmd, int, error), argv ...string) *v2Job {
+// startV2JobWith is startV2Job where via, unless nil, calls start (the
+// start of the shim), e.g. from a thread of its own, and mod, unless nil,
+// changes the shim's spec.
+func startV2JobWith(t *testing.T, d *cgroupDriver, cg *jobCgroup, via func(start func() (*exec.Cmd, int, error)) (*exec.Cmd, int, error), mod func(*shimSpec), argv ...string) *v2Job {
 	t.Helper()
 	u, err := user.Lookup(testUser)
 	if err != nil {
@@ -107,6 +108,12 @@ func startV2JobWith(t *testing.T, d *cgroupDriver, cg *jobCgroup, via func(start
 	spec := shimSpec{Argv: argv, Env: []string{"PATH=/usr/bin:/bin"}, Dir: "/", UID: uint32(uid), GID: uint32(gid),
 		Groups: []uint32{uint32(gid)}, Output: filepath.Join(dir, "output.log"),
 		Cgroup: cg.Path(), CgroupV2: true, CgroupRoot: d.root}
+	if mod != nil {
+		mod(&spec)
+	}
+	if via == nil {
+		via = func(start func() (*exec.Cmd, int, error)) (*exec.Cmd, int, error) { return start() }
+	}
 	cmd, pid, err := via(func() (*exec.Cmd, int, error) { return startShim(exe, dir, spec, []string{"PATH=/usr/bin:/bin"}) })
 	if err != nil {
 		log, _ := os.ReadFile(filepath.Join(dir, "shim.log"))
@@ -684,17 +691,13 @@ func TestCgroupV2AgentRestartAdoptsJobsAndKillsOrphans(t *testing.T) {
 	}
 }
 
-// TestCgroupV2RuntimeCanEnableControllersUnderTheJob: what a container
-// runtime does with its --cgroup-parent (the job cgroup): enable a
-// controller in the job cgroup's cgroup.subtree_control for the
-// container's cgroup. v2 refuses that (EBUSY) while the job cgroup holds a
-// process itself, as it did when the shim started the runtime client in
-// it; with the shim's processes in the job's leaf it works. The controller
-// is hugetlb on a hybrid host (the only one in its cgroup2 hierarchy),
-// and it must be enabled down the test's own parents, from the root
-// (which is put back as it was).
-func TestCgroupV2RuntimeCanEnableControllersUnderTheJob(t *testing.T) {
-	d := v2TestDriver(t) // not parallel: it changes the hierarchy's root
+// enableV2Controller enables a domain controller (hugetlb, else pids or
+// memory) in cgroup.subtree_control from the root of d's hierarchy down to
+// d's parent, so that d's job cgroups have it, and disables it again at
+// the end of the test where it was not enabled before (the root
+// included: a host-wide change, so the caller is not parallel).
+func enableV2Controller(t *testing.T, d *cgroupDriver) string {
+	t.Helper()
 	root := d.v2Root()
 	b, err := os.ReadFile(path.Join(root, "cgroup.controllers"))
 	if err != nil {
@@ -717,9 +720,7 @@ func TestCgroupV2RuntimeCanEnableControllersUnderTheJob(t *testing.T) {
 		}
 		return slices.Contains(strings.Fields(string(b)), ctrl)
 	}
-	subtree := func(dir, op string) error {
-		return os.WriteFile(path.Join(dir, "cgroup.subtree_control"), []byte(op+ctrl), 0)
-	}
+	subtree := func(dir, op string) error { return subtreeControl(dir, op+ctrl) }
 	// The root, then each parent down to the agent's.
 	dirs := []string{root}
 	var parts []string
@@ -755,7 +756,28 @@ func TestCgroupV2RuntimeCanEnableControllersUnderTheJob(t *testing.T) {
 			t.Logf("enabled %s in %s/cgroup.subtree_control for the test (a host-wide change, undone at its end)", ctrl, root)
 		}
 	}
+	return ctrl
+}
 
+// subtreeControl writes change (e.g. "+hugetlb") to the cgroup dir's
+// cgroup.subtree_control.
+func subtreeControl(dir, change string) error {
+	return os.WriteFile(path.Join(dir, "cgroup.subtree_control"), []byte(change), 0)
+}
+
+// TestCgroupV2RuntimeCanEnableControllersUnderTheJob: what a container
+// runtime does with its --cgroup-parent (the job cgroup): enable a
+// controller in the job cgroup's cgroup.subtree_control for the
+// container's cgroup. v2 refuses that (EBUSY) while the job cgroup holds a
+// process itself, as it did when the shim started the runtime client in
+// it; with the shim's processes in the job's leaf it works. The controller
+// is hugetlb on a hybrid host (the only one in its cgroup2 hierarchy),
+// and it must be enabled down the test's own parents, from the root
+// (which is put back as it was).
+func TestCgroupV2RuntimeCanEnableControllersUnderTheJob(t *testing.T) {
+	d := v2TestDriver(t) // not parallel: it changes the hierarchy's root
+	root := d.v2Root()
+	ctrl := enableV2Controller(t, d)
 	cg, err := d.create("job-10-1", jobLimits{Devices: []devNum{}})
 	if err != nil {
 		t.Fatal(err)
@@ -772,7 +794,7 @@ func TestCgroupV2RuntimeCanEnableControllersUnderTheJob(t *testing.T) {
 	if err := writeProcs(dir, j.pid); err != nil {
 		t.Fatal(err)
 	}
-	err = subtree(dir, "+")
+	err = subtreeControl(dir, "+"+ctrl)
 	if !errors.Is(err, unix.EBUSY) {
 		t.Errorf("enabling %s under a job cgroup that holds a process: err = %v, want EBUSY", ctrl, err)
 	}
@@ -782,7 +804,7 @@ func TestCgroupV2RuntimeCanEnableControllersUnderTheJob(t *testing.T) {
 	}
 
 	// After: the process in the leaf, as the shim starts it.
-	if err := subtree(dir, "+"); err != nil {
+	if err := subtreeControl(dir, "+"+ctrl); err != nil {
 		t.Fatalf("enabling %s under the job cgroup with its process in the leaf: %v", ctrl, err)
 	}
 	ctr := path.Join(dir, "libpod-x") // the runtime's container cgroup
@@ -881,7 +903,7 @@ func TestCgroupV2StartsWithoutClone3(t *testing.T) {
 		t.Fatal(err)
 	}
 	script := `grep '^0::' /proc/self/cgroup; for n in nvidia1 nvidia2; do cat ` + dev + `/$n 2>&1 >/dev/null | sed "s/.*: /$n: /"; done; echo ready; setsid sleep 300 & exec sleep 300`
-	j := startV2JobWith(t, d, cg, via, "/bin/sh", "-c", script)
+	j := startV2JobWith(t, d, cg, via, nil, "/bin/sh", "-c", script)
 	deadline := time.Now().Add(10 * time.Second) // a test deadline, not product time
 	for !strings.Contains(j.output(t), "ready") {
 		if time.Now().After(deadline) { // a test deadline, not product time
@@ -956,5 +978,120 @@ func TestCgroupV2Clone3Probe(t *testing.T) {
 	}
 	if cloneUnsupported(&os.PathError{Op: "fork/exec", Path: "/bin/true", Err: unix.ENOENT}) {
 		t.Error("a start failing with ENOENT is taken as clone3 missing")
+	}
+}
+
+// TestCgroupV2ContainerRuntimeGetsControllersUnderTheJob: real podman
+// (with runc) on v2, started by the real shim as the agent starts an
+// image job (as root, with containerRT's own command line, the job cgroup
+// as its --cgroup-parent). With the podman client in the job's leaf,
+// podman makes conmon's cgroup and runc the container's under the job
+// cgroup, and the controller the job cgroup has reaches the container.
+// With the client in the job cgroup itself (as before the leaf), v2
+// refuses: podman logs EBUSY for conmon's cgroup, and runc, which
+// ignores the same error, starts the container without the controller.
+// On a hybrid host podman sees cgroup v1 at /sys/fs/cgroup: the job runs
+// podman in a mount namespace of its own where the cgroup2 hierarchy is
+// bind-mounted there.
+func TestCgroupV2ContainerRuntimeGetsControllersUnderTheJob(t *testing.T) {
+	d := v2TestDriver(t) // not parallel: enableV2Controller changes the hierarchy's root
+	bin, err := exec.LookPath("podman")
+	if err != nil {
+		t.Skip("podman is not installed (.ci/run installs it from Debian)")
+	}
+	unshare, err := exec.LookPath("unshare")
+	if err != nil {
+		t.Skip("no unshare (util-linux)")
+	}
+	ctrl := enableV2Controller(t, d)
+	rt, err := newContainerRT("podman", bin, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := testImageTB(t, bin, rt.global...)
+	u, err := user.Lookup(testUser)
+	if err != nil {
+		t.Fatal(err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	b, err := os.ReadFile(path.Join(d.v2Root(), "cgroup.controllers"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hasPids := slices.Contains(strings.Fields(string(b)), "pids")
+	// run runs the image job in a new job cgroup; inJobItself moves the
+	// podman client from the leaf into the job cgroup first.
+	run := func(name string, inJobItself bool) (exitRecord, string, *jobCgroup) {
+		cg, err := d.create(name, jobLimits{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		state := t.TempDir()
+		argv, _, err := rt.command(containerJob{Name: fmt.Sprintf("allot-test-%d-%s", os.Getpid(), name),
+			Lease: agentproto.Lease{Image: img, Command: []string{"sh", "-c", "echo controllers: $(cat /sys/fs/cgroup/cgroup.controllers)"}},
+			ID:    identity{Name: testUser, UID: uint32(uid), GID: uint32(gid), Groups: []uint32{uint32(gid)}},
+			Tmp:   jobDir(t), Cgroup: cg.Path(), Dir: state})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !hasPids {
+			// podman's default pids limit (2048) would have runc write a
+			// pids.max that the container's v2 cgroup lacks here (pids is
+			// bound to v1): no pids limit for the container.
+			i := slices.Index(argv, "run")
+			argv = slices.Insert(argv, i+1, "--pids-limit", "-1")
+		}
+		move := ""
+		if inJobItself {
+			move = path.Join(cgroupRoot, cg.Path(), "cgroup.procs") // inside the namespace
+		}
+		wrapper := []string{unshare, "--mount", "--propagation", "private", "/bin/sh", "-c",
+			`mount --bind "$0" ` + cgroupRoot + ` && { [ -z "$MOVE" ] || echo $$ > "$MOVE"; } && exec "$@"`, d.v2Root()}
+		j := startV2JobWith(t, d, cg, nil, func(s *shimSpec) {
+			s.AsRoot, s.Dir = true, state
+			s.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "MOVE=" + move}
+		}, append(wrapper, argv...)...)
+		e := j.wait(t)
+		return e, j.output(t), cg
+	}
+	containerHas := func(out string) (bool, bool) {
+		for _, l := range strings.Split(out, "\n") {
+			if f, ok := strings.CutPrefix(l, "controllers:"); ok {
+				return true, slices.Contains(strings.Fields(f), ctrl)
+			}
+		}
+		return false, false
+	}
+
+	// Before: the client in the job cgroup itself.
+	e, out, cg := run("job-12-1", true)
+	ran, has := containerHas(out)
+	if !strings.Contains(out, "device or resource busy") || has {
+		t.Errorf("with podman in the job cgroup itself: exit %+v, the container ran %v with %s %v; want EBUSY from podman and no %s:\n%s", e, ran, ctrl, has, ctrl, out)
+	}
+	t.Logf("podman in the job cgroup itself (exit %d):\n%s", e.ExitCode, out)
+	if err := cg.Delete(); err != nil || !gone(d, cg) {
+		t.Errorf("deleting the job cgroup: %v", err)
+	}
+
+	// After: the client in the leaf, as the shim starts it.
+	e, out, cg = run("job-12-2", false)
+	if ran, has := containerHas(out); e.ExitCode != 0 || !ran || !has || strings.Contains(out, "resource busy") {
+		t.Errorf("with podman in the job's leaf: exit %+v, the container ran %v with %s %v; want it to run with %s:\n%s", e, ran, ctrl, has, ctrl, out)
+	}
+	t.Logf("podman in the job's leaf (exit %d):\n%s", e.ExitCode, out)
+	dir := path.Join(d.v2Root(), cg.Path())
+	if b, err := os.ReadFile(path.Join(dir, "cgroup.subtree_control")); err != nil || !slices.Contains(strings.Fields(string(b)), ctrl) {
+		t.Errorf("the job cgroup's subtree_control is %q (%v), want %s enabled by the runtime", b, err, ctrl)
+	}
+	if _, err := os.Stat(path.Join(dir, "conmon")); err != nil {
+		t.Errorf("podman made no cgroup for conmon under the job's: %v", err)
+	}
+	if ps := cg.Procs(); len(ps) != 0 {
+		t.Errorf("processes left in the job cgroup: %v", ps)
+	}
+	if err := cg.Delete(); err != nil || !gone(d, cg) {
+		t.Errorf("deleting the job cgroup and what the runtime made under it: %v", err)
 	}
 }
