@@ -661,7 +661,20 @@ func waterFill(capacity int, demand []int, fair []float64, buf *[]int) {
 			idx = append(idx, i)
 		}
 	}
-	slices.SortFunc(idx, func(a, b int) int { return cmp.Or(cmp.Compare(demand[a], demand[b]), cmp.Compare(a, b)) })
+	// By (demand, index), a total order; a few dozen teams (the usual
+	// case) by insertion sort, without a comparison function's calls.
+	if len(idx) > 64 {
+		slices.SortFunc(idx, func(a, b int) int { return cmp.Or(cmp.Compare(demand[a], demand[b]), cmp.Compare(a, b)) })
+	}
+	for i := 1; i < len(idx); i++ {
+		x := idx[i]
+		k := i
+		for k > 0 && (demand[idx[k-1]] > demand[x] || demand[idx[k-1]] == demand[x] && idx[k-1] > x) {
+			idx[k] = idx[k-1]
+			k--
+		}
+		idx[k] = x
+	}
 	left := float64(capacity)
 	for k, i := range idx {
 		share := left / float64(len(idx)-k)
