@@ -1,10 +1,15 @@
 package jobs_test
 
 import (
+	"cmp"
 	"context"
+	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +18,8 @@ import (
 	"github.com/allotlabs/allot/internal/metric"
 	"github.com/allotlabs/allot/internal/store"
 	"github.com/allotlabs/allot/internal/store/storetest"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 )
@@ -32,7 +39,9 @@ import (
 //
 //	go test -run '^$' -bench BenchmarkLiveCycle50k -benchtime 1x ./internal/jobs
 //
-// ALLOT_BENCH_PENDING and ALLOT_BENCH_NODES change the size.
+// ALLOT_BENCH_PENDING and ALLOT_BENCH_NODES change the size;
+// ALLOT_BENCH_TRACE=1 logs the steady cycles' mean time per SQL statement
+// (from its start until its rows are read and closed).
 func BenchmarkLiveCycle50k(b *testing.B) {
 	pending, nodes := benchSize(b, "ALLOT_BENCH_PENDING", 50000), benchSize(b, "ALLOT_BENCH_NODES", 10000)
 	ctx := context.Background()
@@ -40,10 +49,88 @@ func BenchmarkLiveCycle50k(b *testing.B) {
 	st := store.New(pool)
 	now := time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
 	st.Now = func() time.Time { return now }
+	seedLiveCycle(b, pool, st, now, pending, nodes)
+	var tr *stmtTracer
+	if os.Getenv("ALLOT_BENCH_TRACE") != "" {
+		// The cycles on a pool that times each statement.
+		tr = &stmtTracer{}
+		tr.reset()
+		cfg := pool.Config().Copy()
+		cfg.ConnConfig.Tracer = tr
+		traced, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer traced.Close()
+		st = store.New(traced)
+		st.Now = func() time.Time { return now }
+	}
+
+	reg := prometheus.NewRegistry()
+	sch := &jobs.Scheduler{Store: st, CheckpointRoot: b.TempDir(), Metrics: jobs.NewCycleMetrics(reg)}
+	cycle := func() (time.Duration, jobs.CycleResult) {
+		t0 := time.Now() // stopwatch: the cycle's wall time
+		res, err := sch.Cycle(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if !res.Ran {
+			b.Fatal("the cycle lock was held: nothing else runs cycles here")
+		}
+		return time.Since(t0), res
+	}
+	b.ResetTimer()
+	var steady []time.Duration
+	var first time.Duration
+	var firstPhases, phases map[string]float64
+	for range b.N {
+		before := phaseSums(b, reg)
+		var res jobs.CycleResult
+		first, res = cycle()
+		firstPhases = phaseDelta(before, phaseSums(b, reg), 1)
+		if res.Pending != pending || res.Started != 0 {
+			b.Fatalf("first cycle: %d pending, %d started; want %d pending and none started (the cluster is full)", res.Pending, res.Started, pending)
+		}
+		before = phaseSums(b, reg)
+		tr.reset()
+		steady = steady[:0]
+		for range 12 {
+			// As on a live cluster, the policy's cycle period passes
+			// between two cycles: every job has waited 10 s longer (its
+			// age and response ratio move). Two minutes of cycles: the
+			// rows' copies of the priorities are refreshed within them
+			// (jobs.rowRefresh).
+			now = now.Add(10 * time.Second)
+			d, _ := cycle()
+			steady = append(steady, d)
+		}
+		phases = phaseDelta(before, phaseSums(b, reg), len(steady))
+		tr.log(b, len(steady))
+	}
+	b.StopTimer()
+	slices.Sort(steady)
+	p50, worst := steady[len(steady)/2], steady[len(steady)-1]
+	b.ReportMetric(float64(first.Milliseconds()), "first-cycle-ms")
+	b.ReportMetric(float64(p50.Milliseconds()), "cycle-p50-ms")
+	b.ReportMetric(float64(worst.Milliseconds()), "cycle-max-ms")
+	for _, ph := range []string{metric.PhaseLoad, metric.PhaseSchedule, metric.PhaseApply} {
+		b.ReportMetric(phases[ph], ph+"-ms")
+	}
+	b.Logf("%d pending × %d nodes (%d GPUs): first cycle %v (load %.0f, schedule %.0f, apply %.0f ms); steady cycles p50 %v, max %v (mean load %.0f, schedule %.0f, apply %.0f ms); target ≤ 1 s",
+		pending, nodes, nodes*8, first.Round(time.Millisecond), firstPhases[metric.PhaseLoad], firstPhases[metric.PhaseSchedule], firstPhases[metric.PhaseApply],
+		p50.Round(time.Millisecond), worst.Round(time.Millisecond), phases[metric.PhaseLoad], phases[metric.PhaseSchedule], phases[metric.PhaseApply])
+}
+
+// seedLiveCycle seeds the demo, then replaces its queue with pending jobs
+// waiting on nodes busy nodes × 8 GPUs, each running one 8-GPU job (the
+// benchmark's cluster), as of now.
+func seedLiveCycle(b testing.TB, pool *pgxpool.Pool, st *store.Store, now time.Time, pending, nodes int) {
+	b.Helper()
+	ctx := context.Background()
 	if err := demo.Seed(ctx, st); err != nil {
 		b.Fatal(err)
 	}
-	seedStart := time.Now()
+	seedStart := time.Now() // stopwatch: the seeding's wall time
 	type step struct {
 		sql  string
 		args []any
@@ -77,57 +164,64 @@ func BenchmarkLiveCycle50k(b *testing.B) {
 	}
 	b.Logf("seeded %d pending jobs and %d busy nodes (%d GPUs) in %v", pending, nodes, nodes*8, time.Since(seedStart).Round(time.Millisecond))
 
-	reg := prometheus.NewRegistry()
-	sch := &jobs.Scheduler{Store: st, CheckpointRoot: b.TempDir(), Metrics: jobs.NewCycleMetrics(reg)}
-	cycle := func() (time.Duration, jobs.CycleResult) {
-		t0 := time.Now()
-		res, err := sch.Cycle(ctx)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if !res.Ran {
-			b.Fatal("the cycle lock was held: nothing else runs cycles here")
-		}
-		return time.Since(t0), res
+}
+
+// stmtTracer sums the time of each SQL statement, by its first words.
+type stmtTracer struct {
+	mu   sync.Mutex
+	sums map[string]time.Duration
+	n    map[string]int
+}
+
+type traceStart struct{}
+
+type traceMark struct {
+	sql string
+	at  time.Time
+}
+
+func (t *stmtTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	return context.WithValue(ctx, traceStart{}, traceMark{d.SQL, time.Now()}) // stopwatch
+}
+
+func (t *stmtTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	m, ok := ctx.Value(traceStart{}).(traceMark)
+	if !ok {
+		return
 	}
-	b.ResetTimer()
-	var steady []time.Duration
-	var first time.Duration
-	var firstPhases, phases map[string]float64
-	for range b.N {
-		before := phaseSums(b, reg)
-		var res jobs.CycleResult
-		first, res = cycle()
-		firstPhases = phaseDelta(before, phaseSums(b, reg), 1)
-		if res.Pending != pending || res.Started != 0 {
-			b.Fatalf("first cycle: %d pending, %d started; want %d pending and none started (the cluster is full)", res.Pending, res.Started, pending)
-		}
-		before = phaseSums(b, reg)
-		steady = steady[:0]
-		for range 12 {
-			// As on a live cluster, the policy's cycle period passes
-			// between two cycles: every job has waited 10 s longer (its
-			// age and response ratio move). Two minutes of cycles: the
-			// rows' copies of the priorities are refreshed within them
-			// (jobs.rowRefresh).
-			now = now.Add(10 * time.Second)
-			d, _ := cycle()
-			steady = append(steady, d)
-		}
-		phases = phaseDelta(before, phaseSums(b, reg), len(steady))
+	k := strings.Join(strings.Fields(m.sql), " ")
+	k = k[:min(len(k), 90)]
+	t.mu.Lock()
+	t.sums[k] += time.Since(m.at) // stopwatch
+	t.n[k]++
+	t.mu.Unlock()
+}
+
+func (t *stmtTracer) reset() {
+	if t == nil {
+		return
 	}
-	b.StopTimer()
-	slices.Sort(steady)
-	p50, worst := steady[len(steady)/2], steady[len(steady)-1]
-	b.ReportMetric(float64(first.Milliseconds()), "first-cycle-ms")
-	b.ReportMetric(float64(p50.Milliseconds()), "cycle-p50-ms")
-	b.ReportMetric(float64(worst.Milliseconds()), "cycle-max-ms")
-	for _, ph := range []string{metric.PhaseLoad, metric.PhaseSchedule, metric.PhaseApply} {
-		b.ReportMetric(phases[ph], ph+"-ms")
+	t.mu.Lock()
+	t.sums, t.n = map[string]time.Duration{}, map[string]int{}
+	t.mu.Unlock()
+}
+
+// log logs the statements over 1 ms a cycle, slowest first.
+func (t *stmtTracer) log(b *testing.B, cycles int) {
+	if t == nil {
+		return
 	}
-	b.Logf("%d pending × %d nodes (%d GPUs): first cycle %v (load %.0f, schedule %.0f, apply %.0f ms); steady cycles p50 %v, max %v (mean load %.0f, schedule %.0f, apply %.0f ms); target ≤ 1 s",
-		pending, nodes, nodes*8, first.Round(time.Millisecond), firstPhases[metric.PhaseLoad], firstPhases[metric.PhaseSchedule], firstPhases[metric.PhaseApply],
-		p50.Round(time.Millisecond), worst.Round(time.Millisecond), phases[metric.PhaseLoad], phases[metric.PhaseSchedule], phases[metric.PhaseApply])
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	keys := slices.Collect(maps.Keys(t.sums))
+	slices.SortFunc(keys, func(x, y string) int { return cmp.Compare(t.sums[y], t.sums[x]) })
+	var sb strings.Builder
+	for _, k := range keys {
+		if per := t.sums[k] / time.Duration(cycles); per >= time.Millisecond {
+			fmt.Fprintf(&sb, "\n  %6.1f ms/cycle  %3d×  %s", float64(per.Microseconds())/1000, t.n[k], k)
+		}
+	}
+	b.Logf("statements of the %d steady cycles:%s", cycles, sb.String())
 }
 
 func benchSize(b *testing.B, env string, def int) int {

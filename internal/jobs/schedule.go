@@ -70,6 +70,18 @@ type Scheduler struct {
 	// for seconds. The rest wait, in priority order, for the next cycle,
 	// which runs at once.
 	MaxStarts int
+	// DecayPeriod is how often the teams' fair-share usage is decayed and
+	// brought up to now (0: DefaultDecayPeriod; <0: every cycle), Slurm's
+	// PriorityCalcPeriod: between two decays the cycles rank with the
+	// usage of the last one. A policy change (a new half-life) decays at
+	// the next cycle, as does a worker's first cycle.
+	DecayPeriod time.Duration
+
+	// cacheMu holds what the cycles keep of the state between them.
+	cacheMu     sync.Mutex
+	cache       store.SchedCache
+	decayed     bool  // a cycle of this scheduler decayed the usage
+	decayedWith int64 // under this policy version
 
 	rowsMu sync.Mutex
 	rows   map[int64]rowCopy // what the last cycles wrote to pending jobs' rows
@@ -173,6 +185,34 @@ func (s *Scheduler) expectRunTimes(ctx context.Context, tx *store.Store, st stor
 	}
 }
 
+// DefaultDecayPeriod is Scheduler.DecayPeriod's default: a minute, where
+// Slurm's PriorityCalcPeriod defaults to 5. Decaying every team's usage
+// sums every open allocation per team (120 to 170 ms of a 10 s cycle at
+// 80,000 GPUs); within a minute the usage of a 7-day half-life moves by
+// 0.007 % from decay and by what a minute of the cluster adds.
+const DefaultDecayPeriod = time.Minute
+
+// decayPeriod is the period DecayUsageEvery gets under policy p: 0 (now)
+// before this scheduler's first decay and after a policy change.
+func (s *Scheduler) decayPeriod(p allot.Policy) time.Duration {
+	s.cacheMu.Lock()
+	defer s.cacheMu.Unlock()
+	switch {
+	case !s.decayed || s.decayedWith != p.Version || s.DecayPeriod < 0:
+		return 0
+	case s.DecayPeriod == 0:
+		return DefaultDecayPeriod
+	}
+	return s.DecayPeriod
+}
+
+// load reads the cycle's state, with what the earlier cycles kept.
+func (s *Scheduler) load(ctx context.Context, tx *store.Store) (store.SchedState, error) {
+	s.cacheMu.Lock()
+	defer s.cacheMu.Unlock()
+	return tx.LoadSchedStateCached(ctx, &s.cache)
+}
+
 // DefaultMaxStarts is Scheduler.MaxStarts's default.
 const DefaultMaxStarts = 256
 
@@ -189,8 +229,9 @@ type CycleResult struct {
 }
 
 // Cycle runs one scheduling cycle: it brings the teams' fair-share usage
-// up to now with the current policy's half-life, loads the state and the
-// current policy, plans and applies the plan.
+// up to now with the current policy's half-life when DecayPeriod has
+// passed, loads the state (reading again only what may have changed) and
+// the current policy, plans and applies the plan.
 func (s *Scheduler) Cycle(ctx context.Context) (CycleResult, error) {
 	var res CycleResult
 	start := time.Now()
@@ -198,8 +239,10 @@ func (s *Scheduler) Cycle(ctx context.Context) (CycleResult, error) {
 	var waits []startWait
 	var applied []store.PendingUpdate // the queue of the cycle, once it commits
 	var appliedState store.SchedState
+	var decayed bool
+	var decayedWith int64
 	err := s.Store.InTx(ctx, func(tx *store.Store) error {
-		applied = nil
+		applied, decayed = nil, false
 		ok, err := tx.TryCycleLock(ctx)
 		if err != nil || !ok {
 			return err
@@ -209,10 +252,14 @@ func (s *Scheduler) Cycle(ctx context.Context) (CycleResult, error) {
 		if err != nil {
 			return err
 		}
-		if err := tx.DecayUsage(ctx, p.HalfLife); err != nil {
+		period := s.decayPeriod(p)
+		if decayed, err = tx.DecayUsageEvery(ctx, p.HalfLife, period); err != nil {
 			return err
 		}
-		st, err := tx.LoadSchedState(ctx)
+		// A decay now that had nothing to do (the usage is as of now)
+		// counts too.
+		decayed, decayedWith = decayed || period == 0, p.Version
+		st, err := s.load(ctx, tx)
 		if err != nil {
 			return err
 		}
@@ -260,6 +307,11 @@ func (s *Scheduler) Cycle(ctx context.Context) (CycleResult, error) {
 	})
 	if err == nil && applied != nil {
 		s.wroteRows(applied, appliedState)
+	}
+	if err == nil && decayed {
+		s.cacheMu.Lock()
+		s.decayed, s.decayedWith = true, decayedWith
+		s.cacheMu.Unlock()
 	}
 	if s.Metrics != nil && res.Ran {
 		m := s.Metrics

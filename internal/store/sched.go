@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -82,7 +83,121 @@ type SchedState struct {
 
 // LoadSchedState reads the cluster, queue, usage and policy.
 func (s *Store) LoadSchedState(ctx context.Context) (SchedState, error) {
-	st := SchedState{Now: s.Now(), Usage: map[string]float64{}, MonthUsed: map[string]int64{}}
+	return s.LoadSchedStateCached(ctx, nil)
+}
+
+// SchedCache is what a scheduler keeps between its cycles so that a cycle
+// does not re-sum what cannot have changed (LoadSchedStateCached): this
+// month's usage of every team, kept with the allocations epoch it was
+// summed at. The zero value is empty. A cache serves one database, and one
+// load at a time.
+type SchedCache struct {
+	month monthSums
+	// MonthSums counts the loads that summed this month's usage from the
+	// allocations (the others carried the kept sums on).
+	MonthSums int
+}
+
+// monthSums is every team's usage of one month at asOf (a whole second
+// of business time), with the allocations as they were at epoch.
+type monthSums struct {
+	ok    bool
+	epoch int64
+	month time.Time
+	asOf  time.Time
+	used  map[string]int64 // GPU-seconds in [month, asOf)
+	open  map[string]int64 // of them, allocations still open at asOf
+}
+
+// at is the usage at now (not before asOf, in the same month), exactly,
+// while the allocations are as they were: the released ones count the
+// same, and each open one (started on a whole second, or before the
+// month) adds one GPU-second per whole second, as usageSQL floors it.
+func (m *monthSums) at(now time.Time) map[string]int64 {
+	out := make(map[string]int64, len(m.used))
+	d := now.Unix() - m.asOf.Unix()
+	for team, used := range m.used {
+		out[team] = used + m.open[team]*d
+	}
+	return out
+}
+
+// monthUsageSQL is usageSQL's sum by team over [$1, $2), with how many of
+// each team's allocations are still open, and whether the sum can be
+// carried on in time (no allocation starts or ends after $2, the open ones
+// start on whole seconds).
+const monthUsageSQL = `
+	SELECT j.team,
+		coalesce(sum(floor(extract(epoch FROM least(coalesce(a.released_at, $2), $2) - greatest(a.started_at, $1)))) FILTER (WHERE a.started_at < $2), 0)::bigint,
+		count(*) FILTER (WHERE a.started_at < $2),
+		count(*) FILTER (WHERE a.started_at < $2 AND a.released_at IS NULL),
+		bool_and(a.started_at < $2 AND coalesce(a.released_at, $2) <= $2 AND (a.released_at IS NOT NULL OR a.started_at = date_trunc('second', a.started_at)))
+	FROM allocations a JOIN jobs j ON j.id = a.job_id
+	WHERE coalesce(a.released_at, 'infinity'::timestamptz) > $1 GROUP BY j.team`
+
+// monthUsed returns every team's GPU-seconds this month up to now, as
+// usageSQL sums them. With a cache, sums kept from an earlier load are
+// carried on to now when no allocation changed since (the allocations
+// epoch did not move); else they are summed again and kept. They are kept
+// only when no other session held a write lock on allocations between
+// the epoch's read and the sum's snapshot: a change moves the epoch on at
+// its commit, a moment before it is visible, and the lock is held until it
+// is (the team page reads its sums the same way, teamPageSumsFor).
+func (s *Store) monthUsed(ctx context.Context, now time.Time, c *SchedCache) (map[string]int64, error) {
+	month := MonthStart(now)
+	var epoch int64
+	if c != nil {
+		if err := s.db.QueryRow(ctx, `SELECT last_value + is_called::int FROM allocations_epoch`).Scan(&epoch); err != nil {
+			return nil, mapErr("loading this month's usage", err)
+		}
+		m := &c.month
+		if m.ok && m.epoch == epoch && m.month.Equal(month) && !now.Before(m.asOf) {
+			return m.at(now), nil
+		}
+		c.month.ok = false
+		c.MonthSums++
+	}
+	writing := false
+	if c != nil {
+		err := s.db.QueryRow(ctx, `
+			SELECT EXISTS (SELECT 1 FROM pg_locks l
+				WHERE l.locktype = 'relation' AND l.relation = 'allocations'::regclass
+					AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+					AND l.mode IN ('RowExclusiveLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock')
+					AND l.pid <> pg_backend_pid())`).Scan(&writing)
+		if err != nil {
+			return nil, mapErr("loading this month's usage", err)
+		}
+	}
+	rows, err := s.db.Query(ctx, monthUsageSQL, month, now)
+	if err != nil {
+		return nil, mapErr("loading this month's usage", err)
+	}
+	used, open := map[string]int64{}, map[string]int64{}
+	carry := true
+	var team string
+	var sum, n, nOpen int64
+	var exact *bool
+	if _, err := pgx.ForEachRow(rows, []any{&team, &sum, &n, &nOpen, &exact}, func() error {
+		carry = carry && exact != nil && *exact
+		if n > 0 {
+			used[team], open[team] = sum, nOpen
+		}
+		return nil
+	}); err != nil {
+		return nil, mapErr("loading this month's usage", err)
+	}
+	if c != nil && carry && !writing {
+		c.month = monthSums{ok: true, epoch: epoch, month: month, asOf: now, used: used, open: open}
+		return c.month.at(now), nil
+	}
+	return used, nil
+}
+
+// LoadSchedStateCached is LoadSchedState with what c kept from earlier
+// loads (nil: none): the same state, reading less.
+func (s *Store) LoadSchedStateCached(ctx context.Context, c *SchedCache) (SchedState, error) {
+	st := SchedState{Now: s.Now(), Usage: map[string]float64{}}
 	var err error
 	if st.Policy, err = s.CurrentPolicy(ctx); err != nil {
 		return st, err
@@ -107,59 +222,24 @@ func (s *Store) LoadSchedState(ctx context.Context) (SchedState, error) {
 	if _, err := pgx.ForEachRow(rows, []any{&team, &used}, func() error { st.Usage[team] = used; return nil }); err != nil {
 		return st, mapErr("loading usage", err)
 	}
-	// This month's usage of every team, in one query.
-	rows, err = s.db.Query(ctx, usageSQL("$1", "$2", "", true),
-		MonthStart(st.Now), st.Now)
-	if err != nil {
-		return st, mapErr("loading this month's usage", err)
-	}
-	var monthUsed int64
-	if _, err := pgx.ForEachRow(rows, []any{&team, &monthUsed}, func() error { st.MonthUsed[team] = monthUsed; return nil }); err != nil {
-		return st, mapErr("loading this month's usage", err)
-	}
-	if st.Pending, err = s.pendingForCycle(ctx); err != nil {
+	if st.MonthUsed, err = s.monthUsed(ctx, st.Now, c); err != nil {
 		return st, err
 	}
-	running, err := s.ListJobs(ctx, JobFilter{State: allot.JobRunning, Limit: -1})
+	if st.Pending, err = s.jobsForCycle(ctx, allot.JobPending); err != nil {
+		return st, err
+	}
+	running, err := s.jobsForCycle(ctx, allot.JobRunning)
 	if err != nil {
 		return st, err
 	}
-	byID := map[int64]int{}
-	for _, j := range running {
-		if j.Backend != allot.BackendNative {
-			continue
-		}
-		byID[j.ID] = len(st.Running)
-		st.Running = append(st.Running, RunningJob{Job: j})
+	byID := make(map[int64]int, len(running))
+	st.Running = make([]RunningJob, len(running))
+	for i, j := range running {
+		byID[j.ID] = i
+		st.Running[i] = RunningJob{Job: j}
 	}
-	rows, err = s.db.Query(ctx, `
-		SELECT a.job_id, a.node, array_agg(a.gpu_index ORDER BY a.gpu_index), min(a.started_at), j.state = 'running' AND a.segment = j.segment
-		FROM allocations a JOIN jobs j ON j.id = a.job_id
-		WHERE a.released_at IS NULL AND j.backend = 'native' GROUP BY a.job_id, a.node, j.state, a.segment, j.segment ORDER BY a.job_id, a.node`)
-	if err != nil {
-		return st, mapErr("loading allocations", err)
-	}
-	var jobID int64
-	var node string
-	var gpus []int32
-	var started time.Time
-	var live bool
-	_, err = pgx.ForEachRow(rows, []any{&jobID, &node, &gpus, &started, &live}, func() error {
-		p := NodeGPUs{Node: node}
-		for _, g := range gpus {
-			p.GPUs = append(p.GPUs, int(g))
-		}
-		i, ok := byID[jobID]
-		if !live || !ok {
-			st.Held = append(st.Held, p)
-			return nil
-		}
-		st.Running[i].Parts = append(st.Running[i].Parts, p)
-		st.Running[i].AllocStart = started
-		return nil
-	})
-	if err != nil {
-		return st, mapErr("loading allocations", err)
+	if err := s.loadAllocations(ctx, &st, byID); err != nil {
+		return st, err
 	}
 	rows, err = s.db.Query(ctx, `
 		SELECT l.job_id, coalesce(min(l.stop_requested_at), '-infinity'), coalesce(max(l.stop_grace_s), 0), coalesce(max(l.preempted_by), 0),
@@ -169,6 +249,7 @@ func (s *Store) LoadSchedState(ctx context.Context) (SchedState, error) {
 	if err != nil {
 		return st, mapErr("loading stops", err)
 	}
+	var jobID int64
 	var stopAt, checkpoint pgtype.Timestamptz
 	var grace, by int64
 	_, err = pgx.ForEachRow(rows, []any{&jobID, &stopAt, &grace, &by, &checkpoint}, func() error {
@@ -188,6 +269,85 @@ func (s *Store) LoadSchedState(ctx context.Context) (SchedState, error) {
 		return st, mapErr("loading stops", err)
 	}
 	return st, nil
+}
+
+// loadAllocations sets the running jobs' (st.Running, indexed by id in
+// byID) parts from the open allocations of this segment, by node in name
+// order, with AllocStart the earliest start on the last node; the open
+// allocations of other native jobs (or of an earlier segment) are Held, in
+// job then node order. The allocations are read row by row and grouped
+// here: grouping and joining them in SQL (80,000 rows) took several times
+// as long as reading them.
+func (s *Store) loadAllocations(ctx context.Context, st *SchedState, byID map[int64]int) error {
+	rows, err := s.db.Query(ctx, `SELECT job_id, segment, node, gpu_index, started_at FROM allocations WHERE released_at IS NULL`)
+	if err != nil {
+		return mapErr("loading allocations", err)
+	}
+	type key struct {
+		job  int64
+		seg  int
+		node string
+	}
+	type group struct {
+		gpus    []int
+		started time.Time
+	}
+	groups := map[key]*group{}
+	var k key
+	var gpu int
+	var started time.Time
+	var others []int64 // jobs not running here: held if native
+	_, err = pgx.ForEachRow(rows, []any{&k.job, &k.seg, &k.node, &gpu, &started}, func() error {
+		g := groups[k]
+		if g == nil {
+			g = &group{started: started}
+			groups[k] = g
+			if _, ok := byID[k.job]; !ok {
+				others = append(others, k.job)
+			}
+		}
+		g.gpus = append(g.gpus, gpu)
+		if started.Before(g.started) {
+			g.started = started
+		}
+		return nil
+	})
+	if err != nil {
+		return mapErr("loading allocations", err)
+	}
+	native := map[int64]bool{}
+	if len(others) > 0 {
+		rows, err := s.db.Query(ctx, `SELECT id FROM jobs WHERE id = ANY($1) AND backend = 'native'`, others)
+		if err != nil {
+			return mapErr("loading allocations", err)
+		}
+		var id int64
+		if _, err := pgx.ForEachRow(rows, []any{&id}, func() error { native[id] = true; return nil }); err != nil {
+			return mapErr("loading allocations", err)
+		}
+	}
+	keys := make([]key, 0, len(groups))
+	for k := range groups {
+		if _, ok := byID[k.job]; ok || native[k.job] {
+			keys = append(keys, k)
+		}
+	}
+	slices.SortFunc(keys, func(a, b key) int {
+		return cmp.Or(cmp.Compare(a.job, b.job), strings.Compare(a.node, b.node), cmp.Compare(a.seg, b.seg))
+	})
+	for _, k := range keys {
+		g := groups[k]
+		slices.Sort(g.gpus)
+		p := NodeGPUs{Node: k.node, GPUs: g.gpus}
+		i, ok := byID[k.job]
+		if !ok || st.Running[i].Segment != k.seg {
+			st.Held = append(st.Held, p)
+			continue
+		}
+		st.Running[i].Parts = append(st.Running[i].Parts, p)
+		st.Running[i].AllocStart = g.started
+	}
+	return nil
 }
 
 // LeasePart is one node's share of a job start.
@@ -309,22 +469,24 @@ func (s *Store) ApplyPlan(ctx context.Context, starts []StartOrder, preempts []P
 // in the rows about once a minute, not every cycle.
 const pendingToJobRows = true
 
-// pendingForCycle lists the pending jobs as ListJobs does (same order),
-// with only what a cycle plans with: not their command, workdir, image,
-// secrets or env (PendingEnvs reads the env of those that start). At
-// 50,000 pending jobs decoding every env was a large part of the cycle's
-// load phase.
-func (s *Store) pendingForCycle(ctx context.Context) ([]allot.Job, error) {
+// jobsForCycle lists the native jobs in state as ListJobs does (same
+// order), with only what a cycle plans with: not their command, workdir,
+// image, secrets or env (PendingEnvs reads the env of those that start).
+// At 50,000 pending jobs decoding every env was a large part of the
+// cycle's load phase, and reading them in ListJobs' order (an index scan
+// with a join per row) several times sorting them here.
+func (s *Store) jobsForCycle(ctx context.Context, state allot.JobState) ([]allot.Job, error) {
+	what := "listing " + string(state) + " jobs"
 	rows, err := s.db.Query(ctx, `
 		SELECT j.id, j.name, j.team, j.user_id, u.email, j.tier, j.gpus, coalesce(j.gpu_type, ''), coalesce(j.gpus_per_node, 0),
 			j.time_limit_s, j.checkpointable, j.preemptible, j.demoted, j.submitted_at, j.priority, j.run_as, j.segment
 		FROM jobs j JOIN users u ON u.id = j.user_id
-		WHERE j.state = 'pending' AND j.backend = 'native' ORDER BY j.submitted_at DESC, j.id DESC`)
+		WHERE j.state = $1 AND j.backend = 'native'`, string(state))
 	if err != nil {
-		return nil, mapErr("listing pending jobs", err)
+		return nil, mapErr(what, err)
 	}
 	jobs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (allot.Job, error) {
-		j := allot.Job{State: allot.JobPending}
+		j := allot.Job{State: state, Backend: allot.BackendNative}
 		var tier, runAs string
 		var limit int64
 		err := r.Scan(&j.ID, &j.Name, &j.Team, &j.UserID, &j.User, &tier, &j.GPUs, &j.GPUType, &j.GPUsPerNode,
@@ -332,7 +494,13 @@ func (s *Store) pendingForCycle(ctx context.Context) ([]allot.Job, error) {
 		j.Tier, j.RunAs, j.TimeLimit = allot.TierID(tier), allot.TierID(runAs), time.Duration(limit)*time.Second
 		return j, err
 	})
-	return jobs, mapErr("listing pending jobs", err)
+	if err != nil {
+		return nil, mapErr(what, err)
+	}
+	slices.SortFunc(jobs, func(a, b allot.Job) int {
+		return cmp.Or(b.SubmittedAt.Compare(a.SubmittedAt), cmp.Compare(b.ID, a.ID))
+	})
+	return jobs, nil
 }
 
 // PendingEnvs returns the env of the jobs ids (a cycle's starts).
@@ -504,14 +672,30 @@ func (s *Store) LastCycleAt(ctx context.Context) (time.Time, error) {
 // adds the GPU-seconds allocated since the last decay. It is idempotent in
 // time: running it twice at the same instant adds nothing.
 func (s *Store) DecayUsage(ctx context.Context, halfLife time.Duration) error {
+	_, err := s.DecayUsageEvery(ctx, halfLife, 0)
+	return err
+}
+
+// DecayUsageEvery is DecayUsage when the last decay (the oldest team's) is
+// period or more ago, as Slurm recomputes its fair-share usage every
+// PriorityCalcPeriod; otherwise it only gives new teams their row (no
+// usage). It reports whether it decayed. period 0 decays now.
+func (s *Store) DecayUsageEvery(ctx context.Context, halfLife, period time.Duration) (bool, error) {
 	now := s.Now()
 	_, err := s.db.Exec(ctx, `
 		INSERT INTO team_usage (team, gpu_seconds, updated_at)
 		SELECT slug, 0, $1 FROM teams ON CONFLICT (team) DO NOTHING`, now)
 	if err != nil {
-		return mapErr("decaying usage", err)
+		return false, mapErr("decaying usage", err)
 	}
-	_, err = s.db.Exec(ctx, `
+	if period > 0 {
+		var due bool
+		err := s.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM team_usage WHERE updated_at <= $1)`, now.Add(-period)).Scan(&due)
+		if err != nil || !due {
+			return false, mapErr("decaying usage", err)
+		}
+	}
+	tag, err := s.db.Exec(ctx, `
 		UPDATE team_usage u SET
 			gpu_seconds = u.gpu_seconds * power(0.5, greatest(0, extract(epoch FROM $1 - u.updated_at)) / $2)
 				+ coalesce((SELECT sum(extract(epoch FROM least(coalesce(a.released_at, $1), $1) - greatest(a.started_at, u.updated_at)))
@@ -519,5 +703,5 @@ func (s *Store) DecayUsage(ctx context.Context, halfLife time.Duration) error {
 					WHERE j.team = u.team AND a.started_at < $1 AND coalesce(a.released_at, 'infinity'::timestamptz) > u.updated_at), 0),
 			updated_at = $1
 		WHERE u.updated_at < $1`, now, halfLife.Seconds())
-	return mapErr("decaying usage", err)
+	return tag.RowsAffected() > 0, mapErr("decaying usage", err)
 }
