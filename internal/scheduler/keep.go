@@ -45,6 +45,7 @@ type RunningKeep struct {
 	mark    []bool
 	until   []int64 // scratch
 	alloc   []int   // per team (st.teams order): GPUs of its running jobs not terminating
+	terms   int     // entries terminating
 	// shared[n]: two kept jobs hold the same GPU of node n (bad input):
 	// its GPUs in use are recomputed from every job when one leaves.
 	shared []bool
@@ -143,17 +144,25 @@ func (st *state) buildRunningKept(k *RunningKeep, owners []int, usable bool) {
 		st.teams[i].alloc = k.alloc[i]
 	}
 	st.keep = k
+	// The running jobs are read when a job is blocked (or one is
+	// terminating, in ModeAllot): runs() fills them then.
+	st.runLazy = true
 	if st.p.Mode != ModeAllot {
-		// Only ModeAllot reads the nodes' until (placePacked); the
-		// running jobs are read only when a job is blocked.
-		st.runLazy = true
-		return
+		return // only ModeAllot reads the nodes' until (placePacked)
 	}
-	// The nodes' until in a compact array first (the node states are
+	// The nodes' until, in a compact array first (the node states are
 	// larger than a cache).
 	until := resize(k.until, len(st.nodes))
 	k.until = until
-	st.fillRunKept(until)
+	for i := range k.entries {
+		e := &k.entries[i]
+		end := keptEnd(e, st.now)
+		for _, sl := range e.slots {
+			if sl.any {
+				until[sl.node] = max(until[sl.node], end)
+			}
+		}
+	}
 	for i, u := range until {
 		if u != 0 {
 			st.nodes[i].until = u
@@ -161,20 +170,36 @@ func (st *state) buildRunningKept(k *RunningKeep, owners []int, usable bool) {
 	}
 }
 
+// keptEnd is a kept job's runJob.end (as buildRunning sets it).
+func keptEnd(e *keptRun, now time.Time) int64 {
+	switch {
+	case e.term:
+		return max(rel(e.graceEnd, now), 0)
+	case e.limit > 0:
+		return max(addSat(rel(e.start, now), int64(e.limit)), 0)
+	}
+	return never
+}
+
+// anyTerminating reports whether a running job may be terminating (false
+// only when the keep knows none is).
+func (st *state) anyTerminating() bool {
+	return !st.runLazy || st.keep.terms > 0
+}
+
 // runs is the running jobs' working state, filled from the keep on first
 // use when the cycle deferred it.
 func (st *state) runs() []runJob {
 	if st.runLazy {
 		st.runLazy = false
-		st.fillRunKept(nil)
+		st.fillRunKept()
 	}
 	return st.run
 }
 
 // fillRunKept sets st.run from the keep's entries as buildRunning does
-// (the teams' alloc comes from the keep); with until, the nodes' until
-// too, indexed by node.
-func (st *state) fillRunKept(until []int64) {
+// (the teams' alloc and the nodes' until come from buildRunningKept).
+func (st *state) fillRunKept() {
 	k := st.keep
 	st.run = grow(st.run, len(st.s.Running))
 	for i := range st.s.Running {
@@ -189,21 +214,8 @@ func (st *state) fillRunKept(until []int64) {
 			r.class = effClass(r.j, t)
 		}
 		r.startRel = rel(e.start, st.now)
-		if e.term {
-			r.term = true
-			r.end = max(rel(e.graceEnd, st.now), 0)
-		} else if e.limit > 0 {
-			r.end = max(addSat(r.startRel, int64(e.limit)), 0)
-		} else {
-			r.end = never
-		}
-		if until != nil {
-			for _, sl := range e.slots {
-				if sl.any {
-					until[sl.node] = max(until[sl.node], r.end)
-				}
-			}
-		}
+		r.term = e.term
+		r.end = keptEnd(e, st.now)
 	}
 }
 
@@ -227,6 +239,12 @@ func (st *state) keepSave(k *RunningKeep, owners []int) {
 		k.nodes[i].until = 0
 	}
 	k.free = st.free
+	k.terms = 0
+	for i := range k.entries {
+		if k.entries[i].term {
+			k.terms++
+		}
+	}
 	k.alloc = k.alloc[:0]
 	for i := range st.teams {
 		k.alloc = append(k.alloc, st.teams[i].alloc)
@@ -270,12 +288,14 @@ func (st *state) keepApply(k *RunningKeep) {
 	old := len(k.entries)
 	k.touched, k.gone, k.came = k.touched[:0], k.gone[:0], k.came[:0]
 	touch := func(e *keptRun, list *[]keptSlot) {
-		if e.team >= 0 && !e.term {
-			if list == &k.gone {
-				k.alloc[e.team] -= e.gpus
-			} else {
-				k.alloc[e.team] += e.gpus
-			}
+		d := 1
+		if list == &k.gone {
+			d = -1
+		}
+		if e.term {
+			k.terms += d
+		} else if e.team >= 0 {
+			k.alloc[e.team] += d * e.gpus
 		}
 		for _, sl := range e.slots {
 			if !k.mark[sl.node] {

@@ -161,12 +161,14 @@ func (st *state) runAllot() {
 	// Preemptors whose victims are still in their grace period come first:
 	// they start, or reserve the GPUs coming free, before anyone else.
 	var preemptors map[int64]bool
-	for i := range st.runs() {
-		if r := &st.runs()[i]; r.term && r.j.PreemptedBy != 0 {
-			if preemptors == nil {
-				preemptors = map[int64]bool{}
+	if st.anyTerminating() {
+		for i := range st.runs() {
+			if r := &st.runs()[i]; r.term && r.j.PreemptedBy != 0 {
+				if preemptors == nil {
+					preemptors = map[int64]bool{}
+				}
+				preemptors[r.j.PreemptedBy] = true
 			}
-			preemptors[r.j.PreemptedBy] = true
 		}
 	}
 	if preemptors != nil {

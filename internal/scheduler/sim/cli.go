@@ -2,6 +2,7 @@ package sim
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/csv"
 	"encoding/json"
 	"errors"
@@ -465,19 +466,41 @@ func (st *setup) runAll(o *options, stderr io.Writer) ([]*Result, error) {
 	errs := make([]error, len(st.modes))
 	counters := make([]*atomic.Int64, len(st.modes))
 	sem := make(chan struct{}, max(1, runtime.GOMAXPROCS(0)))
-	var wg sync.WaitGroup
+	cfgs := make([]Config, len(st.modes))
 	for i, m := range st.modes {
 		counters[i] = new(atomic.Int64)
-		cfg := st.config(o, m)
-		cfg.Progress = counters[i]
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			results[i], errs[i] = Run(cfg, st.trace)
-		}()
+		cfgs[i] = st.config(o, m)
+		cfgs[i].Progress = counters[i]
 	}
+	// The costliest replays start first (allot, then the partitioned
+	// FIFO, which runs the most cycles), so that the cheaper ones fill in
+	// after them rather than leave one of them running alone at the end.
+	order := make([]int, len(st.modes))
+	for i := range order {
+		order[i] = i
+	}
+	rank := func(m scheduler.Mode) int {
+		switch m {
+		case scheduler.ModeAllot:
+			return 0
+		case scheduler.ModeFIFOPartitioned:
+			return 1
+		}
+		return 2
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(rank(st.modes[a]), rank(st.modes[b])) })
+	var wg sync.WaitGroup
+	wg.Add(len(order))
+	go func() {
+		for _, i := range order {
+			sem <- struct{}{}
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				results[i], errs[i] = Run(cfgs[i], st.trace)
+			}()
+		}
+	}()
 	stop := func() {}
 	if o.progress || isTerminal(stderr) {
 		stop = progressBar(stderr, st.modes, counters, len(st.trace))
