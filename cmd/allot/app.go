@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/allotlabs/allot/internal/apf"
 	"github.com/allotlabs/allot/internal/backend"
 	"github.com/allotlabs/allot/internal/jobs"
 	"github.com/allotlabs/allot/internal/metric"
@@ -85,6 +86,11 @@ type Config struct {
 	// limits (`allot server --api-rate`…); the zero value, what tests
 	// boot with, limits nothing.
 	RateLimits web.RateLimits
+	// Admission is the server's admission control by priority level
+	// (internal/apf: agents, user writes, user reads; `allot server
+	// --api-max-inflight`…); the zero value, what tests boot with,
+	// admits everything at once.
+	Admission apf.Config
 }
 
 // HTTPLimits are the HTTP server's timeouts and the agent API's pool. A
@@ -329,7 +335,9 @@ func (m *Main) Run(ctx context.Context) error {
 		}()
 		// No ReadTimeout: it would cancel long polls and downloads (see
 		// web/deadlines.go); the body has its own deadline.
-		m.http = &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: limits.ReadHeaderTimeout, WriteTimeout: limits.WriteTimeout,
+		// Admission control wraps the whole server: a request is queued or
+		// refused before it costs a token lookup.
+		m.http = &http.Server{Handler: apf.New(m.Admission, m.Registry).Handler(srv.Handler()), ReadHeaderTimeout: limits.ReadHeaderTimeout, WriteTimeout: limits.WriteTimeout,
 			IdleTimeout: limits.IdleTimeout, ConnContext: web.WithConn}
 		m.http.RegisterOnShutdown(srv.Notifier().Close)
 		m.served = make(chan error, 1)

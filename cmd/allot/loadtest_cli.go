@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/allotlabs/allot/internal/allot"
+	"github.com/allotlabs/allot/internal/apf"
 	"github.com/allotlabs/allot/internal/cliflag"
 	"github.com/allotlabs/allot/internal/demo"
 	"github.com/allotlabs/allot/internal/devdb"
@@ -66,6 +67,7 @@ func cmdLoadtest(args []string, stdout, stderr io.Writer) int {
 	dbURL := fs.String("database-url", "", "PostgreSQL: where to create the fresh database (alone), or the running server's database (with --url)")
 	keepDB := fs.Bool("keep-db", false, "keep the fresh database after the run")
 	agentConns := fs.Int("agent-conns", 0, "a booted server's agent API pool (default: `allot server`'s, "+fmt.Sprint(DefaultHTTPLimits.AgentConns)+")")
+	admission := admissionFlags(fs, apf.Default) // a booted server's, as `allot server`'s
 	var cfg loadtest.Config
 	fs.DurationVar(&cfg.Duration, "duration", 60*time.Second, "how long the load runs and is measured")
 	fs.DurationVar(&cfg.Warmup, "warmup", 0, "run the load this long before the measured --duration (the cluster fills, cycles settle)")
@@ -116,6 +118,10 @@ func cmdLoadtest(args []string, stdout, stderr io.Writer) int {
 	if *agentConns < 0 || *agentConns > 1000 {
 		return bad("--agent-conns must be 0..1000, not %d", *agentConns)
 	}
+	adm, err := admission()
+	if err != nil {
+		return bad("%v", err)
+	}
 	cfg.URL, cfg.Token = *url, token()
 	cfg.CycleProbe = *probe && *dbURL != ""
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level.Level}))
@@ -146,9 +152,8 @@ func cmdLoadtest(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	var rep *loadtest.Report
-	var err error
 	if selfHosted {
-		rep, err = loadtestSelfHosted(ctx, *dbURL, *keepDB, *agentConns, cfg, logger, stderr)
+		rep, err = loadtestSelfHosted(ctx, *dbURL, *keepDB, *agentConns, adm, cfg, logger, stderr)
 	} else {
 		if *dbURL != "" {
 			pool, perr := store.Open(ctx, *dbURL)
@@ -187,7 +192,7 @@ func cmdLoadtest(args []string, stdout, stderr io.Writer) int {
 // `allot server` + `allot worker` would, on one pool), seeds the demo
 // organisation with its queued jobs cancelled (the run's own load is all
 // there is), makes the admin an API token and runs cfg against it.
-func loadtestSelfHosted(ctx context.Context, adminURL string, keep bool, agentConns int, cfg loadtest.Config, logger *slog.Logger, stderr io.Writer) (*loadtest.Report, error) {
+func loadtestSelfHosted(ctx context.Context, adminURL string, keep bool, agentConns int, admission apf.Config, cfg loadtest.Config, logger *slog.Logger, stderr io.Writer) (*loadtest.Report, error) {
 	name := fmt.Sprintf("allot_loadtest_%d_%d", time.Now().Unix(), os.Getpid())
 	dbURL, err := devdb.EnsureDatabase(ctx, adminURL, name)
 	if err != nil {
@@ -215,7 +220,7 @@ func loadtestSelfHosted(ctx context.Context, adminURL string, keep bool, agentCo
 	}
 	defer os.RemoveAll(checkpoints)
 	m := &Main{Config: Config{DatabaseURL: dbURL, Addr: "127.0.0.1:0", Worker: true, Migrate: true, Logger: logger,
-		HeartbeatInterval: cfg.Heartbeat, CheckpointRoot: checkpoints, HTTP: HTTPLimits{AgentConns: agentConns}}}
+		HeartbeatInterval: cfg.Heartbeat, CheckpointRoot: checkpoints, HTTP: HTTPLimits{AgentConns: agentConns}, Admission: admission}}
 	if err := m.Run(ctx); err != nil {
 		m.Close() //nolint:errcheck
 		return nil, err

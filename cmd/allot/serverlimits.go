@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/allotlabs/allot/internal/apf"
 	"github.com/allotlabs/allot/web"
 )
 
@@ -28,12 +29,55 @@ func limitFlags(fs *flag.FlagSet) func(*Config) error {
 	fs.Var((*rateFlag)(&rl.Token), "api-rate", "requests per second per API token (or portal session) on /api/v1, as RATE or RATE:BURST (0: no limit)")
 	fs.Var((*rateFlag)(&rl.IP), "ip-rate", "requests per second per client IP on /api/v1 and the portal's POSTs, as RATE or RATE:BURST (0: no limit)")
 	fs.Var((*rateFlag)(&rl.Agent), "agent-rate", "requests per second per node token on /api/agent/v1 (job logs apart), as RATE or RATE:BURST (0: no limit)")
+	admission := admissionFlags(fs, apf.Default)
 	return func(c *Config) error {
 		if l.AgentConns < 1 || l.ExportConns < 1 || l.HeartbeatConns < 1 {
 			return fmt.Errorf("--agent-db-conns, --heartbeat-db-conns and --export-db-conns must be at least 1")
 		}
-		c.HTTP, c.RateLimits = l, rl
+		a, err := admission()
+		if err != nil {
+			return err
+		}
+		c.HTTP, c.RateLimits, c.Admission = l, rl, a
 		return nil
+	}
+}
+
+// admissionFlags adds the admission control's flags (internal/apf: a
+// priority level each for heartbeats, other agent requests, user writes
+// and user reads) to fs, with
+// d's values as defaults; the function it returns checks them. `allot
+// server` and `allot loadtest`'s booted server share them.
+func admissionFlags(fs *flag.FlagSet, d apf.Config) func() (apf.Config, error) {
+	a := d
+	fs.IntVar(&a.Write.MaxInFlight, "api-max-inflight", d.Write.MaxInFlight,
+		"user writes (API and portal: submissions, cancels, edits) executing at once; more wait in a queue (0: no limit)")
+	fs.IntVar(&a.Read.MaxInFlight, "api-read-max-inflight", d.Read.MaxInFlight,
+		"user reads (API and portal pages; CSV exports apart) executing at once; more wait in a queue (0: no limit)")
+	fs.IntVar(&a.Agent.MaxInFlight, "agent-max-inflight", d.Agent.MaxInFlight,
+		"node agents' heartbeats executing at once, and as many of their other requests (lease reports, registration, logs; the orders long poll apart): two levels of their own user traffic cannot take (0: no limit)")
+	fs.IntVar(&a.Write.QueueLength, "api-queue", d.Write.QueueLength,
+		"user requests that may wait for a slot, each of the write and read levels (fair across tokens; past it: 429)")
+	fs.IntVar(&a.Agent.QueueLength, "agent-queue", d.Agent.QueueLength, "agent requests that may wait for a slot, each of the heartbeat and other agent levels (fair across node tokens; past it: 429)")
+	fs.DurationVar(&a.Write.QueueWait, "api-queue-wait", d.Write.QueueWait,
+		"longest a request waits for a slot before a 429 with Retry-After (all levels; 0: refuse at once past the in-flight limit)")
+	return func() (apf.Config, error) {
+		for _, f := range []struct {
+			name, zero string
+			v          int
+		}{{"api-max-inflight", "no limit", a.Write.MaxInFlight}, {"api-read-max-inflight", "no limit", a.Read.MaxInFlight},
+			{"agent-max-inflight", "no limit", a.Agent.MaxInFlight}, {"api-queue", "no queue", a.Write.QueueLength}, {"agent-queue", "no queue", a.Agent.QueueLength}} {
+			if f.v < 0 {
+				return apf.Config{}, fmt.Errorf("--%s must be 0 (%s) or more, not %d", f.name, f.zero, f.v)
+			}
+		}
+		if a.Write.QueueWait < 0 {
+			return apf.Config{}, fmt.Errorf("--api-queue-wait must be 0 or more, not %s", a.Write.QueueWait)
+		}
+		a.Read.QueueLength = a.Write.QueueLength
+		a.Read.QueueWait, a.Agent.QueueWait = a.Write.QueueWait, a.Write.QueueWait
+		a.Heartbeat = a.Agent
+		return a, a.Validate()
 	}
 }
 

@@ -6,9 +6,13 @@
 // Every request is classified, before authentication and before any
 // database work, into one of three priority levels or exempted:
 //
-//   - agent: the node agents' API (/api/agent/v1: heartbeats, lease
-//     reports, registration, job logs). It has its own in-flight limit
-//     and queue, so no amount of user traffic takes its slots;
+//   - heartbeat: the node agents' heartbeats (POST
+//     /api/agent/v1/heartbeat), a node's proof of life;
+//   - agent: the rest of the agents' API (/api/agent/v1: lease reports,
+//     registration, job logs). With the heartbeats' level it has its own
+//     in-flight limit and queue, so no amount of user traffic takes their
+//     slots, and lease reports that wait on a job's row lock (a cycle
+//     starting work) never take a heartbeat's;
 //   - write: the user API's and the portal's writes (POST, PUT, DELETE…:
 //     submissions, cancels, admin edits);
 //   - read: the user API's and the portal's reads (GET, HEAD);
@@ -46,9 +50,10 @@ import (
 
 // Level names, as the metrics' level label shows them.
 const (
-	Agent = "agent"
-	Write = "write"
-	Read  = "read"
+	Heartbeat = "heartbeat"
+	Agent     = "agent"
+	Write     = "write"
+	Read      = "read"
 )
 
 // Limits is one priority level's bounds. A zero MaxInFlight admits every
@@ -62,18 +67,19 @@ type Limits struct {
 // Config is the server's levels. The zero value admits everything (tests;
 // `allot server` sets Default).
 type Config struct {
-	Agent, Write, Read Limits
+	Heartbeat, Agent, Write, Read Limits
 }
 
 // Default is `allot server`'s: 8 user writes and 16 reads at once (more
-// only lengthens every request on a CPU-bound server, see the README's
-// figures), 64 agent requests, a queue of 256 per user level and 4,096
-// for agents (every node's heartbeat at once after a restart), 10 s of
-// waiting at most.
+// lengthens heartbeats and every other request on a CPU-bound server, see
+// the README's figures), 64 heartbeats and 64 other agent requests, a
+// queue of 256 per user level and 4,096 per agent level (every node at
+// once after a restart), 10 s of waiting at most.
 var Default = Config{
-	Agent: Limits{MaxInFlight: 64, QueueLength: 4096, QueueWait: 10 * time.Second},
-	Write: Limits{MaxInFlight: 8, QueueLength: 256, QueueWait: 10 * time.Second},
-	Read:  Limits{MaxInFlight: 16, QueueLength: 256, QueueWait: 10 * time.Second},
+	Heartbeat: Limits{MaxInFlight: 64, QueueLength: 4096, QueueWait: 10 * time.Second},
+	Agent:     Limits{MaxInFlight: 64, QueueLength: 4096, QueueWait: 10 * time.Second},
+	Write:     Limits{MaxInFlight: 8, QueueLength: 256, QueueWait: 10 * time.Second},
+	Read:      Limits{MaxInFlight: 16, QueueLength: 256, QueueWait: 10 * time.Second},
 }
 
 // Validate says what is wrong with c, if anything.
@@ -81,7 +87,7 @@ func (c Config) Validate() error {
 	for _, l := range []struct {
 		name string
 		l    Limits
-	}{{Agent, c.Agent}, {Write, c.Write}, {Read, c.Read}} {
+	}{{Heartbeat, c.Heartbeat}, {Agent, c.Agent}, {Write, c.Write}, {Read, c.Read}} {
 		if l.l.MaxInFlight < 0 || l.l.QueueLength < 0 || l.l.QueueWait < 0 {
 			return fmt.Errorf("the %s level's in-flight limit, queue length and queue wait must be 0 or more", l.name)
 		}
@@ -91,7 +97,7 @@ func (c Config) Validate() error {
 
 // Enabled reports whether any level limits anything.
 func (c Config) Enabled() bool {
-	return c.Agent.MaxInFlight > 0 || c.Write.MaxInFlight > 0 || c.Read.MaxInFlight > 0
+	return c.Heartbeat.MaxInFlight > 0 || c.Agent.MaxInFlight > 0 || c.Write.MaxInFlight > 0 || c.Read.MaxInFlight > 0
 }
 
 // Rejection reasons, as the rejected counter's reason label shows them.
@@ -113,7 +119,7 @@ type Controller struct {
 func New(cfg Config, reg prometheus.Registerer) *Controller {
 	m := newMetrics(reg)
 	c := &Controller{levels: map[string]*level{}, m: m}
-	for name, l := range map[string]Limits{Agent: cfg.Agent, Write: cfg.Write, Read: cfg.Read} {
+	for name, l := range map[string]Limits{Heartbeat: cfg.Heartbeat, Agent: cfg.Agent, Write: cfg.Write, Read: cfg.Read} {
 		c.levels[name] = &level{name: name, Limits: l, flows: map[string]*flow{}, m: m}
 		m.limit.WithLabelValues(name).Set(float64(l.MaxInFlight))
 		m.inFlight.WithLabelValues(name)
@@ -129,10 +135,14 @@ func Classify(r *http.Request) (levelName, flowKey string) {
 	case p == "/healthz" || p == "/readyz" || p == "/metrics" || strings.HasPrefix(p, "/static/"):
 		return "", ""
 	case strings.HasPrefix(p, "/api/agent/"):
-		if r.Method == http.MethodGet && strings.HasSuffix(p, "/orders") {
+		switch {
+		case r.Method == http.MethodGet && strings.HasSuffix(p, "/orders"):
 			return "", "" // the long poll
+		case strings.HasSuffix(p, "/heartbeat"):
+			levelName = Heartbeat
+		default:
+			levelName = Agent
 		}
-		levelName = Agent
 	case (r.Method == http.MethodGet || r.Method == http.MethodHead) && strings.HasSuffix(p, ".csv"):
 		return "", "" // a streamed export
 	case r.Method == http.MethodGet || r.Method == http.MethodHead || r.Method == http.MethodOptions:
@@ -192,7 +202,7 @@ func (c *Controller) Handler(next http.Handler) http.Handler {
 const retryAfter = 1
 
 func refuse(w http.ResponseWriter, r *http.Request, l *level, reason string) {
-	what := map[string]string{Agent: "agent requests", Write: "API writes", Read: "API reads"}[l.name]
+	what := map[string]string{Heartbeat: "heartbeats", Agent: "agent requests", Write: "API writes", Read: "API reads"}[l.name]
 	var why string
 	switch reason {
 	case reasonTimeout:
@@ -405,7 +415,7 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "allot_admission_in_flight", Help: "Requests executing, by priority level (agent, write, read).",
+			Name: "allot_admission_in_flight", Help: "Requests executing, by priority level (heartbeat, agent, write, read).",
 		}, []string{"level"}),
 		queued: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "allot_admission_queued", Help: "Requests waiting for a slot, by priority level.",

@@ -174,10 +174,10 @@ func TestFairQueue(t *testing.T) {
 
 // TestQueueWait: a request that waits its level's QueueWait for a slot
 // gets 429 with Retry-After; one whose client goes away leaves the queue;
-// the agent level is untouched by a full write level.
+// the heartbeat level is untouched by a full write level.
 func TestQueueWait(t *testing.T) {
 	g := newGated(t, Config{Write: Limits{MaxInFlight: 1, QueueLength: 8, QueueWait: 200 * time.Millisecond},
-		Agent: Limits{MaxInFlight: 1, QueueLength: 1, QueueWait: time.Minute}})
+		Heartbeat: Limits{MaxInFlight: 1, QueueLength: 1, QueueWait: time.Minute}})
 	running := g.send("POST", "/api/v1/jobs", "u1")
 	<-g.admitted
 	checkRefused(t, <-g.send("POST", "/api/v1/jobs", "u2"), "waited 200ms for one of 1 slots")
@@ -186,12 +186,12 @@ func TestQueueWait(t *testing.T) {
 	}
 	g.waitState(Write, Snapshot{InFlight: 1})
 
-	// The agents' level has its own slot.
+	// The heartbeats' level has its own slot.
 	hb := g.send("POST", "/api/agent/v1/heartbeat", "node1")
 	if got := <-g.admitted; got != "node1" {
 		t.Fatalf("admitted %s", got)
 	}
-	g.waitState(Agent, Snapshot{InFlight: 1})
+	g.waitState(Heartbeat, Snapshot{InFlight: 1})
 	g.proceed <- struct{}{}
 	g.proceed <- struct{}{}
 	for _, ch := range []<-chan answer{running, hb} {
@@ -200,7 +200,7 @@ func TestQueueWait(t *testing.T) {
 		}
 	}
 	g.waitState(Write, Snapshot{})
-	g.waitState(Agent, Snapshot{})
+	g.waitState(Heartbeat, Snapshot{})
 }
 
 // TestCanceledWhileQueued: a client that gives up while it waits leaves
@@ -257,7 +257,7 @@ func TestNoLimits(t *testing.T) {
 
 func TestClassify(t *testing.T) {
 	for _, c := range []struct{ method, path, level string }{
-		{"POST", "/api/agent/v1/heartbeat", Agent},
+		{"POST", "/api/agent/v1/heartbeat", Heartbeat},
 		{"POST", "/api/agent/v1/register", Agent},
 		{"POST", "/api/agent/v1/jobs/exited", Agent},
 		{"GET", "/api/agent/v1/slurm/over-budget", Agent},
@@ -299,7 +299,7 @@ func TestValidate(t *testing.T) {
 	if err := Default.Validate(); err != nil {
 		t.Error(err)
 	}
-	for _, c := range []Config{{Write: Limits{MaxInFlight: -1}}, {Read: Limits{QueueLength: -1}}, {Agent: Limits{QueueWait: -time.Second}}} {
+	for _, c := range []Config{{Write: Limits{MaxInFlight: -1}}, {Read: Limits{QueueLength: -1}}, {Agent: Limits{QueueWait: -time.Second}}, {Heartbeat: Limits{MaxInFlight: -1}}} {
 		if err := c.Validate(); err == nil {
 			t.Errorf("%+v accepted", c)
 		}
