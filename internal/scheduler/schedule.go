@@ -98,9 +98,22 @@ func (st *state) preparePendingAll() {
 				keys[i].held = 1
 			}
 		}
+		// As cmp.Or of the five comparisons, without computing the
+		// later ones when an earlier one decides (a third of the sort).
 		slices.SortFunc(keys, func(a, b orderKey) int {
-			return cmp.Or(cmp.Compare(a.class, b.class), cmp.Compare(b.held, a.held), cmp.Compare(b.prio, a.prio),
-				cmp.Compare(a.submit, b.submit), cmp.Compare(a.id, b.id))
+			if a.class != b.class {
+				return cmp.Compare(a.class, b.class)
+			}
+			if a.held != b.held {
+				return cmp.Compare(b.held, a.held)
+			}
+			if c := cmp.Compare(b.prio, a.prio); c != 0 {
+				return c
+			}
+			if a.submit != b.submit {
+				return cmp.Compare(a.submit, b.submit)
+			}
+			return cmp.Compare(a.id, b.id)
 		})
 		for i, k := range keys {
 			st.order[i] = &st.pend[k.idx]
@@ -210,7 +223,12 @@ func (st *state) runAllot() {
 			}
 			keys = append(keys, fifoKey{pj.submit, pj.j.ID, pj})
 		}
-		slices.SortFunc(keys, func(a, b fifoKey) int { return cmp.Or(cmp.Compare(a.submit, b.submit), cmp.Compare(a.id, b.id)) })
+		slices.SortFunc(keys, func(a, b fifoKey) int {
+			if a.submit != b.submit {
+				return cmp.Compare(a.submit, b.submit)
+			}
+			return cmp.Compare(a.id, b.id)
+		})
 		starving = make([]*pjob, len(keys))
 		for i, k := range keys {
 			starving[i] = k.pj

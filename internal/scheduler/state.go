@@ -1050,7 +1050,15 @@ type packScore struct {
 }
 
 func cmpPack(a, b packScore) int {
-	return cmp.Or(cmp.Compare(a.whole, b.whole), cmp.Compare(a.ext, b.ext), cmp.Compare(a.free, b.free), cmp.Compare(a.n, b.n))
+	switch {
+	case a.whole != b.whole:
+		return cmp.Compare(a.whole, b.whole)
+	case a.ext != b.ext:
+		return cmp.Compare(a.ext, b.ext)
+	case a.free != b.free:
+		return cmp.Compare(a.free, b.free)
+	}
+	return cmp.Compare(a.n, b.n)
 }
 
 // placePacked is ModeAllot's single-node placement. A wide job waits until
