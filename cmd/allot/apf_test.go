@@ -84,11 +84,16 @@ func admission(t *testing.T, e *env, name string, labels ...string) float64 {
 // executing and queued waiting.
 func waitAdmission(t *testing.T, e *env, inFlight, queued float64) {
 	t.Helper()
+	waitLevel(t, e, apf.Write, inFlight, queued)
+}
+
+func waitLevel(t *testing.T, e *env, level string, inFlight, queued float64) {
+	t.Helper()
 	deadline := time.Now().Add(30 * time.Second) // a deadline for the server's goroutines, not product time
-	for admission(t, e, "allot_admission_in_flight", apf.Write) != inFlight || admission(t, e, "allot_admission_queued", apf.Write) != queued {
+	for admission(t, e, "allot_admission_in_flight", level) != inFlight || admission(t, e, "allot_admission_queued", level) != queued {
 		if time.Now().After(deadline) { // the same deadline
-			t.Fatalf("write level: %v in flight, %v queued; want %v and %v", admission(t, e, "allot_admission_in_flight", apf.Write),
-				admission(t, e, "allot_admission_queued", apf.Write), inFlight, queued)
+			t.Fatalf("%s level: %v in flight, %v queued; want %v and %v", level, admission(t, e, "allot_admission_in_flight", level),
+				admission(t, e, "allot_admission_queued", level), inFlight, queued)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -96,7 +101,8 @@ func waitAdmission(t *testing.T, e *env, inFlight, queued float64) {
 
 // TestAdmissionControl16: with the user write level's slots all taken
 // (two submissions held in flight, their bodies still coming) and its
-// queue full, agents' heartbeats and users' reads are answered; one more
+// queue full, and the other agent requests' slots taken too (two job-log
+// batches held), agents' heartbeats and users' reads are answered; one more
 // submission gets 429 with Retry-After and a problem, and writes nothing;
 // another token's write takes the place of the heavy token's newest
 // waiting one; once the held submissions finish, every admitted request
@@ -108,6 +114,11 @@ func TestAdmissionControl16(t *testing.T) {
 		Agent: apf.Limits{MaxInFlight: 2, QueueLength: 16, QueueWait: 5 * time.Minute}, Heartbeat: apf.Limits{MaxInFlight: 2, QueueLength: 16, QueueWait: 5 * time.Minute}}}})
 	agent := fakeAgent(t, e, "apf01")
 	e.withTokens()
+	nodeTok, err := e.m.Store.CreateNodeToken(context.Background(), "apf01", "apf test: held agent requests")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.tokens["node"] = nodeTok
 	ctx := context.Background()
 	before := e.jobCount()
 
@@ -125,7 +136,18 @@ func TestAdmissionControl16(t *testing.T) {
 		waitAdmission(t, e, 2, float64(i+1))
 	}
 
-	// The agents' level and the reads' are not the writes'.
+	// The other agent requests' slots taken too (two job-log batches,
+	// their bodies still coming).
+	var heldAgent []<-chan apfAnswer
+	var agentPipes []*io.PipeWriter
+	for range 2 {
+		ch, pw := apfSend(e, "POST", "/api/agent/v1/jobs/log", "node", nil)
+		heldAgent, agentPipes = append(heldAgent, ch), append(agentPipes, pw)
+	}
+	waitLevel(t, e, apf.Agent, 2, 0)
+
+	// The heartbeats' level and the reads' are neither the writes' nor the
+	// other agent requests'.
 	for range 3 {
 		if _, err := agent.Heartbeat(ctx, beatOf("apf01")); err != nil {
 			t.Fatalf("a heartbeat while the user writes are saturated: %v", err)
@@ -151,6 +173,14 @@ func TestAdmissionControl16(t *testing.T) {
 			t.Fatal(err)
 		}
 		pw.Close()
+	}
+	for _, pw := range agentPipes {
+		pw.Close() // an empty batch: refused by the handler, not by admission
+	}
+	for i, ch := range heldAgent {
+		if a := <-ch; a.code == http.StatusTooManyRequests || a.code >= 500 || a.code == 0 {
+			t.Errorf("held agent request %d: %d %s", i, a.code, a.body)
+		}
 	}
 	for i, ch := range append(held, queued[0], lead) {
 		if a := <-ch; a.code != http.StatusCreated {
