@@ -87,24 +87,58 @@ func (s *Store) LoadSchedState(ctx context.Context) (SchedState, error) {
 }
 
 // SchedCache is what a scheduler keeps between its cycles so that a cycle
-// does not re-sum what cannot have changed (LoadSchedStateCached): this
-// month's usage of every team, kept with the allocations epoch it was
-// summed at. The zero value is empty. A cache serves one database, and one
-// load at a time.
+// does not re-read what cannot have changed (LoadSchedStateCached): the
+// open allocations and this month's usage of every team, kept with the
+// allocations epoch they were read at. The zero value is empty. A cache
+// serves one database, and one load at a time.
 type SchedCache struct {
-	month monthSums
+	// epoch is the allocations epoch of what is kept; settled says that
+	// every change to allocations up to it was visible when it was read.
+	epoch   int64
+	settled bool
+	month   monthSums
+	allocs  []allocGroup // ok with allocsOK
+	allocOK bool
 	// pending and running are how many jobs the last load read.
 	pending, running int
-	// MonthSums counts the loads that summed this month's usage from the
-	// allocations (the others carried the kept sums on).
-	MonthSums int
+	// MonthSums and AllocReads count the loads that summed this month's
+	// usage, and read the open allocations, from the database (the others
+	// carried the kept ones on).
+	MonthSums, AllocReads int
+}
+
+// settle reads the allocations epoch. When it moved since c's, what c
+// keeps is dropped, and what this load reads may be kept only if no other
+// session holds a write lock on allocations now: a change moves the epoch
+// on at its commit, a moment before it is visible, and holds the lock
+// until it is, so with none held every change up to the epoch read is
+// visible to the statements that follow (the team page reads its sums the
+// same way, teamPageSumsFor). A change after the read moves the epoch on
+// again.
+func (s *Store) settle(ctx context.Context, c *SchedCache) error {
+	var epoch int64
+	if err := s.db.QueryRow(ctx, `SELECT last_value + is_called::int FROM allocations_epoch`).Scan(&epoch); err != nil {
+		return mapErr("reading the allocations epoch", err)
+	}
+	if c.settled && c.epoch == epoch {
+		return nil
+	}
+	c.epoch, c.settled, c.month, c.allocs, c.allocOK = epoch, false, monthSums{}, nil, false
+	var writing bool
+	err := s.db.QueryRow(ctx, `
+		SELECT EXISTS (SELECT 1 FROM pg_locks l
+			WHERE l.locktype = 'relation' AND l.relation = 'allocations'::regclass
+				AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+				AND l.mode IN ('RowExclusiveLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock')
+				AND l.pid <> pg_backend_pid())`).Scan(&writing)
+	c.settled = err == nil && !writing
+	return mapErr("reading the allocations epoch", err)
 }
 
 // monthSums is every team's usage of one month at asOf (a whole second
 // of business time), with the allocations as they were at epoch.
 type monthSums struct {
 	ok    bool
-	epoch int64
 	month time.Time
 	asOf  time.Time
 	used  map[string]int64 // GPU-seconds in [month, asOf)
@@ -138,38 +172,17 @@ const monthUsageSQL = `
 	WHERE coalesce(a.released_at, 'infinity'::timestamptz) > $1 GROUP BY j.team`
 
 // monthUsed returns every team's GPU-seconds this month up to now, as
-// usageSQL sums them. With a cache, sums kept from an earlier load are
-// carried on to now when no allocation changed since (the allocations
-// epoch did not move); else they are summed again and kept. They are kept
-// only when no other session held a write lock on allocations between
-// the epoch's read and the sum's snapshot: a change moves the epoch on at
-// its commit, a moment before it is visible, and the lock is held until it
-// is (the team page reads its sums the same way, teamPageSumsFor).
+// usageSQL sums them. With a cache, sums kept from an earlier load at the
+// same allocations epoch (see settle) are carried on to now; else they are
+// summed again, and kept when settled.
 func (s *Store) monthUsed(ctx context.Context, now time.Time, c *SchedCache) (map[string]int64, error) {
 	month := MonthStart(now)
-	var epoch int64
 	if c != nil {
-		if err := s.db.QueryRow(ctx, `SELECT last_value + is_called::int FROM allocations_epoch`).Scan(&epoch); err != nil {
-			return nil, mapErr("loading this month's usage", err)
-		}
-		m := &c.month
-		if m.ok && m.epoch == epoch && m.month.Equal(month) && !now.Before(m.asOf) {
+		if m := &c.month; m.ok && m.month.Equal(month) && !now.Before(m.asOf) {
 			return m.at(now), nil
 		}
 		c.month.ok = false
 		c.MonthSums++
-	}
-	writing := false
-	if c != nil {
-		err := s.db.QueryRow(ctx, `
-			SELECT EXISTS (SELECT 1 FROM pg_locks l
-				WHERE l.locktype = 'relation' AND l.relation = 'allocations'::regclass
-					AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-					AND l.mode IN ('RowExclusiveLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock')
-					AND l.pid <> pg_backend_pid())`).Scan(&writing)
-		if err != nil {
-			return nil, mapErr("loading this month's usage", err)
-		}
 	}
 	rows, err := s.db.Query(ctx, monthUsageSQL, month, now)
 	if err != nil {
@@ -189,8 +202,8 @@ func (s *Store) monthUsed(ctx context.Context, now time.Time, c *SchedCache) (ma
 	}); err != nil {
 		return nil, mapErr("loading this month's usage", err)
 	}
-	if c != nil && carry && !writing {
-		c.month = monthSums{ok: true, epoch: epoch, month: month, asOf: now, used: used, open: open}
+	if c != nil && c.settled && carry {
+		c.month = monthSums{ok: true, month: month, asOf: now, used: used, open: open}
 		return c.month.at(now), nil
 	}
 	return used, nil
@@ -224,6 +237,11 @@ func (s *Store) LoadSchedStateCached(ctx context.Context, c *SchedCache) (SchedS
 	if _, err := pgx.ForEachRow(rows, []any{&team, &used}, func() error { st.Usage[team] = used; return nil }); err != nil {
 		return st, mapErr("loading usage", err)
 	}
+	if c != nil {
+		if err := s.settle(ctx, c); err != nil {
+			return st, err
+		}
+	}
 	if st.MonthUsed, err = s.monthUsed(ctx, st.Now, c); err != nil {
 		return st, err
 	}
@@ -247,7 +265,7 @@ func (s *Store) LoadSchedStateCached(ctx context.Context, c *SchedCache) (SchedS
 		byID[j.ID] = i
 		st.Running[i] = RunningJob{Job: j}
 	}
-	if err := s.loadAllocations(ctx, &st, byID); err != nil {
+	if err := s.loadAllocations(ctx, &st, byID, c); err != nil {
 		return st, err
 	}
 	rows, err = s.db.Query(ctx, `
@@ -280,41 +298,42 @@ func (s *Store) LoadSchedStateCached(ctx context.Context, c *SchedCache) (SchedS
 	return st, nil
 }
 
-// loadAllocations sets the running jobs' (st.Running, indexed by id in
-// byID) parts from the open allocations of this segment, by node in name
-// order, with AllocStart the earliest start on the last node; the open
-// allocations of other native jobs (or of an earlier segment) are Held, in
-// job then node order. The allocations are read row by row and grouped
-// here: grouping and joining them in SQL (80,000 rows) took several times
-// as long as reading them.
-func (s *Store) loadAllocations(ctx context.Context, st *SchedState, byID map[int64]int) error {
+// allocGroup is one job segment's open allocations on one node.
+type allocGroup struct {
+	job     int64
+	seg     int
+	node    string
+	gpus    []int     // in order
+	started time.Time // the earliest
+}
+
+// openAllocations reads the open allocations, grouped by job, node and
+// segment, in that order. They are read row by row and grouped here:
+// grouping and joining them in SQL (80,000 rows) took several times as
+// long as reading them.
+func (s *Store) openAllocations(ctx context.Context) ([]allocGroup, error) {
 	rows, err := s.db.Query(ctx, `SELECT job_id, segment, node, gpu_index, started_at FROM allocations WHERE released_at IS NULL`)
 	if err != nil {
-		return mapErr("loading allocations", err)
+		return nil, mapErr("loading allocations", err)
 	}
 	type key struct {
 		job  int64
 		seg  int
 		node string
 	}
-	type group struct {
-		gpus    []int
-		started time.Time
-	}
-	groups := map[key]*group{}
+	groups := map[key]int{}
+	var out []allocGroup
 	var k key
 	var gpu int
 	var started time.Time
-	var others []int64 // jobs not running here: held if native
 	_, err = pgx.ForEachRow(rows, []any{&k.job, &k.seg, &k.node, &gpu, &started}, func() error {
-		g := groups[k]
-		if g == nil {
-			g = &group{started: started}
-			groups[k] = g
-			if _, ok := byID[k.job]; !ok {
-				others = append(others, k.job)
-			}
+		i, ok := groups[k]
+		if !ok {
+			i = len(out)
+			groups[k] = i
+			out = append(out, allocGroup{job: k.job, seg: k.seg, node: k.node, started: started})
 		}
+		g := &out[i]
 		g.gpus = append(g.gpus, gpu)
 		if started.Before(g.started) {
 			g.started = started
@@ -322,7 +341,44 @@ func (s *Store) loadAllocations(ctx context.Context, st *SchedState, byID map[in
 		return nil
 	})
 	if err != nil {
-		return mapErr("loading allocations", err)
+		return nil, mapErr("loading allocations", err)
+	}
+	for i := range out {
+		slices.Sort(out[i].gpus)
+	}
+	slices.SortFunc(out, func(a, b allocGroup) int {
+		return cmp.Or(cmp.Compare(a.job, b.job), strings.Compare(a.node, b.node), cmp.Compare(a.seg, b.seg))
+	})
+	return out, nil
+}
+
+// loadAllocations sets the running jobs' (st.Running, indexed by id in
+// byID) parts from the open allocations of this segment, by node in name
+// order, with AllocStart the earliest start on the last node; the open
+// allocations of other native jobs (or of an earlier segment) are Held, in
+// job then node order. With a cache, the open allocations kept at the same
+// allocations epoch (see settle) are used.
+func (s *Store) loadAllocations(ctx context.Context, st *SchedState, byID map[int64]int, c *SchedCache) error {
+	var groups []allocGroup
+	if c != nil && c.allocOK {
+		groups = c.allocs
+	} else {
+		var err error
+		if groups, err = s.openAllocations(ctx); err != nil {
+			return err
+		}
+		if c != nil {
+			c.AllocReads++
+			if c.settled {
+				c.allocs, c.allocOK = groups, true
+			}
+		}
+	}
+	var others []int64 // jobs not running here: held if native
+	for i := range groups {
+		if _, ok := byID[groups[i].job]; !ok && (len(others) == 0 || others[len(others)-1] != groups[i].job) {
+			others = append(others, groups[i].job)
+		}
 	}
 	native := map[int64]bool{}
 	if len(others) > 0 {
@@ -335,26 +391,18 @@ func (s *Store) loadAllocations(ctx context.Context, st *SchedState, byID map[in
 			return mapErr("loading allocations", err)
 		}
 	}
-	keys := make([]key, 0, len(groups))
-	for k := range groups {
-		if _, ok := byID[k.job]; ok || native[k.job] {
-			keys = append(keys, k)
-		}
-	}
-	slices.SortFunc(keys, func(a, b key) int {
-		return cmp.Or(cmp.Compare(a.job, b.job), strings.Compare(a.node, b.node), cmp.Compare(a.seg, b.seg))
-	})
-	for _, k := range keys {
-		g := groups[k]
-		slices.Sort(g.gpus)
-		p := NodeGPUs{Node: k.node, GPUs: g.gpus}
-		i, ok := byID[k.job]
-		if !ok || st.Running[i].Segment != k.seg {
+	for i := range groups {
+		g := &groups[i]
+		// A copy: the kept groups serve the next cycles too.
+		p := NodeGPUs{Node: g.node, GPUs: slices.Clone(g.gpus)}
+		j, ok := byID[g.job]
+		switch {
+		case ok && st.Running[j].Segment == g.seg:
+			st.Running[j].Parts = append(st.Running[j].Parts, p)
+			st.Running[j].AllocStart = g.started
+		case ok || native[g.job]:
 			st.Held = append(st.Held, p)
-			continue
 		}
-		st.Running[i].Parts = append(st.Running[i].Parts, p)
-		st.Running[i].AllocStart = g.started
 	}
 	return nil
 }
