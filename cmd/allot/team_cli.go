@@ -61,7 +61,10 @@ func cmdTeam(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, teamUsage) }
 	newClient := clientFlags(fs)
-	note := fs.String("note", "", "why, for the audit log")
+	note := new(string)
+	if verb != "list" {
+		note = fs.String("note", "", "why, for the audit log")
+	}
 	usage := func() int {
 		fmt.Fprint(stderr, teamUsage)
 		return 2
