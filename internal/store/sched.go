@@ -74,8 +74,11 @@ type SchedState struct {
 	Teams     []allot.Team
 	Usage     map[string]float64 // decayed GPU-seconds by team
 	MonthUsed map[string]int64   // GPU-seconds this month by team
-	Running   []RunningJob
-	Pending   []allot.Job
+	// Running and Pending are the native jobs in ListJobs' order, with
+	// only what a cycle plans with (jobsForCycle: no command, env, image
+	// or secrets).
+	Running []RunningJob
+	Pending []allot.Job
 	// Held are GPUs in active allocations of jobs that no longer run
 	// (their processes are still stopping); nobody may take them.
 	Held []NodeGPUs
