@@ -157,6 +157,27 @@ func (j *v2Job) output(t *testing.T) string {
 	return string(b)
 }
 
+// killAndRemove kills the job's cgroup, checks that every process of ps is
+// gone and the job died of SIGKILL, then removes the cgroup (with its leaf
+// and whatever was made under it) and checks it is gone.
+func killAndRemove(t *testing.T, d *cgroupDriver, cg *jobCgroup, j *v2Job, ps []int) {
+	t.Helper()
+	if err := cg.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	for _, pid := range ps {
+		if _, ok := procStartTime(pid); ok {
+			t.Errorf("pid %d outlived Kill", pid)
+		}
+	}
+	if e := j.wait(t); e.Signal != "SIGKILL" {
+		t.Errorf("exit = %+v, want SIGKILL", e)
+	}
+	if err := cg.Delete(); err != nil || !gone(d, cg) {
+		t.Errorf("deleting the job cgroup and what is under it: %v", err)
+	}
+}
+
 // gone reports whether cg's directory is gone from the hierarchy.
 func gone(d *cgroupDriver, cg *jobCgroup) bool {
 	_, err := os.Stat(path.Join(d.v2Root(), cg.Path()))
@@ -299,20 +320,7 @@ func TestCgroupV2KillEndsARunningJob(t *testing.T) {
 	if !slices.Contains(ps, j.pid) {
 		t.Errorf("the job's main process %d is not in its cgroup %v", j.pid, ps)
 	}
-	if err := cg.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	for _, pid := range ps {
-		if _, ok := procStartTime(pid); ok {
-			t.Errorf("pid %d outlived Kill", pid)
-		}
-	}
-	if e := j.wait(t); e.Signal != "SIGKILL" {
-		t.Errorf("exit = %+v, want SIGKILL", e)
-	}
-	if err := cg.Delete(); err != nil || !gone(d, cg) {
-		t.Errorf("deleting the job cgroup: %v", err)
-	}
+	killAndRemove(t, d, cg, j, ps)
 }
 
 // TestCgroupV2JobStartsInItsCgroup: the shim starts the job with
@@ -405,15 +413,7 @@ func TestCgroupV2KillAndDeleteReachNestedCgroups(t *testing.T) {
 	if err := cg.Delete(); err == nil {
 		t.Error("deleted a cgroup with a running job in it")
 	}
-	if err := cg.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	if e := j.wait(t); e.Signal != "SIGKILL" {
-		t.Errorf("exit = %+v, want SIGKILL", e)
-	}
-	if err := cg.Delete(); err != nil || !gone(d, cg) {
-		t.Errorf("deleting the job cgroup, its leaf and the one under it: %v", err)
-	}
+	killAndRemove(t, d, cg, j, nil)
 }
 
 // TestCgroupV2RestartedAgentFindsItsJobs: a new driver (an agent started
@@ -820,15 +820,7 @@ func TestCgroupV2RuntimeCanEnableControllersUnderTheJob(t *testing.T) {
 	if ps := cg.Procs(); !slices.Equal(ps, []int{j.pid}) {
 		t.Errorf("the job cgroup lists %v, want [%d]", ps, j.pid)
 	}
-	if err := cg.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	if e := j.wait(t); e.Signal != "SIGKILL" {
-		t.Errorf("exit = %+v, want SIGKILL", e)
-	}
-	if err := cg.Delete(); err != nil || !gone(d, cg) {
-		t.Errorf("deleting the job cgroup: %v", err)
-	}
+	killAndRemove(t, d, cg, j, nil)
 }
 
 // clone3Refused returns a via for startV2JobWith that starts the shim
@@ -932,20 +924,7 @@ func TestCgroupV2StartsWithoutClone3(t *testing.T) {
 	if n := strings.Count(string(log), "clone3 with CLONE_INTO_CGROUP is not available (function not implemented)"); n != 1 {
 		t.Errorf("the shim's log says %d times that it fell back:\n%s", n, log)
 	}
-	if err := cg.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	for _, pid := range ps {
-		if _, ok := procStartTime(pid); ok {
-			t.Errorf("pid %d outlived Kill", pid)
-		}
-	}
-	if e := j.wait(t); e.Signal != "SIGKILL" {
-		t.Errorf("exit = %+v, want SIGKILL", e)
-	}
-	if err := cg.Delete(); err != nil || !gone(d, cg) {
-		t.Errorf("deleting the job cgroup: %v", err)
-	}
+	killAndRemove(t, d, cg, j, ps)
 }
 
 // TestCgroupV2Clone3Probe: the probe finds clone3 with CLONE_INTO_CGROUP
