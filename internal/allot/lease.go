@@ -325,8 +325,10 @@ type LeaseAction string
 const (
 	// ActSeen: open and listed: it is alive now (the lower bound of its end).
 	ActSeen LeaseAction = "seen"
-	// ActAdopt: taken and reported running at registration: it started while
-	// the server was away; it runs from now.
+	// ActAdopt: taken and reported running (at registration, or listed in
+	// a heartbeat): it started while the server was away, or its start
+	// report is on its way or was lost (it commits without waiting for the
+	// disk); it runs from now.
 	ActAdopt LeaseAction = "adopt"
 	// ActReoffer: taken, not reported, no stop asked: it never started;
 	// offer it again.
@@ -368,12 +370,15 @@ func ReconcileRegistration(leases []NodeLease, running []LeaseRef) []LeaseDecisi
 }
 
 // ReconcileHeartbeat decides what a heartbeat's list of running jobs means
-// for each lease of its node: open leases it lists are seen alive; leases
-// it lists that ended on the server (or that the node never held) are
-// killed, their GPUs held until the kill is confirmed; held leases it no
-// longer lists are released. Open leases it does not list are left alone
-// (a heartbeat may race a start; registration and exit reports settle
-// them).
+// for each lease of its node: open leases it lists are seen alive, and a
+// taken one it lists runs from now (adopted: the agent starts a process
+// only on a start order, which goes out once the take is durable, so the
+// listing is the start report, whose own commit may have been lost or is
+// still on its way); leases it lists that ended on the server (or that
+// the node never held) are killed, their GPUs held until the kill is
+// confirmed; held leases it no longer lists are released. Open leases it
+// does not list are left alone (a heartbeat may race a start;
+// registration and exit reports settle them).
 func ReconcileHeartbeat(leases []NodeLease, listed []LeaseRef) []LeaseDecision {
 	return reconcile(leases, listed, false)
 }
@@ -400,7 +405,10 @@ func reconcile(leases []NodeLease, reported []LeaseRef, registration bool) []Lea
 				add(r, ActRelease)
 			}
 		case !registration:
-			if listed {
+			switch {
+			case listed && l.State == LeaseTaken:
+				add(r, ActAdopt)
+			case listed:
 				add(r, ActSeen)
 			}
 		case l.State == LeaseOffered:

@@ -241,7 +241,8 @@ func TestReconcileRegistration(t *testing.T) {
 
 // TestReconcileHeartbeat: a heartbeat's job list marks open leases seen,
 // kills what ended (holding its GPUs) and releases held GPUs of orphans it
-// no longer lists; open leases it does not list are left alone.
+// no longer lists; a taken lease it lists is adopted (its start report's
+// commit may be lost); open leases it does not list are left alone.
 func TestReconcileHeartbeat(t *testing.T) {
 	t.Parallel()
 	ref := func(j int64) allot.LeaseRef { return allot.LeaseRef{JobID: j, Segment: 1} }
@@ -252,7 +253,9 @@ func TestReconcileHeartbeat(t *testing.T) {
 		want   allot.LeaseAction
 	}{
 		{"running, listed", &allot.NodeLease{State: allot.LeaseRunning}, true, allot.ActSeen},
-		{"taken, listed (its start report is on its way)", &allot.NodeLease{State: allot.LeaseTaken}, true, allot.ActSeen},
+		{"taken, listed (its start report is on its way, or its commit was lost): adopt", &allot.NodeLease{State: allot.LeaseTaken}, true, allot.ActAdopt},
+		{"taken and stopping, listed: adopt (its stop order stands)", &allot.NodeLease{State: allot.LeaseTaken, Stopping: true}, true, allot.ActAdopt},
+		{"taken, not listed: left alone (not started yet)", &allot.NodeLease{State: allot.LeaseTaken}, false, ""},
 		{"offered, listed", &allot.NodeLease{State: allot.LeaseOffered}, true, allot.ActSeen},
 		{"running, not listed: left to its exit report", &allot.NodeLease{State: allot.LeaseRunning}, false, ""},
 		{"taken and stopping, not listed", &allot.NodeLease{State: allot.LeaseTaken, Stopping: true}, false, ""},

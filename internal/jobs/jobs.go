@@ -94,6 +94,15 @@ type Config struct {
 	EngineInterval time.Duration
 }
 
+// OfferDeadline is how long an offer waits for its take when its node has
+// sent no heartbeat meanwhile, and after how long an offer a live node has
+// not taken is sent again: 3 heartbeat intervals, at least 30 s.
+func OfferDeadline(interval time.Duration) time.Duration { return max(3*interval, 30*time.Second) }
+
+// LiveOfferDeadline is how long an offer waits for its take when its node
+// still heartbeats: 10 intervals, at least 2 minutes.
+func LiveOfferDeadline(interval time.Duration) time.Duration { return max(10*interval, 2*time.Minute) }
+
 // LostNodesArgs marks nodes that stopped sending heartbeats down.
 type LostNodesArgs struct{}
 
@@ -118,9 +127,15 @@ func (w *LostNodesWorker) Work(ctx context.Context, _ *river.Job[LostNodesArgs])
 	if len(lost) > 0 {
 		w.Logger.Warn("nodes stopped sending heartbeats; marked down", "nodes", lost)
 	}
-	// A gang whose leases are not all taken within 3 intervals (at least
-	// 30 s) goes back to the queue.
-	expired, err := w.Store.ExpireOffers(ctx, w.Store.Now().Add(-max(3*w.Interval, 30*time.Second)))
+	// A gang whose leases are not all taken goes back to the queue: within
+	// 3 intervals (at least 30 s) when a node of it went quiet, within 10
+	// (at least 2 minutes) when its nodes still heartbeat (under load their
+	// takes may wait in a queue; a node that does not take refused). An
+	// offer a live node has not taken within the short deadline is sent
+	// again (its answer, or its take's commit, may have been lost).
+	now := w.Store.Now()
+	short := now.Add(-OfferDeadline(w.Interval))
+	expired, err := w.Store.ExpireStaleOffers(ctx, store.OfferDeadlines{Silent: short, Live: now.Add(-LiveOfferDeadline(w.Interval)), Resend: short})
 	if err != nil {
 		return err
 	}

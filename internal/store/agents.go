@@ -493,6 +493,16 @@ func (s *Store) TakeOrders(ctx context.Context, node string) (Orders, error) {
 		if err != nil {
 			return mapErr("loading starts", err)
 		}
+		if len(o.Start) == 0 {
+			// Only offers and stops: their sent marks, lost with a
+			// PostgreSQL crash, send them again (the agent takes and stops
+			// idempotently), so they need not wait for the disk. A start
+			// order waits: its commit makes the takes it saw durable
+			// before the agent runs anything (see TakeLease).
+			if _, err := tx.db.Exec(ctx, `SET LOCAL synchronous_commit = off`); err != nil {
+				return mapErr("loading orders", err)
+			}
+		}
 		rows, err = tx.db.Query(ctx, `
 			UPDATE leases SET stop_sent_at = $2
 			WHERE node = $1 AND state IN ('taken', 'running') AND stop_requested_at IS NOT NULL AND stop_sent_at IS NULL
@@ -534,8 +544,22 @@ func (s *Store) lockLease(ctx context.Context, node string, r LeaseRef) (string,
 
 // TakeLease records that node's agent is ready to run its part. When every
 // lease of the gang is taken, all its nodes are told to start.
+//
+// It commits without waiting for the WAL to reach the disk (synchronous
+// commit off for its own transaction): a take lost with a PostgreSQL crash
+// leaves the lease offered, which is what the server had before; the
+// offer is sent again (ExpireOffers' resend for a node that still
+// heartbeats, or the agent's next registration) and the agent, which
+// still holds the lease as taken, takes it again (taking is idempotent).
+// No process runs on a lost take: start orders go out only from
+// TakeOrders, whose commit is synchronous when it sends one and so makes
+// every take it saw durable first (the WAL is flushed in order). It
+// touches no allocation: GPUs and billing are the cycle's (synchronous).
 func (s *Store) TakeLease(ctx context.Context, node string, r LeaseRef) error {
 	return s.InTx(ctx, func(tx *Store) error {
+		if _, err := tx.db.Exec(ctx, `SET LOCAL synchronous_commit = off`); err != nil {
+			return mapErr("taking lease", err)
+		}
 		if _, err := tx.db.Exec(ctx, `SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE`, r.JobID); err != nil {
 			return mapErr("locking job", err)
 		}
@@ -566,15 +590,28 @@ func (s *Store) TakeLease(ctx context.Context, node string, r LeaseRef) error {
 
 // LeaseStarted records that the job's process runs on node. Its start is
 // when the report arrived (the agent's clock is not trusted).
+//
+// It commits without waiting for the WAL to reach the disk: a start lost
+// with a PostgreSQL crash leaves the lease taken, and the agent's next
+// heartbeat (or registration), which lists the process, makes it running
+// from then (allot.ActAdopt). Billing does not depend on it (allocations
+// start in the cycle and end with the exit, both synchronous).
 func (s *Store) LeaseStarted(ctx context.Context, node string, r LeaseRef, pid int) error {
 	return s.InTx(ctx, func(tx *Store) error {
+		if _, err := tx.db.Exec(ctx, `SET LOCAL synchronous_commit = off`); err != nil {
+			return mapErr("recording start", err)
+		}
 		state, err := tx.lockLease(ctx, node, r)
 		if err != nil {
 			return err
 		}
 		switch allot.LeaseState(state) {
 		case allot.LeaseRunning:
-			return nil
+			// Already running (a repeated report, or a heartbeat adopted
+			// it first): only the pid is news.
+			_, err = tx.db.Exec(ctx, `UPDATE leases SET pid = $4 WHERE job_id = $1 AND segment = $2 AND node = $3 AND pid IS NULL`,
+				r.JobID, r.Segment, node, pid)
+			return mapErr("recording start", err)
 		case allot.LeaseOffered:
 			return allot.Errorf(allot.EConflict, "job %d segment %d: start before the lease was taken", r.JobID, r.Segment)
 		case allot.LeaseExited:
@@ -926,32 +963,94 @@ func (s *Store) JobLog(ctx context.Context, jobID int64) ([]string, error) {
 // ExpireOffers undoes starts whose gang did not take all its leases by
 // cutoff (an agent refused or never answered): the leases end, the GPUs are
 // released, and the job goes back to the queue (allot.ExpiredOffer). It
-// returns the jobs it requeued.
+// returns the jobs it requeued. It is ExpireStaleOffers with one deadline
+// for every node and no resend.
 func (s *Store) ExpireOffers(ctx context.Context, cutoff time.Time) ([]int64, error) {
+	return s.ExpireStaleOffers(ctx, OfferDeadlines{Silent: cutoff, Live: cutoff})
+}
+
+// OfferDeadlines are when an offer that was not taken expires, or is sent
+// again (times: offers made or sent before them).
+type OfferDeadlines struct {
+	// Silent: an offer made before it expires when its node has sent no
+	// heartbeat since it either (a node that went quiet: its gang must not
+	// wait for it; lost nodes are marked down apart).
+	Silent time.Time
+	// Live: an offer made before it expires even though its node still
+	// heartbeats (it does not take: it refused, e.g. its GPUs are busy
+	// there). Under load a live node's take may be queued for long; it is
+	// not refused for that before Live.
+	Live time.Time
+	// Resend: an offer sent before it to a node that heartbeat since
+	// Silent is sent again (zero: none): the answer of the orders poll, or
+	// the take's commit (asynchronous), was lost; the agent, holding the
+	// lease as taken, takes it again (idempotent), or takes it now.
+	Resend time.Time
+}
+
+// ExpireStaleOffers sends again the offers d.Resend says, then undoes the
+// starts whose gang did not take all its leases by d's deadlines: the
+// leases end, the GPUs are released, and the job goes back to the queue
+// (allot.ExpiredOffer). Each job is settled in its own transaction, under
+// its lock, after checking again that it still has such an offer (a take
+// that landed meanwhile keeps it), so a take waits for one job's
+// settlement, never for all of them. It returns the jobs it requeued.
+func (s *Store) ExpireStaleOffers(ctx context.Context, d OfferDeadlines) ([]int64, error) {
+	if !d.Resend.IsZero() {
+		var nodes []string
+		err := s.db.QueryRow(ctx, `
+			WITH `+asyncCommitSQL+`, u AS (
+				UPDATE leases l SET offer_sent_at = NULL FROM ac, nodes n
+				WHERE n.name = l.node AND l.state = 'offered' AND l.offer_sent_at < $1 AND n.last_heartbeat >= $2
+				RETURNING l.node)
+			SELECT coalesce(array_agg(DISTINCT node), '{}') FROM u`, d.Resend, d.Silent).Scan(&nodes)
+		if err != nil {
+			return nil, mapErr("sending offers again", err)
+		}
+		if err := notify(ctx, s.db, nodes...); err != nil {
+			return nil, err
+		}
+	}
+	// $1 Silent, $2 Live; the lease l, its node n.
+	const stale = `l.state = 'offered' AND (l.offered_at < $2 OR (l.offered_at < $1 AND (n.last_heartbeat IS NULL OR n.last_heartbeat < $1)))`
+	rows, err := s.db.Query(ctx, `
+		SELECT DISTINCT l.job_id, l.segment FROM leases l JOIN jobs j ON j.id = l.job_id AND j.segment = l.segment AND j.state = 'running'
+			JOIN nodes n ON n.name = l.node
+		WHERE `+stale+` ORDER BY 1, 2`, d.Silent, d.Live)
+	if err != nil {
+		return nil, mapErr("finding expired offers", err)
+	}
+	refs, err := pgx.CollectRows(rows, scanLeaseRef)
+	if err != nil {
+		return nil, mapErr("finding expired offers", err)
+	}
 	var requeued []int64
-	err := s.InTx(ctx, func(tx *Store) error {
-		rows, err := tx.db.Query(ctx, `
-			SELECT DISTINCT l.job_id, l.segment FROM leases l JOIN jobs j ON j.id = l.job_id AND j.segment = l.segment AND j.state = 'running'
-			WHERE l.state = 'offered' AND l.offered_at < $1 ORDER BY 1`, cutoff)
-		if err != nil {
-			return mapErr("finding expired offers", err)
-		}
-		refs, err := pgx.CollectRows(rows, scanLeaseRef)
-		if err != nil {
-			return mapErr("finding expired offers", err)
-		}
-		for _, r := range refs {
-			changed, err := tx.applySettlement(ctx, r, allot.ExpiredOffer())
-			if err != nil {
-				return err
+	for _, r := range refs {
+		changed := false
+		err := s.InTx(ctx, func(tx *Store) error {
+			if _, err := tx.db.Exec(ctx, `SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE`, r.JobID); err != nil {
+				return mapErr("locking job", err)
 			}
-			if changed {
-				requeued = append(requeued, r.JobID)
+			var still bool
+			if err := tx.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM leases l JOIN nodes n ON n.name = l.node
+				WHERE l.job_id = $3 AND l.segment = $4 AND `+stale+`)`, d.Silent, d.Live, r.JobID, r.Segment).Scan(&still); err != nil {
+				return mapErr("finding expired offers", err)
 			}
+			if !still {
+				return nil // taken meanwhile
+			}
+			var err error
+			changed, err = tx.applySettlement(ctx, r, allot.ExpiredOffer())
+			return err
+		})
+		if err != nil {
+			return requeued, err
 		}
-		return nil
-	})
-	return requeued, err
+		if changed {
+			requeued = append(requeued, r.JobID)
+		}
+	}
+	return requeued, nil
 }
 
 // AnnounceServer records that API server id is up (call it at start and
@@ -972,7 +1071,8 @@ func (s *Store) RetireServer(ctx context.Context, id string) error {
 // HeartbeatJobs stores the per-job process statistics of a heartbeat and
 // reconciles its job list with node's leases (allot.ReconcileHeartbeat):
 // the open leases it lists were seen alive now (leases.seen_at, the lower
-// bound of their end); held GPUs of orphans it no longer lists are
+// bound of their end), a taken one it lists runs from now (its start
+// report was lost or is on its way: allot.ActAdopt); held GPUs of orphans it no longer lists are
 // released (the kill is confirmed). It returns the leases it lists that the
 // node does not hold (ended on the server, or never the node's): the agent
 // kills them; one that ended keeps its GPUs allocated until the agent
@@ -990,6 +1090,16 @@ func (s *Store) HeartbeatJobs(ctx context.Context, node string, stats []JobStat)
 		for _, d := range allot.ReconcileHeartbeat(leases, listed) {
 			switch d.Action {
 			case allot.ActSeen:
+				seen = append(seen, byRef[d.Ref])
+			case allot.ActAdopt:
+				// Taken, and its process runs: the start report is on its
+				// way or its (asynchronous) commit was lost. It runs from
+				// now; a start report arriving later changes nothing but
+				// the pid.
+				if _, err := tx.db.Exec(ctx, `UPDATE leases SET state = 'running', started_at = $4, seen_at = $4
+					WHERE job_id = $1 AND segment = $2 AND node = $3 AND state = 'taken'`, d.Ref.JobID, d.Ref.Segment, node, now); err != nil {
+					return mapErr("adopting a started lease", err)
+				}
 				seen = append(seen, byRef[d.Ref])
 			case allot.ActKill:
 				orphans = append(orphans, Orphan{LeaseRef: d.Ref})
