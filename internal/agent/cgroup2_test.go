@@ -157,6 +157,27 @@ func (j *v2Job) output(t *testing.T) string {
 	return string(b)
 }
 
+// parallelV2Cgroup makes a parallel test's job cgroup name on a v2 test
+// driver.
+func parallelV2Cgroup(t *testing.T, name string, lim jobLimits) (*cgroupDriver, *jobCgroup) {
+	t.Helper()
+	d := v2TestDriver(t)
+	t.Parallel()
+	cg, err := d.create(name, lim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, cg
+}
+
+// removeV2Cgroup removes the job's cgroup and checks it is gone.
+func removeV2Cgroup(t *testing.T, d *cgroupDriver, cg *jobCgroup) {
+	t.Helper()
+	if err := cg.Delete(); err != nil || !gone(d, cg) {
+		t.Errorf("deleting the job cgroup and what is under it: %v", err)
+	}
+}
+
 // killAndRemove kills the job's cgroup, checks that every process of ps is
 // gone and the job died of SIGKILL, then removes the cgroup (with its leaf
 // and whatever was made under it) and checks it is gone.
@@ -173,9 +194,7 @@ func killAndRemove(t *testing.T, d *cgroupDriver, cg *jobCgroup, j *v2Job, ps []
 	if e := j.wait(t); e.Signal != "SIGKILL" {
 		t.Errorf("exit = %+v, want SIGKILL", e)
 	}
-	if err := cg.Delete(); err != nil || !gone(d, cg) {
-		t.Errorf("deleting the job cgroup and what is under it: %v", err)
-	}
+	removeV2Cgroup(t, d, cg)
 }
 
 // gone reports whether cg's directory is gone from the hierarchy.
@@ -265,9 +284,7 @@ func TestCgroupV2DeviceFence(t *testing.T) {
 			t.Errorf("want %q in:\n%s", want, out)
 		}
 	}
-	if err := cg.Delete(); err != nil || !gone(d, cg) {
-		t.Errorf("deleting the job cgroup: %v", err)
-	}
+	removeV2Cgroup(t, d, cg)
 }
 
 // TestCgroupV2SetsidAndDoubleForkDieWithTheJob: what a job starts with
@@ -275,12 +292,7 @@ func TestCgroupV2DeviceFence(t *testing.T) {
 // cgroup.kill) when the main process exits, and the empty cgroup is
 // removed.
 func TestCgroupV2SetsidAndDoubleForkDieWithTheJob(t *testing.T) {
-	d := v2TestDriver(t)
-	t.Parallel()
-	cg, err := d.create("job-2-1", jobLimits{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, cg := parallelV2Cgroup(t, "job-2-1", jobLimits{})
 	dir := jobDir(t)
 	script := `setsid sh -c 'echo $$ > ` + dir + `/a; exec sleep 300' & (sh -c 'echo $$ > ` + dir + `/b; exec sleep 300' </dev/null >/dev/null 2>&1 &) ; ` +
 		`while [ ! -s ` + dir + `/a ] || [ ! -s ` + dir + `/b ]; do sleep 0.05; done; exit 0`
@@ -301,20 +313,13 @@ func TestCgroupV2SetsidAndDoubleForkDieWithTheJob(t *testing.T) {
 	if ps := cg.Procs(); len(ps) != 0 {
 		t.Errorf("cgroup still holds %v", ps)
 	}
-	if err := cg.Delete(); err != nil || !gone(d, cg) {
-		t.Errorf("deleting the job cgroup: %v", err)
-	}
+	removeV2Cgroup(t, d, cg)
 }
 
 // TestCgroupV2KillEndsARunningJob: Kill (cgroup.kill) ends a running job,
 // its setsid'ed and double-forked processes with it, at once.
 func TestCgroupV2KillEndsARunningJob(t *testing.T) {
-	d := v2TestDriver(t)
-	t.Parallel()
-	cg, err := d.create("job-3-1", jobLimits{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, cg := parallelV2Cgroup(t, "job-3-1", jobLimits{})
 	j := startV2Job(t, d, cg, "/bin/sh", "-c", `trap '' TERM; setsid sleep 300 & (sleep 300 </dev/null >/dev/null 2>&1 &); sleep 300`)
 	ps := waitProcs(t, cg, 4)
 	if !slices.Contains(ps, j.pid) {
@@ -327,12 +332,7 @@ func TestCgroupV2KillEndsARunningJob(t *testing.T) {
 // CLONE_INTO_CGROUP: the job is in its cgroup from its first instruction
 // and the shim itself never enters it.
 func TestCgroupV2JobStartsInItsCgroup(t *testing.T) {
-	d := v2TestDriver(t)
-	t.Parallel()
-	cg, err := d.create("job-4-1", jobLimits{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, cg := parallelV2Cgroup(t, "job-4-1", jobLimits{})
 	// cat is the job's process itself (exec): what it reads is where it
 	// was when it ran its first instruction, or nearly.
 	j := startV2Job(t, d, cg, "/bin/sh", "-c", `exec /bin/cat /proc/self/cgroup`)
@@ -345,7 +345,8 @@ func TestCgroupV2JobStartsInItsCgroup(t *testing.T) {
 	}
 	// A fresh cgroup: the shim killed the first once its job ended, and a
 	// killed v2 cgroup kills what is started into it.
-	if cg, err = d.create("job-4-2", jobLimits{}); err != nil {
+	cg, err := d.create("job-4-2", jobLimits{})
+	if err != nil {
 		t.Fatal(err)
 	}
 	j = startV2Job(t, d, cg, "/bin/sleep", "300")
@@ -390,12 +391,7 @@ func readProcs(t *testing.T, dir string) []int {
 // makes under the job cgroup (its --cgroup-parent), next to the job's
 // leaf, is listed, killed and removed with it.
 func TestCgroupV2KillAndDeleteReachNestedCgroups(t *testing.T) {
-	d := v2TestDriver(t)
-	t.Parallel()
-	cg, err := d.create("job-9-1", jobLimits{Devices: []devNum{}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, cg := parallelV2Cgroup(t, "job-9-1", jobLimits{Devices: []devNum{}})
 	j := startV2Job(t, d, cg, "/bin/sleep", "300")
 	waitProcs(t, cg, 1)
 	// As a runtime puts its container: in a cgroup of its own under the
@@ -420,12 +416,7 @@ func TestCgroupV2KillAndDeleteReachNestedCgroups(t *testing.T) {
 // again) lists the job cgroup, loads it, sees the job's processes and
 // kills and removes them; an unknown name does not load.
 func TestCgroupV2RestartedAgentFindsItsJobs(t *testing.T) {
-	d := v2TestDriver(t)
-	t.Parallel()
-	cg, err := d.create("job-5-1", jobLimits{Devices: []devNum{{nvidiaMajor, 0}}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, cg := parallelV2Cgroup(t, "job-5-1", jobLimits{Devices: []devNum{{nvidiaMajor, 0}}})
 	j := startV2Job(t, d, cg, "/bin/sleep", "300")
 	waitProcs(t, cg, 1)
 
@@ -1050,9 +1041,7 @@ func TestCgroupV2ContainerRuntimeGetsControllersUnderTheJob(t *testing.T) {
 		t.Errorf("with podman in the job cgroup itself: exit %+v, the container ran %v with %s %v; want EBUSY from podman and no %s:\n%s", e, ran, ctrl, has, ctrl, out)
 	}
 	t.Logf("podman in the job cgroup itself (exit %d):\n%s", e.ExitCode, out)
-	if err := cg.Delete(); err != nil || !gone(d, cg) {
-		t.Errorf("deleting the job cgroup: %v", err)
-	}
+	removeV2Cgroup(t, d, cg)
 
 	// After: the client in the leaf, as the shim starts it.
 	e, out, cg = run("job-12-2", false)
