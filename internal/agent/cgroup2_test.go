@@ -294,22 +294,12 @@ func TestCgroupV2DeviceFence(t *testing.T) {
 func TestCgroupV2SetsidAndDoubleForkDieWithTheJob(t *testing.T) {
 	d, cg := parallelV2Cgroup(t, "job-2-1", jobLimits{})
 	dir := jobDir(t)
-	script := `setsid sh -c 'echo $$ > ` + dir + `/a; exec sleep 300' & (sh -c 'echo $$ > ` + dir + `/b; exec sleep 300' </dev/null >/dev/null 2>&1 &) ; ` +
-		`while [ ! -s ` + dir + `/a ] || [ ! -s ` + dir + `/b ]; do sleep 0.05; done; exit 0`
+	script := escapeesScript(dir)
 	j := startV2Job(t, d, cg, "/bin/sh", "-c", script)
 	if e := j.wait(t); e.ExitCode != 0 {
 		t.Fatalf("exit = %+v: %s", e, j.output(t))
 	}
-	for _, f := range []string{"a", "b"} {
-		b, err := os.ReadFile(filepath.Join(dir, f))
-		if err != nil {
-			t.Fatalf("escapee %s never ran: %v", f, err)
-		}
-		pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-		if _, ok := procStartTime(pid); ok {
-			t.Errorf("escapee %s (pid %d) outlived its job", f, pid)
-		}
-	}
+	checkEscapeesDead(t, dir)
 	if ps := cg.Procs(); len(ps) != 0 {
 		t.Errorf("cgroup still holds %v", ps)
 	}
@@ -617,22 +607,12 @@ func TestCgroupV2AgentFencesGPUsAndKillsEscapees(t *testing.T) {
 	}
 
 	dir := jobDir(t)
-	script = `setsid sh -c 'echo $$ > ` + dir + `/a; exec sleep 300' & (sh -c 'echo $$ > ` + dir + `/b; exec sleep 300' </dev/null >/dev/null 2>&1 &) ; ` +
-		`while [ ! -s ` + dir + `/a ] || [ ! -s ` + dir + `/b ]; do sleep 0.05; done; exit 0`
+	script = escapeesScript(dir)
 	ta.run(t, shLease(202, []int{2}, script))
 	if e := p.waitExit(ref(202), 5*time.Second); e.ExitCode != 0 {
 		t.Fatalf("exit = %+v", e)
 	}
-	for _, f := range []string{"a", "b"} {
-		b, err := os.ReadFile(filepath.Join(dir, f))
-		if err != nil {
-			t.Fatalf("escapee %s never ran: %v", f, err)
-		}
-		pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-		if _, ok := procStartTime(pid); ok {
-			t.Errorf("escapee %s (pid %d) outlived its job", f, pid)
-		}
-	}
+	checkEscapeesDead(t, dir)
 }
 
 // TestCgroupV2AgentRestartAdoptsJobsAndKillsOrphans: an agent restarted

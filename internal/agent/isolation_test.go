@@ -144,22 +144,12 @@ func TestSetsidAndDoubleForkDieWithTheJob(t *testing.T) {
 	dir := jobDir(t)
 	// The reproduction from issue 12, and a double fork that closes its
 	// output: both must die when the main process exits.
-	script := `setsid sh -c 'echo $$ > ` + dir + `/a; exec sleep 300' & (sh -c 'echo $$ > ` + dir + `/b; exec sleep 300' </dev/null >/dev/null 2>&1 &) ; ` +
-		`while [ ! -s ` + dir + `/a ] || [ ! -s ` + dir + `/b ]; do sleep 0.05; done; exit 0`
+	script := escapeesScript(dir)
 	ta.run(t, shLease(131, []int{2}, script))
 	if e := p.waitExit(ref(131), 5*time.Second); e.ExitCode != 0 {
 		t.Fatalf("exit = %+v", e)
 	}
-	for _, f := range []string{"a", "b"} {
-		b, err := os.ReadFile(filepath.Join(dir, f))
-		if err != nil {
-			t.Fatalf("escapee %s never ran: %v", f, err)
-		}
-		pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-		if _, ok := procStartTime(pid); ok {
-			t.Errorf("escapee %s (pid %d) outlived its job", f, pid)
-		}
-	}
+	checkEscapeesDead(t, dir)
 }
 
 func TestGPUDeviceFence(t *testing.T) {
@@ -536,4 +526,28 @@ func TestJobsSeeOnlyTheirOwnProcesses(t *testing.T) {
 	}
 	p.push(agentproto.Orders{Stop: []agentproto.Stop{{JobID: 197, Segment: 1, Grace: time.Second, Reason: "cancelled"}}})
 	p.waitExit(ref(197), 5*time.Second)
+}
+
+// escapeesScript starts a setsid'ed process and a double-forked one that
+// closes its output, each writing its PID to dir/a and dir/b, then exits 0
+// once both run: both must die with the job.
+func escapeesScript(dir string) string {
+	return `setsid sh -c 'echo $$ > ` + dir + `/a; exec sleep 300' & (sh -c 'echo $$ > ` + dir + `/b; exec sleep 300' </dev/null >/dev/null 2>&1 &) ; ` +
+		`while [ ! -s ` + dir + `/a ] || [ ! -s ` + dir + `/b ]; do sleep 0.05; done; exit 0`
+}
+
+// checkEscapeesDead fails unless both escapees of escapeesScript ran and
+// are gone.
+func checkEscapeesDead(t *testing.T, dir string) {
+	t.Helper()
+	for _, f := range []string{"a", "b"} {
+		b, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			t.Fatalf("escapee %s never ran: %v", f, err)
+		}
+		pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		if _, ok := procStartTime(pid); ok {
+			t.Errorf("escapee %s (pid %d) outlived its job", f, pid)
+		}
+	}
 }
