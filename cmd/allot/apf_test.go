@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"flag"
 	"io"
 	"net/http"
 	"strings"
@@ -217,16 +216,7 @@ func checkAdmission429(t *testing.T, a apfAnswer, why string) {
 // flag, by `allot server` and by `allot loadtest`, before anything
 // connects.
 func TestAdmissionFlags16(t *testing.T) {
-	parse := func(args ...string) (Config, error) {
-		fs := flag.NewFlagSet("server", flag.ContinueOnError)
-		fs.SetOutput(io.Discard)
-		apply := limitFlags(fs)
-		var c Config
-		if err := fs.Parse(args); err != nil {
-			return c, err
-		}
-		return c, apply(&c)
-	}
+	parse := parseServerLimits
 	c, err := parse()
 	if err != nil || c.Admission != apf.Default {
 		t.Errorf("defaults: %+v %v", c.Admission, err)

@@ -609,19 +609,23 @@ func TestExportHoles16(t *testing.T) {
 	}
 }
 
+// parseServerLimits parses args with `allot server`'s limit flags into a
+// Config.
+func parseServerLimits(args ...string) (Config, error) {
+	fs := flag.NewFlagSet("server", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	apply := limitFlags(fs)
+	var c Config
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	return c, apply(&c)
+}
+
 // TestServerLimitFlags16: `allot server`'s timeout, pool and rate flags
 // reach the Config; bad values are refused; zero limits turn them off.
 func TestServerLimitFlags16(t *testing.T) {
-	parse := func(args ...string) (Config, error) {
-		fs := flag.NewFlagSet("server", flag.ContinueOnError)
-		fs.SetOutput(io.Discard)
-		apply := limitFlags(fs)
-		var c Config
-		if err := fs.Parse(args); err != nil {
-			return c, err
-		}
-		return c, apply(&c)
-	}
+	parse := parseServerLimits
 	c, err := parse()
 	if err != nil || c.HTTP != DefaultHTTPLimits || c.RateLimits != web.DefaultRateLimits {
 		t.Errorf("defaults: %+v %+v %v", c.HTTP, c.RateLimits, err)
