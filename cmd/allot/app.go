@@ -65,6 +65,9 @@ type Config struct {
 	// MaxStartsPerCycle caps the jobs one scheduling cycle starts
 	// (jobs.Config.MaxStartsPerCycle): `allot worker --max-starts-per-cycle`.
 	MaxStartsPerCycle int
+	// DecayPeriod is how often a cycle decays the fair-share usage
+	// (jobs.Config.DecayPeriod): `allot worker --decay-period`.
+	DecayPeriod time.Duration
 	// MetricsToken, when set, is a scrape token the portal's /metrics
 	// accepts besides admins' API tokens: `allot server --metrics-token-file`.
 	MetricsToken string
@@ -251,7 +254,7 @@ func (m *Main) Run(ctx context.Context) error {
 		}
 		m.river, err = jobs.NewClient(jobs.Config{Pool: pool, Store: m.Store, Logger: m.Logger, Registry: m.Registry,
 			CycleTick: m.CycleTick, HeartbeatInterval: m.HeartbeatInterval, CheckpointRoot: m.CheckpointRoot,
-			AllowPrivateWebhooks: m.DevMode, Burst: m.Burst, MaxStartsPerCycle: m.MaxStartsPerCycle, EngineInterval: m.EngineInterval, Engine: engine})
+			AllowPrivateWebhooks: m.DevMode, Burst: m.Burst, MaxStartsPerCycle: m.MaxStartsPerCycle, DecayPeriod: m.DecayPeriod, EngineInterval: m.EngineInterval, Engine: engine})
 		if err != nil {
 			return err
 		}

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/allotlabs/allot/internal/agent"
 	"github.com/allotlabs/allot/internal/cliflag"
@@ -181,16 +182,22 @@ func cmdServe(name string, args []string, stderr io.Writer) int {
 	bf := addBurstFlags(fs, "none") // the server shows the burst settings on /burst; the worker acts on them
 	sf := addSlurmFlags(fs)         // the worker syncs with Slurm; the server shows its config on /admin/slurm
 	applyMetrics := metricsFlags(fs, name)
-	maxStarts := new(int)
+	maxStarts, decay := new(int), new(time.Duration)
 	if name == "worker" {
 		maxStarts = fs.Int("max-starts-per-cycle", jobs.DefaultMaxStarts,
 			"most jobs one scheduling cycle starts; the rest start in the next cycle, at once (-1: no limit; like Slurm's sched_max_job_start)")
+		decay = fs.Duration("decay-period", jobs.DefaultDecayPeriod,
+			"how often a cycle decays the teams' fair-share usage and brings it up to now; cycles in between rank with the last (like Slurm's PriorityCalcPeriod; 0: every cycle)")
 	}
 	if err := cliflag.Parse(fs, args); err != nil {
 		return 2
 	}
 	if name == "worker" && (*maxStarts == 0 || *maxStarts < -1) {
 		fmt.Fprintf(stderr, "allot %s: --max-starts-per-cycle must be a positive number of jobs, or -1 for no limit\n", name)
+		return 2
+	}
+	if *decay < 0 {
+		fmt.Fprintf(stderr, "allot %s: --decay-period must be 0 (every cycle) or more, not %s\n", name, *decay)
 		return 2
 	}
 	url, err := databaseURL(*dbURL)
@@ -204,6 +211,10 @@ func cmdServe(name string, args []string, stderr io.Writer) int {
 	cfg := Config{DatabaseURL: url, Migrate: *migrate, Logger: log, RequirePOSIXAccount: *requireAccount}
 	if name == "worker" {
 		cfg.MaxStartsPerCycle = *maxStarts
+		cfg.DecayPeriod = *decay
+		if *decay == 0 {
+			cfg.DecayPeriod = -1 // jobs.Scheduler: <0 decays every cycle
+		}
 		if sf.enabled() {
 			if err := sf.validate(); err != nil {
 				fmt.Fprintf(stderr, "allot %s: %v\n", name, err)

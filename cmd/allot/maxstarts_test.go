@@ -17,3 +17,15 @@ func TestWorkerMaxStartsFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestWorkerDecayPeriodFlag: bad values of allot worker's --decay-period
+// are refused before anything starts.
+func TestWorkerDecayPeriodFlag(t *testing.T) {
+	for v, want := range map[string]string{"-1m": "--decay-period must be 0 (every cycle) or more, not -1m0s", "often": "invalid value"} {
+		var stderr bytes.Buffer
+		code := run([]string{"worker", "--database-url", "postgres://127.0.0.1:1/none", "--decay-period", v}, &bytes.Buffer{}, &stderr)
+		if code != 2 || !strings.Contains(stderr.String(), want) {
+			t.Errorf("--decay-period %s: exit %d, %q", v, code, stderr.String())
+		}
+	}
+}

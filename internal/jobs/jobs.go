@@ -64,6 +64,9 @@ type Config struct {
 	// MaxStartsPerCycle caps the starts of one scheduling cycle
 	// (Scheduler.MaxStarts: 0 the default, <0 none).
 	MaxStartsPerCycle int
+	// DecayPeriod is how often a cycle decays the teams' fair-share usage
+	// (Scheduler.DecayPeriod: 0 the default, a minute; <0 every cycle).
+	DecayPeriod time.Duration
 	// CycleTick is how often the worker looks whether the policy's Cycle
 	// (the scheduling period, which admins edit) has passed since the last
 	// cycle (default 1 s); submits, finishes, cancels and node changes run
@@ -199,7 +202,7 @@ func NewClient(cfg Config) (*river.Client[pgx.Tx], error) {
 		cfg.CheckpointRoot = "/var/lib/allot/checkpoints"
 	}
 	sched := &Scheduler{Store: cfg.Store, Logger: cfg.Logger, CheckpointRoot: cfg.CheckpointRoot, Metrics: NewCycleMetrics(cfg.Registry),
-		MaxStarts: cfg.MaxStartsPerCycle}
+		MaxStarts: cfg.MaxStartsPerCycle, DecayPeriod: cfg.DecayPeriod}
 	// The worker's /metrics: its cycles, rollups and River jobs, and the
 	// cluster's live state read from PostgreSQL at scrape time.
 	rollupMetrics, riverMetrics := metric.NewBilling(cfg.Registry), metric.NewRiver(cfg.Registry)
