@@ -94,6 +94,9 @@ func (st *state) preparePendingAll() {
 		for i := range st.pend {
 			pj := &st.pend[i]
 			keys[i] = orderKey{class: st.classRank(pj.class), prio: pj.prio.Total, submit: pj.submit, id: pj.j.ID, idx: i}
+			if pj.class == Tier1 && st.p.Tier1FIFO {
+				keys[i].prio = 0 // oldest first
+			}
 			if pj.j.Reserved && st.p.HoldReservations {
 				keys[i].held = 1
 			}
@@ -173,6 +176,12 @@ func (st *state) runAllot() {
 	attempts := 0
 	// Preemptors whose victims are still in their grace period come first:
 	// they start, or reserve the GPUs coming free, before anyone else.
+	// Under Policy.Tier1FIFO tier-1 preemptors are no exception: tier 1
+	// comes first anyway, oldest first, so that the GPUs a tier-1 job's
+	// victims free are not taken, the moment they are free, by a younger
+	// tier-1 preemptor whose own victims are still in their grace period
+	// (the older job is no longer "in flight" then); the others come first
+	// right after tier 1.
 	var preemptors map[int64]bool
 	if st.anyTerminating() {
 		for i := range st.runs() {
@@ -184,12 +193,22 @@ func (st *state) runAllot() {
 			}
 		}
 	}
+	fifo1 := st.p.Tier1FIFO
 	if preemptors != nil {
 		for _, pj := range st.order {
-			if pj.never || !preemptors[pj.j.ID] {
+			if !pj.never && preemptors[pj.j.ID] {
+				pj.inflight = true
+			}
+		}
+	}
+	servedEarly := preemptors == nil
+	serveInflight := func() {
+		servedEarly = true
+		for _, pj := range st.order {
+			if !pj.inflight || (fifo1 && pj.class == Tier1) {
 				continue
 			}
-			pj.inflight = true
+			pj.early = true
 			if cl := st.place(pj, nil); cl != nil {
 				st.commit(pj, cl, false)
 				continue
@@ -201,6 +220,9 @@ func (st *state) runAllot() {
 				}
 			}
 		}
+	}
+	if !fifo1 && !servedEarly {
+		serveInflight()
 	}
 	// Starvation guard: the longest-waiting blocked research jobs (class
 	// 3-4, waiting at least StarvationWait) come right after the
@@ -271,10 +293,35 @@ func (st *state) runAllot() {
 		}
 	}
 	for _, pj := range st.order {
+		if !servedEarly && pj.class != Tier1 {
+			serveInflight()
+		}
 		if !starved && pj.class >= Tier3 {
 			serveStarving()
 		}
-		if pj.never || pj.inflight || pj.starving {
+		if pj.never || pj.early || pj.starving {
+			continue
+		}
+		if pj.inflight { // a tier-1 preemptor under Tier1FIFO, in its turn
+			if cl := st.place(pj, nil); cl != nil {
+				st.commit(pj, cl, false)
+				continue
+			}
+			// Its victims' GPUs, or earlier ones, unless an older tier-1
+			// job took them: then it may preempt again.
+			if r := st.sweep(pj, int64(st.p.GracePeriod)); r.ok {
+				st.reserve(pj, r)
+				if pj.team >= 0 {
+					st.teams[pj.team].alloc += pj.j.GPUs
+				}
+				continue
+			}
+			if st.tryPreempt(pj, &attempts) {
+				continue
+			}
+			if r := st.sweep(pj, never); r.ok {
+				st.reserve(pj, r)
+			}
 			continue
 		}
 		key := shapeKey{pj.j.GPUs, pj.q, pj.j.GPUType, pj.class.Production()}
@@ -299,6 +346,9 @@ func (st *state) runAllot() {
 				st.reserve(pj, r)
 			}
 		}
+	}
+	if !servedEarly {
+		serveInflight()
 	}
 	if !starved {
 		serveStarving()

@@ -136,6 +136,7 @@ type pjob struct {
 	resvCause bool // the reservation waits for a release (not only for other reservations)
 	preempts  int  // victims this job preempted this cycle
 	inflight  bool // its victims are in their grace period
+	early     bool // served among the in-flight preemptors, before the queue
 	reclaim   bool // it takes its class's reserved GPUs back (Policy.Reserved)
 	starving  bool // served by the starvation guard this cycle
 	fcPreempt bool // its forecast start comes from preemption

@@ -9,6 +9,8 @@
 //
 //  1. Effective class: tier 1 > 2 > 3 > 4 > preemptible. Job.Preemptible, or
 //     a tier 3-4 job of a Team.OverBudget team, runs as TierPreemptible.
+//     Tier 1 is served oldest first (Policy.Tier1FIFO, the default), its
+//     preemptors waiting for their victims' grace in that turn.
 //  2. Priority inside a class, Slurm's multifactor form:
 //     WeightFairShare·F + WeightSize·S + WeightAge·A with F = 2^(-U/S_t)
 //     (classic fair share; U = the team's share of all decayed usage, S_t =
@@ -336,6 +338,18 @@ type Policy struct {
 	// Jain on one setting and raised the mean wait on the ITP ones (see
 	// sim/RESULTS.md).
 	WideAging bool
+	// Tier1FIFO (default true): tier-1 (incident) jobs are served oldest
+	// first (submit time, id) instead of by priority, and a tier-1 job
+	// whose victims are in their grace period is served in that turn
+	// instead of ahead of the queue (the other classes' preemptors still
+	// come first, right after tier 1). The GPUs coming free then go to
+	// the tier-1 jobs in the order they came: a job's victims' GPUs can
+	// no longer be taken, the moment its victims end, by a younger tier-1
+	// preemptor whose own victims are still in their grace period, which
+	// left the older job waiting for the next victims' grace (on the
+	// suite, most tier-1 waits over grace + one cycle). False keeps the
+	// priority order within tier 1.
+	Tier1FIFO bool
 }
 
 // ETAMethod is how the start of a pending job is estimated.
@@ -395,6 +409,7 @@ func DefaultPolicy() Policy {
 		GuaranteePatience: 10 * time.Minute,
 		ReservationDepth:  1,
 		Order:             OrderResponse,
+		Tier1FIFO:         true,
 	}
 }
 

@@ -62,6 +62,7 @@ type options struct {
 	allotRawGuar   bool
 	minRuntime     time.Duration
 	wideAging      bool
+	tier1FIFO      bool
 	// --burst: replay allot once more with cloud burst ("allot+burst").
 	burst                    bool
 	burstDelay, burstHorizon time.Duration
@@ -260,6 +261,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o.starvationWait = -1
 	o.minRuntime = -1
 	fs.BoolVar(&o.wideAging, "allot-wide-aging", scheduler.DefaultPolicy().WideAging, "allot: multi-node jobs age per node they need")
+	fs.BoolVar(&o.tier1FIFO, "allot-tier1-fifo", scheduler.DefaultPolicy().Tier1FIFO, "allot: tier-1 jobs oldest first, their preemptors served in that turn (false: by priority, preemptors ahead of the queue)")
 	fs.Var(secondsOrDuration{&o.minRuntime}, "allot-min-runtime", "allot: no preemption before this much run time (default: the policy's)")
 	fs.BoolVar(&o.allotRawGuar, "allot-raw-guarantees", false, "allot: keep oversubscribed guarantees unscaled")
 	fs.BoolVar(&o.allotHold, "allot-hold", false, "allot: a job reserved in the last cycle keeps the head of its class")
@@ -425,6 +427,7 @@ func (st *setup) config(o *options, m scheduler.Mode) Config {
 	}
 	p.RawGuarantees = o.allotRawGuar
 	p.WideAging = o.wideAging
+	p.Tier1FIFO = o.tier1FIFO
 	if o.minRuntime >= 0 {
 		p.MinRuntime = o.minRuntime
 	}
