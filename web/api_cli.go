@@ -80,12 +80,12 @@ type PriorityPointsJSON struct {
 }
 
 const prioritiesMethod = "Pending jobs in the scheduler's order as its last cycle decided it (rank), with that cycle's reasons and start estimates: " +
-	"class first (tier 1 first; a preemptible or budget-demoted job competes as preemptible), then priority, with the starvation guard serving tier 3-4 jobs " +
+	"class first (tier 1 first, served oldest first whatever its priority; a preemptible or budget-demoted job competes as preemptible), then priority, with the starvation guard serving tier 3-4 jobs " +
 	"that have waited 20 minutes right after the production classes. Priority = W_fs·F + W_size·S + W_age·A, with F = the team's fair-share factor 2^(−U/S), " +
 	"S = GPUs ÷ cluster GPUs, A = wait ÷ max age (at most 1), as that cycle computed them. Jobs not yet through a cycle come last, by submission, with priority 0."
 
 const prioritiesMethodResponse = "Pending jobs in the scheduler's order as its last cycle decided it (rank), with that cycle's reasons and start estimates: " +
-	"class first (tier 1 first; a preemptible or budget-demoted job competes as preemptible), then priority = response ratio × fair-share multiplier: " +
+	"class first (tier 1 first, served oldest first whatever its priority; a preemptible or budget-demoted job competes as preemptible), then priority = response ratio × fair-share multiplier: " +
 	"(wait + T) ÷ T with T the time limit, times max(2F, 1/32) with F = the team's fair-share factor 2^(−U/S), as that cycle computed them " +
 	"(the response order: short jobs first, every job passing newer ones once it has waited about its own length). " +
 	"Jobs not yet through a cycle come last, by submission, with priority 0."

@@ -832,6 +832,9 @@ func explainView(d *views.JobDetail, j *allot.Job, x jobExplanation) {
 	} else {
 		multifactorView(d, j, x)
 	}
+	if jobClass(j) == allot.Tier1 && len(d.Factors) > 0 {
+		d.Factors[len(d.Factors)-1].Meaning = "tier 1 is served oldest first, by submission time, whatever this number; it orders only the other classes (see Docs)"
+	}
 	class := j.Breakdown.Class
 	if class == 0 {
 		class = j.Tier.Class()

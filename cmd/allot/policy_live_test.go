@@ -54,6 +54,9 @@ func TestLivePolicyCycleAndHeartbeat(t *testing.T) {
 	if c, h := l.docsText("docs-cycle"), l.docsText("docs-heartbeat-missed"); c != "1s" || h != "1s" {
 		t.Errorf("/docs: cycle %q, node down after %q; want the live tests' 1s and 1s", c, h)
 	}
+	if f := l.docsText("docs-tier1-fifo"); !strings.Contains(f, "Tier 1 (incident) jobs are served oldest first") {
+		t.Errorf("/docs does not say tier 1 is served oldest first: %q", f)
+	}
 
 	// Nodes: a silent node stays up for the hour the policy now allows…
 	l.putPolicy(`{"heartbeat_missed_after_s": 3600}`)
