@@ -543,7 +543,8 @@ func (s *Store) lockLease(ctx context.Context, node string, r LeaseRef) (string,
 }
 
 // TakeLease records that node's agent is ready to run its part. When every
-// lease of the gang is taken, all its nodes are told to start.
+// lease of the gang is taken, its other nodes are woken to fetch their
+// start orders (the taking node fetches its own with its next poll).
 //
 // It commits without waiting for the WAL to reach the disk (synchronous
 // commit off for its own transaction): a take lost with a PostgreSQL crash
@@ -584,7 +585,18 @@ func (s *Store) TakeLease(ctx context.Context, node string, r LeaseRef) error {
 		if err != nil {
 			return mapErr("taking lease", err)
 		}
-		return notify(ctx, tx.db, nodes...)
+		// The taking node is not woken: its agent takes while handling an
+		// answer of its orders poll and polls again after, which finds the
+		// start (at worst its long poll's wait later, never lost). A
+		// notifying commit holds PostgreSQL's one notification lock: a
+		// single-node job's take (most of them) then takes none.
+		others := nodes[:0:0]
+		for _, n := range nodes {
+			if n != node {
+				others = append(others, n)
+			}
+		}
+		return notify(ctx, tx.db, others...)
 	})
 }
 

@@ -1,6 +1,7 @@
 package store_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -238,5 +239,78 @@ func TestLeaseReportsCommitAsyncAlone(t *testing.T) {
 	}
 	if l := b.lease(t, ref, "gpu13"); l.State != "running" || *l.PID != 7 {
 		t.Errorf("lease %+v, want running with pid 7", l)
+	}
+}
+
+// TestTakeWakesTheGangsOtherNodes: a take that completes a gang wakes the
+// gang's other nodes to fetch their start orders, not the taking node (it
+// polls again after its takes and finds its start then); a single-node
+// job's take wakes nobody. The taking node's next poll has its start.
+func TestTakeWakesTheGangsOtherNodes(t *testing.T) {
+	b := setup(t)
+	b.register(t, "gpu13", "GPU-a", "GPU-b")
+	b.register(t, "gpu14", "GPU-c", "GPU-d")
+	pc, err := b.pool.Acquire(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Release()
+	if _, err := pc.Exec(b.ctx, `LISTEN `+store.OrdersChannel); err != nil {
+		t.Fatal(err)
+	}
+	woken := func() []string {
+		var out []string
+		for {
+			ctx, cancel := context.WithTimeout(b.ctx, 200*time.Millisecond)
+			n, err := pc.Conn().WaitForNotification(ctx)
+			cancel()
+			if err != nil {
+				return out
+			}
+			out = append(out, n.Payload)
+		}
+	}
+	single := b.placed(t, "gpu13")
+	woken() // the cycle's own
+	if err := b.st.TakeLease(b.ctx, "gpu13", single); err != nil {
+		t.Fatal(err)
+	}
+	if got := woken(); len(got) != 0 {
+		t.Errorf("a single-node take woke %v", got)
+	}
+	if o, err := b.st.TakeOrders(b.ctx, "gpu13"); err != nil || len(o.Start) != 1 || o.Start[0] != single {
+		t.Errorf("the taking node's next poll: starts %v (%v), want %v", o.Start, err, single)
+	}
+
+	j, err := b.st.SubmitJob(b.ctx, b.user(t, "noah@example.com"), allot.JobSpec{Team: "nlp", Tier: allot.Tier3, GPUs: 2, GPUsPerNode: 1,
+		TimeLimit: time.Hour, Command: []string{"true"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.st.InTx(b.ctx, func(tx *store.Store) error {
+		_, err := tx.ApplyPlan(b.ctx, []store.StartOrder{{JobID: j.ID, RunAs: allot.Tier3,
+			Parts: []store.LeasePart{{Node: "gpu13", GPUs: []int{1}}, {Node: "gpu14", GPUs: []int{0}}}}}, nil, nil)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	woken()
+	gang := store.LeaseRef{JobID: j.ID, Segment: 1}
+	if err := b.st.TakeLease(b.ctx, "gpu14", gang); err != nil {
+		t.Fatal(err)
+	}
+	if got := woken(); len(got) != 0 {
+		t.Errorf("a take that leaves the gang incomplete woke %v", got)
+	}
+	if err := b.st.TakeLease(b.ctx, "gpu13", gang); err != nil {
+		t.Fatal(err)
+	}
+	if got := woken(); len(got) != 1 || got[0] != "gpu14" {
+		t.Errorf("the gang's last take woke %v, want [gpu14]", got)
+	}
+	for _, n := range []string{"gpu13", "gpu14"} {
+		if o, err := b.st.TakeOrders(b.ctx, n); err != nil || len(o.Start) != 1 || o.Start[0] != gang {
+			t.Errorf("%s: starts %v (%v), want %v", n, o.Start, err, gang)
+		}
 	}
 }
