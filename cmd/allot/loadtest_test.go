@@ -66,9 +66,12 @@ func TestLoadtestSelfHosted(t *testing.T) {
 		rep.WriteText(&b) //nolint:errcheck
 		t.Errorf("%d errors:\n%s", n, b.String())
 	}
-	// 40/s for 3 s: about 120 submissions, all accepted.
-	if s := rep.Op("submit job"); s.Count < 80 || s.Count > 130 {
-		t.Errorf("submissions: %d, want about 120 at 40/s", s.Count)
+	// 40/s for about 3 s: about 120 submissions, all accepted. Paced
+	// calls catch up when they fall behind, so a loaded machine may add
+	// what the warm-up owed, and the window may run a little long: at most
+	// 40/s over the window and the warm-up.
+	if s, most := rep.Op("submit job"), 40*(rep.DurationS+rep.Config.WarmupS); s.Count < 80 || float64(s.Count) > most {
+		t.Errorf("submissions: %d, want about 120 at 40/s (at most %.0f over a %.1f s window after %.0f s of warm-up)", s.Count, most, rep.DurationS, rep.Config.WarmupS)
 	}
 	// Jobs really ran (agent started and agent exited succeeded above; the
 	// submitted ones wait behind the seeded queue); every submitted job is

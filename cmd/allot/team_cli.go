@@ -50,13 +50,33 @@ func (g *guaranteeFlag) Set(v string) error {
 	return nil
 }
 
+// splitVerb takes the subcommand out of args: the first argument that is
+// not a flag or a flag's value (every flag of the command takes a value;
+// --flag=value is one argument), so `allot team --server URL list` works
+// as `allot team list --server URL` does. -h and --help are no values.
+func splitVerb(args []string) (string, []string) {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if !strings.HasPrefix(a, "-") {
+			return a, append(append([]string{}, args[:i]...), args[i+1:]...)
+		}
+		if a == "--" {
+			break
+		}
+		if !strings.Contains(a, "=") && a != "-h" && a != "--help" && a != "-help" {
+			i++ // its value
+		}
+	}
+	return "", args
+}
+
 // cmdTeam is `allot team`, through the JSON API.
 func cmdTeam(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 {
+	verb, args := splitVerb(args)
+	if verb == "" {
 		fmt.Fprint(stderr, teamUsage)
 		return 2
 	}
-	verb := args[0]
 	fs := flag.NewFlagSet("team "+verb, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, teamUsage) }
@@ -93,7 +113,7 @@ func cmdTeam(args []string, stdout, stderr io.Writer) int {
 		strFlag(&req.PosixAccount, "service-account", `POSIX account its jobs run as when their submitter has none ("" none)`)
 		strFlag(&req.WebhookURL, "webhook", `URL for the team's budget alerts ("" none)`)
 	}
-	pos, ok := parseInterleaved(fs, args[1:])
+	pos, ok := parseInterleaved(fs, args)
 	if !ok {
 		return 2
 	}

@@ -596,6 +596,8 @@ func TestZeroCommandsUsage(t *testing.T) {
 		{[]string{"team", "set", "ml"}, 2, "give at least one of --name"},
 		{[]string{"team", "set-account", "ml"}, 2, "allot team list"},
 		{[]string{"team", "frobnicate"}, 2, `unknown subcommand "frobnicate"`},
+		{[]string{"team", "--server", "http://127.0.0.1:1", "list"}, 1, "cannot reach the Allot server"},
+		{[]string{"team", "--server", "http://127.0.0.1:1"}, 2, "allot team create SLUG --name NAME"},
 		{[]string{"team", "list"}, 1, "cannot reach the Allot server"},
 		{[]string{"billing"}, 2, "usage: allot billing rollup"},
 		{[]string{"billing", "rollup", "extra"}, 2, "usage: allot billing rollup"},

@@ -424,11 +424,25 @@ func rmdirTree(dir string) error {
 		return err
 	}
 	for i := len(dirs) - 1; i >= 0; i-- {
-		if err := os.Remove(dirs[i]); err != nil {
+		if err := rmdirCgroup(dirs[i]); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// rmdirCgroup removes one empty cgroup. A process that has just exited
+// can keep its cgroup busy (EBUSY) for a moment after it left
+// cgroup.procs, while the kernel finishes tearing it down (runc retries
+// for the same reason): it tries again for up to a second.
+func rmdirCgroup(dir string) error {
+	for wait := time.Millisecond; ; wait *= 2 {
+		err := os.Remove(dir)
+		if !errors.Is(err, syscall.EBUSY) || wait > 512*time.Millisecond {
+			return err
+		}
+		time.Sleep(wait)
+	}
 }
 
 // enter moves the calling process into the cgroup (v2: its leaf) and
