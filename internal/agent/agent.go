@@ -629,6 +629,13 @@ func (a *Agent) take(ctx context.Context, ref agentproto.LeaseRef, log *slog.Log
 		// offer again (we re-take) or stop the lease.
 		return
 	}
+	if st := agentproto.ErrorStatus(err); st == http.StatusTooManyRequests || st >= 500 {
+		// A busy server (its admission control, an overloaded database):
+		// the take may yet be recorded, and a live node's untaken offer is
+		// sent again; keep the GPUs held and take it then.
+		log.Warn("server busy; keeping the lease until it is offered again", "status", st, "err", err)
+		return
+	}
 	log.Warn("server refused the take; releasing the lease", "err", err)
 	a.mu.Lock()
 	if j := a.jobs[ref]; j != nil && j.state == stateTaken {

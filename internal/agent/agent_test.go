@@ -539,3 +539,39 @@ func parseFloat(s string) float64 {
 	f, _ := strconv.ParseFloat(s, 64)
 	return f
 }
+
+// TestBusyServerTakeKeepsTheLease: a take refused as busy (429: the
+// server's admission control) keeps the lease's GPUs held, so another
+// lease for them is not taken, and the offer sent again is taken and runs.
+func TestBusyServerTakeKeepsTheLease(t *testing.T) {
+	t.Parallel()
+	p := newPeer(t)
+	ta := startAgent(t, p)
+	p.mu.Lock()
+	p.busyTakes = 1
+	p.mu.Unlock()
+	l := shLease(61, []int{1}, `echo ran`)
+	p.push(agentproto.Orders{Offer: []agentproto.Lease{l}})
+	p.waitFor("the refused take", 5*time.Second, func() bool { return p.refused == 1 })
+	// Another lease for GPU 1 while the first holds it: not taken.
+	p.push(agentproto.Orders{Offer: []agentproto.Lease{shLease(62, []int{1}, `echo ran`)}})
+	// What must not happen (the lease let go, the other taken) would
+	// within milliseconds; watch for a second.
+	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) { // deadline of an observation window
+		ta.mu.Lock()
+		_, held := ta.jobs[ref(61)]
+		_, other := ta.jobs[ref(62)]
+		ta.mu.Unlock()
+		p.mu.Lock()
+		took62 := slices.Contains(p.takes, ref(62))
+		p.mu.Unlock()
+		if !held || other || took62 {
+			t.Fatalf("after a 429 on its take: lease 61 held %v, lease 62 (same GPU) held %v, taken %v; want 61 only", held, other, took62)
+		}
+	}
+	// The server sends the offer again: taken, started, run.
+	ta.run(t, l)
+	if e := p.waitExit(ref(61), 5*time.Second); e.ExitCode != 0 {
+		t.Errorf("exit = %+v", e)
+	}
+}

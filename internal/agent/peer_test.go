@@ -41,6 +41,8 @@ type peer struct {
 	orders     []agentproto.Orders
 	unknown    []int64               // answered in the next registration
 	failHB     int                   // answer this many heartbeats with 401
+	busyTakes  int                   // answer this many takes with 429
+	refused    int                   // takes answered with 429
 	kill       []agentproto.LeaseRef // answered in the next heartbeat
 	changed    chan struct{}
 	closing    chan struct{}
@@ -78,7 +80,22 @@ func newPeerAt(t *testing.T, addr string) *peer {
 	mux.HandleFunc("POST /api/agent/v1/register", p.register)
 	mux.HandleFunc("POST /api/agent/v1/heartbeat", p.heartbeat)
 	mux.HandleFunc("GET /api/agent/v1/orders", p.serveOrders)
-	mux.HandleFunc("POST /api/agent/v1/leases/take", record(p, &p.takes))
+	mux.HandleFunc("POST /api/agent/v1/leases/take", func(w http.ResponseWriter, r *http.Request) {
+		p.mu.Lock()
+		busy := p.busyTakes > 0
+		if busy {
+			p.busyTakes--
+			p.refused++
+			p.notifyLocked()
+		}
+		p.mu.Unlock()
+		if busy {
+			w.Header().Set("Retry-After", "1")
+			problem(w, http.StatusTooManyRequests, "too many agent requests at once")
+			return
+		}
+		record(p, &p.takes)(w, r)
+	})
 	mux.HandleFunc("POST /api/agent/v1/jobs/started", record(p, &p.started))
 	mux.HandleFunc("POST /api/agent/v1/jobs/exited", record(p, &p.exited))
 	mux.HandleFunc("POST /api/agent/v1/jobs/log", p.log)
