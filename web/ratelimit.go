@@ -145,12 +145,28 @@ func newLimiters(r RateLimits) limiters {
 	return limiters{ip: newLimiter(r.IP), token: newLimiter(r.Token), agent: newLimiter(r.Agent), agentRefused: newLimiter(refused)}
 }
 
-func clientIP(r *http.Request) string {
+// ClientIP is r's connection's peer address (no forwarded headers: behind
+// a reverse proxy every caller is the proxy).
+func ClientIP(r *http.Request) string {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
 		return r.RemoteAddr
 	}
 	return host
+}
+
+// CallerKey is the key of r's credential, its bearer token or else its
+// portal session, digested (no secret is kept); false without either. The
+// per-token rate limit and the server's admission control (internal/apf)
+// both count callers by it.
+func CallerKey(r *http.Request) (string, bool) {
+	if tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && strings.TrimSpace(tok) != "" {
+		return secretKey("api:", strings.TrimSpace(tok)), true
+	}
+	if ck, err := r.Cookie(sessionCookie); err == nil && ck.Value != "" {
+		return secretKey("session:", ck.Value), true
+	}
+	return "", false
 }
 
 // secretKey is a bucket key for a credential: its digest, so the limiter
@@ -174,7 +190,7 @@ func (s *Server) limitByClient(next echo.HandlerFunc) echo.HandlerFunc {
 		now := time.Now()
 		switch {
 		case isAgentAPI(c):
-			ip := clientIP(r)
+			ip := ClientIP(r)
 			if s.limits.agentRefused.spent(ip, now) {
 				return tooMany(c, time.Second, "from this address (too many refused node tokens)")
 			}
@@ -194,7 +210,7 @@ func (s *Server) limitByClient(next echo.HandlerFunc) echo.HandlerFunc {
 			}
 			return err
 		case isAPI(c) || r.Method == http.MethodPost:
-			if ok, wait := s.limits.ip.allow(clientIP(r), now); !ok {
+			if ok, wait := s.limits.ip.allow(ClientIP(r), now); !ok {
 				return tooMany(c, wait, "from this address")
 			}
 		}
@@ -209,13 +225,8 @@ func (s *Server) limitByToken(next echo.HandlerFunc) echo.HandlerFunc {
 		if s.limits.token == nil || !isAPI(c) || isAgentAPI(c) || c.Get(ctxUser) == nil {
 			return next(c)
 		}
-		r := c.Request()
-		var key string
-		if tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
-			key = secretKey("api:", strings.TrimSpace(tok))
-		} else if ck, err := c.Cookie(sessionCookie); err == nil {
-			key = secretKey("session:", ck.Value)
-		} else {
+		key, ok := CallerKey(c.Request())
+		if !ok {
 			return next(c)
 		}
 		if ok, wait := s.limits.token.allow(key, time.Now()); !ok {

@@ -36,15 +36,14 @@
 package apf
 
 import (
-	"crypto/sha256"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/allotlabs/allot/web"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -156,22 +155,10 @@ func Classify(r *http.Request) (levelName, flowKey string) {
 // flowOf is r's caller: its bearer token or session cookie (digested: no
 // secret is kept), else its connection's peer address.
 func flowOf(r *http.Request) string {
-	if tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && strings.TrimSpace(tok) != "" {
-		return digest("token:", strings.TrimSpace(tok))
+	if key, ok := web.CallerKey(r); ok {
+		return key
 	}
-	if ck, err := r.Cookie("allot_session"); err == nil && ck.Value != "" {
-		return digest("session:", ck.Value)
-	}
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		host = r.RemoteAddr
-	}
-	return "ip:" + host
-}
-
-func digest(kind, secret string) string {
-	sum := sha256.Sum256([]byte(secret))
-	return kind + string(sum[:16])
+	return "ip:" + web.ClientIP(r)
 }
 
 // Handler admits each request to next by its level, queueing or refusing
