@@ -101,12 +101,16 @@ func TestUntakenOffersExpire(t *testing.T) {
 		t.Fatalf("no offer on gpu13: %v", err)
 	}
 	id := offered[0]
-	if got, err := st.ExpireOffers(ctx, st.Now().Add(-time.Minute)); err != nil || len(got) != 0 {
+	// One deadline for every node, no resend.
+	expire := func(cutoff time.Time) ([]int64, error) {
+		return st.ExpireStaleOffers(ctx, store.OfferDeadlines{Silent: cutoff, Live: cutoff})
+	}
+	if got, err := expire(st.Now().Add(-time.Minute)); err != nil || len(got) != 0 {
 		t.Fatalf("fresh offer expired: %v %v", got, err)
 	}
-	got, err := st.ExpireOffers(ctx, st.Now().Add(time.Minute))
+	got, err := expire(st.Now().Add(time.Minute))
 	if err != nil || fmt.Sprint(got) != fmt.Sprint(offered) {
-		t.Fatalf("ExpireOffers = %v, %v; want %v", got, err, offered)
+		t.Fatalf("ExpireStaleOffers = %v, %v; want %v", got, err, offered)
 	}
 	j, err := st.GetJob(ctx, id)
 	if err != nil {

@@ -549,7 +549,7 @@ func (s *Store) lockLease(ctx context.Context, node string, r LeaseRef) (string,
 // It commits without waiting for the WAL to reach the disk (synchronous
 // commit off for its own transaction): a take lost with a PostgreSQL crash
 // leaves the lease offered, which is what the server had before; the
-// offer is sent again (ExpireOffers' resend for a node that still
+// offer is sent again (ExpireStaleOffers' resend for a node that still
 // heartbeats, or the agent's next registration) and the agent, which
 // still holds the lease as taken, takes it again (taking is idempotent).
 // No process runs on a lost take: start orders go out only from
@@ -970,15 +970,6 @@ func (s *Store) JobLog(ctx context.Context, jobID int64) ([]string, error) {
 	var lines []string
 	err := s.db.QueryRow(ctx, `SELECT log_tail FROM jobs WHERE id = $1`, jobID).Scan(&lines)
 	return lines, mapErr(fmt.Sprintf("loading log of job %d", jobID), err)
-}
-
-// ExpireOffers undoes starts whose gang did not take all its leases by
-// cutoff (an agent refused or never answered): the leases end, the GPUs are
-// released, and the job goes back to the queue (allot.ExpiredOffer). It
-// returns the jobs it requeued. It is ExpireStaleOffers with one deadline
-// for every node and no resend.
-func (s *Store) ExpireOffers(ctx context.Context, cutoff time.Time) ([]int64, error) {
-	return s.ExpireStaleOffers(ctx, OfferDeadlines{Silent: cutoff, Live: cutoff})
 }
 
 // OfferDeadlines are when an offer that was not taken expires, or is sent

@@ -495,7 +495,7 @@ func (s *Store) SeedDemoMetering(ctx context.Context, from, upTo time.Time) erro
 // BackfillTeamUsage sets every team's decayed fair-share usage from all its
 // allocations up to now, each weighted by 0.5^(age of its midpoint ÷
 // halfLife), as if the decay job had run all along. A new installation
-// with imported history (and the demo) starts from it; DecayUsage carries
+// with imported history (and the demo) starts from it; DecayUsageEvery carries
 // it on.
 func (s *Store) BackfillTeamUsage(ctx context.Context, halfLife time.Duration) error {
 	_, err := s.db.Exec(ctx, `

@@ -743,18 +743,12 @@ func (s *Store) LastCycleAt(ctx context.Context) (time.Time, error) {
 	return *at, nil
 }
 
-// DecayUsage applies the half-life to every team's fair-share usage and
-// adds the GPU-seconds allocated since the last decay. It is idempotent in
-// time: running it twice at the same instant adds nothing.
-func (s *Store) DecayUsage(ctx context.Context, halfLife time.Duration) error {
-	_, err := s.DecayUsageEvery(ctx, halfLife, 0)
-	return err
-}
-
-// DecayUsageEvery is DecayUsage when the last decay (the oldest team's) is
-// period or more ago, as Slurm recomputes its fair-share usage every
+// DecayUsageEvery applies the half-life to every team's fair-share usage
+// and adds the GPU-seconds allocated since the last decay, when that decay
+// (the oldest team's) is period or more ago, as Slurm recomputes its fair-share usage every
 // PriorityCalcPeriod; otherwise it only gives new teams their row (no
-// usage). It reports whether it decayed. period 0 decays now.
+// usage). It reports whether it decayed. period 0 decays now; it is
+// idempotent in time: decaying twice at the same instant adds nothing.
 func (s *Store) DecayUsageEvery(ctx context.Context, halfLife, period time.Duration) (bool, error) {
 	now := s.Now()
 	_, err := s.db.Exec(ctx, `
