@@ -69,7 +69,7 @@ func BenchmarkChargebackCSV1M(b *testing.B) {
 				}
 			}()
 			b.ResetTimer()
-			start := time.Now()
+			start := time.Now() // stopwatch
 			var lines int
 			for range b.N {
 				req, _ := http.NewRequest("GET", url, nil)
@@ -135,7 +135,7 @@ func BenchmarkTeamDashboardYear(b *testing.B) {
 		for range 200 {
 			req, _ := http.NewRequest("GET", m.URL()+"/api/v1/teams/nlp/budget", nil)
 			req.Header.Set("Authorization", "Bearer "+token)
-			t0 := time.Now()
+			t0 := time.Now() // stopwatch
 			resp, err := http.DefaultClient.Do(req)
 			if err != nil {
 				b.Fatal(err)

@@ -125,7 +125,7 @@ func bootBench(b *testing.B, agents bool) *benchEnv {
 		if stopAgents, err = startDevAgents(ctx, m, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
 			b.Fatal(err)
 		}
-		deadline := time.Now().Add(30 * time.Second)
+		deadline := time.Now().Add(30 * time.Second) // deadline (real time)
 		for {
 			var down int
 			if err := m.Pool.QueryRow(ctx, `SELECT count(*) FROM nodes WHERE state <> 'up'`).Scan(&down); err != nil {
@@ -134,7 +134,7 @@ func bootBench(b *testing.B, agents bool) *benchEnv {
 			if down == 0 {
 				break
 			}
-			if time.Now().After(deadline) {
+			if time.Now().After(deadline) { // deadline (real time)
 				b.Fatalf("%d dev nodes still not up after 30 s", down)
 			}
 			time.Sleep(50 * time.Millisecond)
@@ -212,7 +212,7 @@ func (e *benchEnv) firstOutputLatencies(n int, budget time.Duration, quiet bool)
 		if err != nil {
 			b.Fatal(err)
 		}
-		deadline := time.Now().Add(30 * time.Second)
+		deadline := time.Now().Add(30 * time.Second) // deadline (real time)
 		for {
 			var d *time.Duration
 			if err := e.m.Pool.QueryRow(ctx, `SELECT first_output_at - submitted_at FROM jobs WHERE id = $1`, id).Scan(&d); err != nil {
@@ -222,7 +222,7 @@ func (e *benchEnv) firstOutputLatencies(n int, budget time.Duration, quiet bool)
 				lat = append(lat, *d)
 				break
 			}
-			if time.Now().After(deadline) {
+			if time.Now().After(deadline) { // deadline (real time)
 				var state, reason string
 				e.m.Pool.QueryRow(ctx, `SELECT state, pending_reason FROM jobs WHERE id = $1`, id).Scan(&state, &reason) //nolint:errcheck
 				b.Fatalf("job %d (#%d): no output after 30 s; it is %s: %s", id, i, state, reason)
@@ -231,7 +231,7 @@ func (e *benchEnv) firstOutputLatencies(n int, budget time.Duration, quiet bool)
 		}
 		for quiet && e.count(`SELECT count(*) FROM jobs WHERE id = $1 AND ended_at IS NULL`, id)+
 			e.count(`SELECT count(*) FROM river_job WHERE kind = 'schedule_cycle' AND finalized_at IS NULL`) > 0 {
-			if time.Now().After(deadline) {
+			if time.Now().After(deadline) { // deadline (real time)
 				b.Fatalf("job %d (#%d) not ended or the scheduler not idle 30 s after its submit", id, i)
 			}
 			time.Sleep(2 * time.Millisecond)
@@ -319,7 +319,7 @@ func BenchmarkSubmitThroughput(b *testing.B) {
 		wg      sync.WaitGroup
 	)
 	b.ResetTimer()
-	start := time.Now()
+	start := time.Now() // stopwatch
 	for range workers {
 		wg.Go(func() {
 			for {
@@ -327,7 +327,7 @@ func BenchmarkSubmitThroughput(b *testing.B) {
 				if i >= total {
 					return
 				}
-				t0 := time.Now()
+				t0 := time.Now() // stopwatch
 				id, err := e.submit(bodies[i%int64(len(bodies))])
 				d := time.Since(t0)
 				mu.Lock()
@@ -360,7 +360,7 @@ func BenchmarkSubmitThroughput(b *testing.B) {
 			settle = time.Since(lastSubmit)
 			break
 		}
-		if time.Now().After(deadline) {
+		if time.Now().After(deadline) { // deadline (real time)
 			b.Fatalf("%d of %d jobs still unseen by a scheduling cycle 90 s after the last submit", left, total)
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -420,7 +420,7 @@ func BenchmarkHeartbeatIngest(b *testing.B) {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	regErr := make(chan error, agents)
-	regStart := time.Now()
+	regStart := time.Now() // stopwatch
 	for range 16 {
 		wg.Go(func() {
 			for {
@@ -475,7 +475,7 @@ func BenchmarkHeartbeatIngest(b *testing.B) {
 			wg    sync.WaitGroup
 		)
 		work := make(chan time.Time, concurrency)
-		start := time.Now()
+		start := time.Now() // stopwatch
 		end := start.Add(d)
 		send := func(intended time.Time) {
 			i := int(agent.Add(1)-1) % agents

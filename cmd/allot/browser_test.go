@@ -75,7 +75,7 @@ func (b browserSteps) text(sel string) string {
 		if v != nil {
 			return strings.TrimSpace(*v)
 		}
-		if time.Now().After(deadline) {
+		if time.Now().After(deadline) { // deadline (real time)
 			b.t.Fatalf("reading %s: no such element after 10 s", sel)
 		}
 		time.Sleep(50 * time.Millisecond)

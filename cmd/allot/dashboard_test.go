@@ -707,7 +707,7 @@ func BenchmarkDashboardPagesYear(b *testing.B) {
 		for range benchRequests {
 			req, _ := http.NewRequest("GET", m.URL()+path, nil)
 			req.Header.Set("Authorization", "Bearer "+tokens[persona])
-			t0 := time.Now()
+			t0 := time.Now() // stopwatch
 			resp, err := http.DefaultClient.Do(req)
 			if err != nil {
 				b.Fatal(err)

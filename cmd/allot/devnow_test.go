@@ -89,7 +89,7 @@ func TestDevNow(t *testing.T) {
 		if err == nil && strings.Contains(string(env), "ALLOT_URL") {
 			break
 		}
-		if time.Now().After(wait) {
+		if time.Now().After(wait) { // deadline (real time)
 			t.Fatalf("no tokens file: %v\n%s", err, stderr.String())
 		}
 	}
@@ -129,7 +129,7 @@ func TestDevNow(t *testing.T) {
 		if code == 200 && len(cb.Teams) == 3 && cb.Total.Amount != "" && cb.Total.Amount != "0.00" {
 			break
 		}
-		if time.Now().After(deadline) {
+		if time.Now().After(deadline) { // deadline (real time)
 			t.Fatalf("no bill for February 2027 after 60 s: %d %+v", code, cb.Teams)
 		}
 		time.Sleep(500 * time.Millisecond)
@@ -154,7 +154,7 @@ func TestDevNow(t *testing.T) {
 		if up == 16 {
 			break
 		}
-		if time.Now().After(deadline) {
+		if time.Now().After(deadline) { // deadline (real time)
 			t.Fatalf("%d of 16 nodes up after 60 s", up)
 		}
 		time.Sleep(500 * time.Millisecond)
@@ -183,7 +183,7 @@ func TestDevNow(t *testing.T) {
 			get(fmt.Sprintf("/api/v1/jobs/%d/log", job.ID), tokens["ALLOT_TOKEN"], &log)
 			if l := strings.Join(log.Lines, "\n"); strings.Contains(l, "train: args ['--lr', '3e-4']") {
 				break
-			} else if time.Now().After(wait) || strings.Contains(l, "can't open file") {
+			} else if time.Now().After(wait) || strings.Contains(l, "can't open file") { // deadline (real time)
 				t.Fatalf("the README example did not run in the demo's job directory: %q", l)
 			}
 		}

@@ -50,7 +50,7 @@ func launchDev(t *testing.T, args ...string) *devRun {
 func startDev(t *testing.T, args ...string) *devRun {
 	t.Helper()
 	d := launchDev(t, args...)
-	deadline := time.Now().Add(90 * time.Second)
+	deadline := time.Now().Add(90 * time.Second) // deadline (real time)
 	for !strings.Contains(d.Stdout.String(), "Ctrl-C stops everything") {
 		select {
 		case code := <-d.done:
@@ -58,7 +58,7 @@ func startDev(t *testing.T, args ...string) *devRun {
 			t.Fatalf("allot dev %v exited early with %d:\n%s\n%s", args, code, d.Stdout, d.Stderr)
 		case <-time.After(50 * time.Millisecond):
 		}
-		if time.Now().After(deadline) {
+		if time.Now().After(deadline) { // deadline (real time)
 			t.Fatalf("allot dev %v did not finish starting:\n%s\n%s", args, d.Stdout, d.Stderr)
 		}
 	}
@@ -404,8 +404,8 @@ func TestDevLogLevel(t *testing.T) {
 	loudArgs, _ := devArgs(t, "--no-agents", "--no-oidc", "--log-level", "DEBUG")
 	quiet, loud := launchDev(t, quietArgs...), launchDev(t, loudArgs...)
 	for _, d := range []*devRun{quiet, loud} {
-		deadline := time.Now().Add(90 * time.Second)
-		for !strings.Contains(d.Stdout.String(), "Ctrl-C stops everything") && time.Now().Before(deadline) {
+		deadline := time.Now().Add(90 * time.Second)                                                         // deadline (real time)
+		for !strings.Contains(d.Stdout.String(), "Ctrl-C stops everything") && time.Now().Before(deadline) { // deadline (real time)
 			time.Sleep(50 * time.Millisecond)
 		}
 	}

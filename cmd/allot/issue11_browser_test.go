@@ -56,8 +56,8 @@ func TestBrowserConfirmDialog(t *testing.T) {
 		t.Fatalf("the dialog did not survive the page's refresh: open=%v %v", open, err)
 	}
 	b.do(chromedp.Click(css(`[data-testid="cancel-yes"]`)))
-	deadline := time.Now().Add(10 * time.Second)
-	for state() != "cancelled" && time.Now().Before(deadline) {
+	deadline := time.Now().Add(10 * time.Second)                // deadline (real time)
+	for state() != "cancelled" && time.Now().Before(deadline) { // deadline (real time)
 		time.Sleep(100 * time.Millisecond)
 	}
 	if s := state(); s != "cancelled" {

@@ -149,9 +149,9 @@ func (l *live) waitNode(node, state string) {
 
 func (l *live) eventually(limit time.Duration, what string, ok func() bool) {
 	l.t.Helper()
-	deadline := time.Now().Add(limit)
+	deadline := time.Now().Add(limit) // deadline (real time)
 	for !ok() {
-		if time.Now().After(deadline) {
+		if time.Now().After(deadline) { // deadline (real time)
 			l.t.Fatalf("timed out after %v waiting for %s", limit, what)
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -183,13 +183,13 @@ func (l *live) job(id int64) web.JobJSON {
 func (l *live) waitJob(id int64, limit time.Duration, pred func(web.JobJSON) bool, what string) web.JobJSON {
 	l.t.Helper()
 	var j web.JobJSON
-	deadline := time.Now().Add(limit)
+	deadline := time.Now().Add(limit) // deadline (real time)
 	for {
 		j = l.job(id)
 		if pred(j) {
 			return j
 		}
-		if time.Now().After(deadline) {
+		if time.Now().After(deadline) { // deadline (real time)
 			lines, _ := l.m.Store.JobLog(context.Background(), id)
 			l.t.Fatalf("timed out after %v waiting for job %d %s; it is %s (segment %d): %s %s; log: %q", limit, id, what, j.State, j.Segment, j.PendingReason, j.EndReason, lines)
 		}
@@ -320,7 +320,7 @@ func TestLivePreemption(t *testing.T) {
 	// moment later.
 	var b []byte
 	deadline := time.Now().Add(10 * time.Second)
-	for string(b) != "run 1\nterm\nrun 2\n" && time.Now().Before(deadline) {
+	for string(b) != "run 1\nterm\nrun 2\n" && time.Now().Before(deadline) { // deadline (real time)
 		time.Sleep(20 * time.Millisecond)
 		b, _ = os.ReadFile(filepath.Join(dir, "runs"))
 	}

@@ -181,7 +181,7 @@ func TestLoadtestBadFlags(t *testing.T) {
 		{[]string{"--duration", "soon"}, "invalid value"},
 	} {
 		var out, errb bytes.Buffer
-		start := time.Now()
+		start := time.Now() // stopwatch
 		code := cmdLoadtest(c.args, &out, &errb)
 		if code != 2 || !strings.Contains(errb.String(), c.want) {
 			t.Errorf("%q: exit %d, stderr %q; want exit 2 saying %q", c.args, code, errb.String(), c.want)

@@ -99,8 +99,8 @@ func TestMonitoringDashboardsAgainstPrometheus(t *testing.T) {
 	for i := range queries {
 		failing[i] = "not asked"
 	}
-	deadline := time.Now().Add(15 * time.Second)
-	for len(failing) > 0 && time.Now().Before(deadline) {
+	deadline := time.Now().Add(15 * time.Second)          // deadline (real time)
+	for len(failing) > 0 && time.Now().Before(deadline) { // deadline (real time)
 		for i := range failing {
 			if why := prom.check(queries[i]); why == "" {
 				delete(failing, i)
@@ -374,7 +374,7 @@ scrape_configs:
 				return p
 			}
 		}
-		if time.Now().After(deadline) {
+		if time.Now().After(deadline) { // deadline (real time)
 			b, _ := os.ReadFile(filepath.Join(dir, "prometheus.log"))
 			t.Fatalf("prometheus not ready after 15 s: %v\n%s", err, b)
 		}
@@ -407,7 +407,7 @@ func (p *promServer) api(path string, query url.Values, v any) error {
 // waitTargetsUp waits until every scrape target is up.
 func (p *promServer) waitTargetsUp(t *testing.T, limit time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(limit)
+	deadline := time.Now().Add(limit) // deadline (real time)
 	for {
 		var d struct {
 			ActiveTargets []struct {
@@ -426,7 +426,7 @@ func (p *promServer) waitTargetsUp(t *testing.T, limit time.Duration) {
 		if err == nil && len(d.ActiveTargets) == 4 && len(down) == 0 {
 			return
 		}
-		if time.Now().After(deadline) {
+		if time.Now().After(deadline) { // deadline (real time)
 			t.Fatalf("scrape targets not all up after %v (%d targets, %v): %s", limit, len(d.ActiveTargets), err, strings.Join(down, "; "))
 		}
 		time.Sleep(200 * time.Millisecond)
@@ -482,7 +482,7 @@ func (p *promServer) value(expr string) (float64, error) {
 // whose evaluation errs.
 func (p *promServer) checkRules(t *testing.T) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(10 * time.Second) // deadline (real time)
 	for {
 		var d struct {
 			Groups []struct {
@@ -521,7 +521,7 @@ func (p *promServer) checkRules(t *testing.T) {
 		if len(unknown) == 0 {
 			return
 		}
-		if time.Now().After(deadline) {
+		if time.Now().After(deadline) { // deadline (real time)
 			t.Fatalf("alert rules never evaluated: %v", unknown)
 		}
 		time.Sleep(200 * time.Millisecond)

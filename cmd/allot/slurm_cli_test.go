@@ -252,7 +252,7 @@ func TestSlurmShowSharePrio(t *testing.T) {
 		if d.Queue != nil && d.Queue.Ranked && d.PriorityBreakdown.Order == "response" {
 			break
 		}
-		if time.Now().After(deadline) {
+		if time.Now().After(deadline) { // deadline (real time)
 			t.Fatalf("job %d was not ranked by a cycle under the response order: %+v", a, d.Queue)
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -385,7 +385,7 @@ func TestSlurmShowSharePrio(t *testing.T) {
 		if done {
 			break
 		}
-		if time.Now().After(deadline) {
+		if time.Now().After(deadline) { // deadline (real time)
 			t.Fatalf("no cycle under the multifactor order: %+v", p)
 		}
 		time.Sleep(100 * time.Millisecond)

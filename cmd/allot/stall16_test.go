@@ -158,7 +158,7 @@ func TestStalledClientsCannotStallTheControlPlane(t *testing.T) {
 		// (207 ms was seen once), and still fails on any stall.
 		bound = time.Second
 	)
-	began := time.Now()
+	began := time.Now() // stopwatch
 	e := stallRig(t, Config{HTTP: HTTPLimits{BodyTimeout: bodyTimeout, ExportStallTimeout: stallAfter}})
 	ctx := context.Background()
 	month := bigMonth(t, e, 40_000)
@@ -176,7 +176,7 @@ func TestStalledClientsCannotStallTheControlPlane(t *testing.T) {
 		if body != "" {
 			req.Header.Set("Content-Type", "application/json")
 		}
-		t0 := time.Now()
+		t0 := time.Now() // stopwatch
 		resp, err := hc.Do(req)
 		if err != nil {
 			t.Errorf("%s %s: %v", method, path, err)
@@ -190,9 +190,9 @@ func TestStalledClientsCannotStallTheControlPlane(t *testing.T) {
 	// for at least atLeast.
 	measure := func(tag string, atLeast time.Duration) map[string][]time.Duration {
 		out := map[string][]time.Duration{}
-		began := time.Now()
+		began := time.Now() // stopwatch
 		for i := 0; i < samples || time.Since(began) < atLeast; i++ {
-			t0 := time.Now()
+			t0 := time.Now() // stopwatch
 			if _, err := agent.Heartbeat(ctx, beatOf("stall01")); err != nil {
 				t.Errorf("%s: heartbeat %d: %v", tag, i, err)
 			}
@@ -229,7 +229,7 @@ func TestStalledClientsCannotStallTheControlPlane(t *testing.T) {
 	// times on a quiet server, for comparison.
 	req, _ := http.NewRequest("GET", e.url+"/api/v1/chargeback.csv?month="+month, nil)
 	req.Header.Set("Authorization", "Bearer "+e.tokens[demo.Finance])
-	t0 := time.Now()
+	t0 := time.Now() // stopwatch
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -259,10 +259,10 @@ func TestStalledClientsCannotStallTheControlPlane(t *testing.T) {
 	}
 	for i, c := range conns {
 		status := make([]byte, 12)
-		c.SetReadDeadline(time.Now().Add(20 * time.Second))
+		c.SetReadDeadline(time.Now().Add(20 * time.Second)) // socket deadline (real time)
 		if _, err := io.ReadFull(c, status); err != nil || string(status) != "HTTP/1.1 200" {
 			rest := make([]byte, 2000)
-			c.SetReadDeadline(time.Now().Add(time.Second))
+			c.SetReadDeadline(time.Now().Add(time.Second)) // socket deadline (real time)
 			n, _ := io.ReadAtLeast(c, rest, 1)
 			t.Fatalf("stalled client %d: %q %v %s", i, status, err, rest[:n])
 		}
@@ -428,7 +428,7 @@ func TestStalledClientsCannotStallTheControlPlane(t *testing.T) {
 	var readers sync.WaitGroup
 	for i, c := range conns {
 		readers.Go(func() {
-			c.SetReadDeadline(time.Now().Add(3 * time.Second))
+			c.SetReadDeadline(time.Now().Add(3 * time.Second)) // socket deadline (real time)
 			n, _ := io.Copy(io.Discard, c)
 			if n+12 >= full {
 				t.Errorf("stalled client %d got the whole CSV (%d bytes): it was not dropped", i, n+12)

@@ -175,9 +175,9 @@ func (z *zero) apiAs(token, method, path, body string) (int, []byte) {
 
 func (z *zero) eventually(limit time.Duration, what string, ok func() bool) {
 	z.t.Helper()
-	deadline := time.Now().Add(limit)
+	deadline := time.Now().Add(limit) // deadline (real time)
 	for !ok() {
-		if time.Now().After(deadline) {
+		if time.Now().After(deadline) { // deadline (real time)
 			z.t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(200 * time.Millisecond)

@@ -43,7 +43,7 @@ func benchStart(b *testing.B, edit func(*Config), lease func(i int) agentproto.L
 		a.mu.Lock()
 		a.jobs[r] = &job{ref: r, lease: l, state: stateTaken}
 		a.mu.Unlock()
-		t0 := time.Now()
+		t0 := time.Now() // stopwatch
 		a.start(r)
 		out := filepath.Join(a.leasesDir(), leaseName(r), "output.log")
 		for {

@@ -86,7 +86,7 @@ func TestMetricsPortTaken(t *testing.T) {
 	}
 	ln.Close()
 	var body []byte
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) { // deadline (real time)
 		resp, err := http.Get("http://" + addr + "/metrics")
 		if err == nil {
 			body, _ = io.ReadAll(resp.Body)

@@ -65,10 +65,10 @@ func newPeerAt(t *testing.T, addr string) *peer {
 	}
 	var ln net.Listener
 	var err error
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(5 * time.Second) // deadline (real time)
 	for {
 		ln, err = net.Listen("tcp", addr)
-		if err == nil || time.Now().After(deadline) {
+		if err == nil || time.Now().After(deadline) { // deadline (real time)
 			break
 		}
 		time.Sleep(20 * time.Millisecond)

@@ -631,9 +631,9 @@ func TestPolicyWorkerFollowsThePolicy(t *testing.T) {
 	}
 	eventually := func(what string, ok func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
+		deadline := time.Now().Add(30 * time.Second) // deadline (real time)
 		for !ok() {
-			if time.Now().After(deadline) {
+			if time.Now().After(deadline) { // deadline (real time)
 				t.Fatalf("timed out waiting for %s", what)
 			}
 			time.Sleep(20 * time.Millisecond)

@@ -18,8 +18,8 @@ import (
 // lock (true) or done is closed first (false).
 func (b bundle) waitForLockWait(t *testing.T, done <-chan struct{}) bool {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
+	deadline := time.Now().Add(10 * time.Second) // deadline (real time)
+	for time.Now().Before(deadline) {            // deadline (real time)
 		select {
 		case <-done:
 			return false

@@ -45,7 +45,7 @@ func BenchmarkMetricsState50kPending10kNodes(b *testing.B) {
 	}
 	b.ResetTimer()
 	for range b.N {
-		start := time.Now()
+		start := time.Now() // stopwatch
 		s, err := st.MetricsState(ctx)
 		if err != nil {
 			b.Fatal(err)
