@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allotlabs/allot/internal/apf"
 	"github.com/allotlabs/allot/internal/demo"
 	"github.com/allotlabs/allot/internal/loadtest"
 	"github.com/allotlabs/allot/internal/store/storetest"
@@ -41,8 +42,11 @@ func TestLoadtestSelfHosted(t *testing.T) {
 	if err := dec.Decode(&rep); err != nil {
 		t.Fatalf("report is not the JSON of a Report: %v\n%s", err, out.String())
 	}
-	if rep.DurationS < 2.9 || rep.DurationS > 5 {
-		t.Errorf("measured window %.1f s, want about 3 s", rep.DurationS)
+	// The window ends when the last call in flight has; a call may wait
+	// for a slot of the booted server's admission control for up to its
+	// queue wait (apf.Default: 10 s) on a loaded machine.
+	if most := 3 + apf.Default.Write.QueueWait.Seconds(); rep.DurationS < 2.9 || rep.DurationS > most {
+		t.Errorf("measured window %.1f s, want 3 s to %.0f s", rep.DurationS, most)
 	}
 	if rep.Config.WarmupS != 1 || rep.Config.Agents != 6 || rep.Config.Submitters != 4 || rep.Config.Pending != 200 || rep.Config.Nodes != 20 || !rep.Config.Pages {
 		t.Errorf("config echo: %+v", rep.Config)
