@@ -53,10 +53,15 @@ func TestHeartbeatShowsLoadOnBusyGPUsOnly(t *testing.T) {
 	p := newPeer(t)
 	ta := startAgent(t, p)
 	s := ta.run(t, shLease(11, []int{1, 2}, "echo up; exec sleep 30"))
+	// A heartbeat sampled while the shim was still placing the job in its
+	// cgroup lists the job with no processes yet (CI saw RSS 0 once), so
+	// wait for the job's own line, then for a heartbeat that counts its
+	// memory (they come every 50 ms here).
+	p.waitLogLine(ref(11), "up", 5*time.Second)
 	var hb agentproto.Heartbeat
-	p.waitFor("heartbeat with the job", 5*time.Second, func() bool {
+	p.waitFor("heartbeat with the job's memory", 5*time.Second, func() bool {
 		for _, h := range p.hbs {
-			if len(h.Jobs) == 1 && h.Jobs[0].JobID == 11 {
+			if len(h.Jobs) == 1 && h.Jobs[0].JobID == 11 && h.Jobs[0].RSSBytes > 0 {
 				hb = h
 				return true
 			}
