@@ -37,8 +37,12 @@ func (s *Server) agentNode(c echo.Context) (string, error) {
 	}
 	node, err := st.NodeByToken(c.Request().Context(), strings.TrimSpace(tok))
 	if err != nil {
+		if allot.ErrorCode(err) == allot.EUnauthorized {
+			s.contacts.forgetToken(c.Request())
+		}
 		return "", err
 	}
+	s.contacts.learn(c.Request(), node, s.st.Now())
 	c.Set(ctxNode, node)
 	return node, nil
 }

@@ -148,6 +148,7 @@ func (s *Server) apiRevokeNodeTokens(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	s.contacts.forgetNode(c.Param("name"))
 	return writeJSON(c, http.StatusOK, NodeTokenRevoked{Revoked: nodeTokensJSON(list), Changed: len(list) > 0})
 }
 
@@ -174,6 +175,7 @@ func (s *Server) apiRevokeNodeToken(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	s.contacts.forgetNode(t.Node) // its other tokens are learnt again at their next request
 	return writeJSON(c, http.StatusOK, NodeTokenRevoked{Revoked: []NodeTokenJSON{nodeTokenJSON(&t)}, Changed: changed})
 }
 
@@ -309,6 +311,8 @@ func (s *Server) adminRevokeNodeTokenForm(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	// Its other tokens are learnt again at their next request.
+	s.contacts.forgetNode(t.Node)
 	_ = changed // revoking a revoked token again: the same page
 	return redirect(c, "/admin/node-tokens?revoked="+strconv.FormatInt(t.ID, 10))
 }

@@ -102,6 +102,7 @@ type Server struct {
 	exportSt *store.Store // exports' and statements' store (Config.ExportStore, else st)
 	limits   limiters
 	oidc     *oidcClient // nil without SSO
+	contacts *contacts   // node tokens seen, and refused heartbeats heard (contacts.go)
 }
 
 const (
@@ -130,7 +131,7 @@ func New(cfg Config) *Server {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	s := &Server{cfg: cfg, notifier: cfg.Notifier, e: e, http: metric.NewHTTP(cfg.Registry), log: cfg.Logger, st: cfg.Store,
-		agentSt: cfg.AgentStore, exportSt: cfg.ExportStore, limits: newLimiters(cfg.RateLimits)}
+		agentSt: cfg.AgentStore, exportSt: cfg.ExportStore, limits: newLimiters(cfg.RateLimits), contacts: newContacts()}
 	if s.agentSt == nil {
 		s.agentSt = cfg.Store
 	}

@@ -333,6 +333,9 @@ func (m *Main) Run(ctx context.Context) error {
 					if err := m.Store.AnnounceServer(bg, m.serverID); err != nil && bg.Err() == nil {
 						m.Logger.Warn("announcing server", "err", err)
 					}
+					if err := srv.RecordContacts(bg); err != nil && bg.Err() == nil {
+						m.Logger.Warn("recording refused heartbeats", "err", err)
+					}
 				}
 			}
 		}()
@@ -340,7 +343,9 @@ func (m *Main) Run(ctx context.Context) error {
 		// web/deadlines.go); the body has its own deadline.
 		// Admission control wraps the whole server: a request is queued or
 		// refused before it costs a token lookup.
-		m.http = &http.Server{Handler: apf.New(m.Admission, m.Registry).Handler(srv.Handler()), ReadHeaderTimeout: limits.ReadHeaderTimeout, WriteTimeout: limits.WriteTimeout,
+		admission := apf.New(m.Admission, m.Registry)
+		admission.RefusedHeartbeat = srv.RefusedAgentRequest
+		m.http = &http.Server{Handler: admission.Handler(srv.Handler()), ReadHeaderTimeout: limits.ReadHeaderTimeout, WriteTimeout: limits.WriteTimeout,
 			IdleTimeout: limits.IdleTimeout, ConnContext: web.WithConn}
 		m.http.RegisterOnShutdown(srv.Notifier().Close)
 		m.served = make(chan error, 1)

@@ -12,6 +12,9 @@ type HTTP struct {
 	Requests *prometheus.CounterVec
 	Duration *prometheus.HistogramVec
 	InFlight prometheus.Gauge
+	// KnownRefusedHeartbeats counts heartbeats admission control refused
+	// with a node token this server knew: signs of their nodes' life.
+	KnownRefusedHeartbeats prometheus.Counter
 }
 
 // NewHTTP creates the HTTP metrics and registers them on reg.
@@ -27,8 +30,12 @@ func NewHTTP(reg prometheus.Registerer) *HTTP {
 		InFlight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "allot_http_requests_in_flight", Help: "HTTP requests being served.",
 		}),
+		KnownRefusedHeartbeats: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "allot_refused_heartbeats_counted_total",
+			Help: "Heartbeats refused by admission control (the server was overloaded) with a node token that authenticated here in the last 10 minutes: counted as their node's sign of life, so it is not marked down.",
+		}),
 	}
-	reg.MustRegister(m.Requests, m.Duration, m.InFlight)
+	reg.MustRegister(m.Requests, m.Duration, m.InFlight, m.KnownRefusedHeartbeats)
 	return m
 }
 

@@ -1174,8 +1174,27 @@ func (s *Store) LostNodes(ctx context.Context, interval time.Duration) ([]string
 	return s.MarkLostNodes(ctx, now.Add(-after))
 }
 
+// RecordContacts records that nodes[i] knocked at at[i]: its agent sent a
+// heartbeat, with a token that had authenticated as that node, which an
+// overloaded API server refused before reading it
+// (web.Server.RecordContacts). MarkLostNodes counts it as a sign of life.
+// It never moves a contact back.
+func (s *Store) RecordContacts(ctx context.Context, nodes []string, at []time.Time) error {
+	if len(nodes) == 0 {
+		return nil
+	}
+	if len(at) != len(nodes) {
+		return fmt.Errorf("recording refused heartbeats: %d nodes, %d times", len(nodes), len(at))
+	}
+	_, err := s.db.Exec(ctx, `UPDATE nodes n SET last_contact = c.at
+		FROM unnest($1::text[], $2::timestamptz[]) AS c(node, at)
+		WHERE n.name = c.node AND (n.last_contact IS NULL OR n.last_contact < c.at)`, nodes, at)
+	return mapErr("recording refused heartbeats", err)
+}
+
 // MarkLostNodes marks down every node that has sent no heartbeat since
-// before cutoff. Its unfinished leases end at the last heartbeat (usage is
+// before cutoff, and whose refused heartbeats (RecordContacts) stopped
+// before cutoff too. Its unfinished leases end at the last heartbeat (usage is
 // billed up to then; allot.LostLeaseEnd); checkpointable jobs go back to
 // the queue, others fail with reason node_lost (allot.SettleSegment). GPUs
 // held for its orphans are released at the last heartbeat too (nobody gets
@@ -1186,7 +1205,11 @@ func (s *Store) MarkLostNodes(ctx context.Context, cutoff time.Time) ([]string, 
 	err := s.InTx(ctx, func(tx *Store) error {
 		rows, err := tx.db.Query(ctx, `
 			UPDATE nodes SET state = 'down', state_reason = 'no heartbeat since ' || to_char(last_heartbeat AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS UTC')
+				|| CASE WHEN last_contact > last_heartbeat
+					THEN ' (last heartbeat refused by an overloaded server at ' || to_char(last_contact AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS UTC') || ')'
+					ELSE '' END
 			WHERE state IN ('up', 'draining', 'drained') AND registered_at IS NOT NULL AND last_heartbeat < $1 AND backend = 'native'
+				AND (last_contact IS NULL OR last_contact < $1)
 			RETURNING name, last_heartbeat`, cutoff)
 		if err != nil {
 			return mapErr("marking lost nodes", err)

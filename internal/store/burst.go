@@ -289,7 +289,7 @@ func (s *Store) burstNodeRow(ctx context.Context, name string, e BurstEvent) err
 	// Released before: the same name is a new machine. It has not
 	// registered; its old tokens were revoked at its release.
 	_, err = s.db.Exec(ctx, `UPDATE nodes SET gpu_type = $2, gpu_count = $3, site = 'cloud', state = 'down', registered_at = NULL,
-			last_heartbeat = NULL, hostname = '', drain_source = '', drain_reason = '', drained_at = NULL, health_ok_since = NULL, health_output = ''
+			last_heartbeat = NULL, last_contact = NULL, hostname = '', drain_source = '', drain_reason = '', drained_at = NULL, health_ok_since = NULL, health_output = ''
 		WHERE name = $1`, name, e.GPUType, e.GPUsPerNode)
 	if err != nil {
 		return mapErr("reactivating burst node", err)

@@ -1,0 +1,130 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/allotlabs/allot/internal/agentproto"
+	"github.com/allotlabs/allot/internal/apf"
+	"github.com/allotlabs/allot/internal/demo"
+)
+
+// TestRefusedHeartbeatsKeepTheirNodeUp16: a heartbeat that an overloaded
+// server refuses before authentication, with a node token that
+// authenticated here before, is a sign of its node's life: the node is
+// not marked down (its jobs not failed) while its agent keeps knocking.
+// A token never seen, or revoked, keeps nothing alive, and once the knocks
+// stop too the node is marked down, saying why.
+func TestRefusedHeartbeatsKeepTheirNodeUp16(t *testing.T) {
+	e := bootMain(t, &Main{Config: Config{DevMode: true, HTTP: HTTPLimits{BodyTimeout: 5 * time.Minute}, Admission: apf.Config{
+		Heartbeat: apf.Limits{MaxInFlight: 1, QueueLength: 0, QueueWait: time.Minute}}}})
+	e.withTokens()
+	ctx := context.Background()
+	knocking := fakeAgent(t, e, "ctc01") // keeps knocking, refused
+	fakeAgent(t, e, "ctc02")             // silent
+	revoked := fakeAgent(t, e, "ctc03")  // knocks with a revoked token
+	holder := fakeAgent(t, e, "ctc04")   // its heartbeat holds the level's one slot
+	for _, c := range []*agentproto.Client{knocking, revoked, holder} {
+		if _, err := c.Heartbeat(ctx, beatOf("ctc")); err != nil { // authenticated here: the token is known
+			t.Fatal(err)
+		}
+	}
+	holdTok, err := e.m.Store.CreateNodeToken(ctx, "ctc04", "holds the heartbeat slot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.tokens["hold"] = holdTok
+	if code, _, b := e.api("POST", "/api/v1/nodes/ctc03/revoke-tokens", demo.Admin, ""); code != http.StatusOK {
+		t.Fatalf("revoking ctc03's tokens: %d %s", code, b)
+	}
+
+	// Every node was last heard ten minutes ago.
+	now := e.m.Store.Now()
+	if _, err := e.m.Pool.Exec(ctx, `UPDATE nodes SET last_heartbeat = $1 WHERE name LIKE 'ctc%'`, now.Add(-10*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+
+	held, pw := apfSend(e, "POST", "/api/agent/v1/heartbeat", "hold", nil)
+	waitLevel(t, e, apf.Heartbeat, 1, 0)
+	stranger := agentproto.NewClient(e.url, "alnode_"+strings.Repeat("x", 40))
+	for name, c := range map[string]*agentproto.Client{"ctc01": knocking, "ctc03 (revoked)": revoked, "a token never seen": stranger} {
+		if _, err := c.Heartbeat(ctx, beatOf("ctc")); agentproto.ErrorStatus(err) != http.StatusTooManyRequests {
+			t.Fatalf("%s: heartbeat with the level full: %v, want 429", name, err)
+		}
+	}
+	if n := admission(t, e, "allot_refused_heartbeats_counted_total"); n != 1 {
+		t.Errorf("refused heartbeats counted: %v, want 1 (ctc01's)", n)
+	}
+	if err := e.m.Server.RecordContacts(ctx); err != nil {
+		t.Fatal(err)
+	}
+	body, err := json.Marshal(beatOf("ctc04"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pw.Write(body); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+	if a := <-held; a.code != http.StatusOK {
+		t.Fatalf("the held heartbeat: %d %s", a.code, a.body)
+	}
+
+	contact := func(node string) *time.Time {
+		var at *time.Time
+		if err := e.m.Pool.QueryRow(ctx, `SELECT last_contact FROM nodes WHERE name = $1`, node).Scan(&at); err != nil {
+			t.Fatal(err)
+		}
+		return at
+	}
+	at := contact("ctc01")
+	if at == nil || at.Before(now) {
+		t.Fatalf("ctc01's last contact = %v, want at or after %v", at, now)
+	}
+	for _, n := range []string{"ctc02", "ctc03"} {
+		if c := contact(n); c != nil {
+			t.Errorf("%s's last contact = %v, want none", n, c)
+		}
+	}
+
+	// Silent for the lost window: ctc02 and ctc03 are marked down, ctc01
+	// (knocking a moment ago) is not.
+	lost, err := e.m.Store.MarkLostNodes(ctx, at.Add(-time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lost = ctcNodes(lost); strings.Join(lost, ",") != "ctc02,ctc03" {
+		t.Errorf("marked down %v, want ctc02 and ctc03", lost)
+	}
+	// The knocks stop too: ctc01 is marked down, and its reason says that
+	// its last heartbeat was refused.
+	// (ctc04's held heartbeat came a moment after the knock: it may go too.)
+	if lost, err = e.m.Store.MarkLostNodes(ctx, at.Add(time.Second)); err != nil || !slices.Contains(lost, "ctc01") {
+		t.Fatalf("marked down %v (%v), want ctc01 among them", lost, err)
+	}
+	var reason string
+	if err := e.m.Pool.QueryRow(ctx, `SELECT state_reason FROM nodes WHERE name = 'ctc01'`).Scan(&reason); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(reason, "no heartbeat since ") || !strings.Contains(reason, "last heartbeat refused by an overloaded server at ") {
+		t.Errorf("ctc01's state reason = %q", reason)
+	}
+}
+
+// ctcNodes is this test's nodes among names, sorted (the demo's own nodes
+// may be marked down beside them).
+func ctcNodes(names []string) []string {
+	var out []string
+	for _, n := range names {
+		if strings.HasPrefix(n, "ctc") {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	return out
+}

@@ -1,0 +1,138 @@
+package web
+
+import (
+	"context"
+	"net/http"
+	"sort"
+	"sync"
+	"time"
+)
+
+// contactTokenTTL is how long a node token that authenticated here is
+// recognised in a heartbeat refused before authentication. Past it (or
+// once the token fails to authenticate) a refused heartbeat with it is
+// no sign of life: a revoked token keeps no node alive for longer.
+const contactTokenTTL = 10 * time.Minute
+
+// contacts remembers, per API server, which node each recently
+// authenticated node token belongs to, and which nodes knocked with one
+// while admission control refused their heartbeat (issue 16: under a
+// 1,000-agent fill, nodes whose heartbeats were refused for 60 s were
+// marked down and their jobs failed, though every agent was alive).
+// Only digests of tokens are kept (CallerKey).
+type contacts struct {
+	mu    sync.Mutex
+	known map[string]knownToken // CallerKey → the node it authenticated as
+	heard map[string]time.Time  // node → its latest refused heartbeat, not yet recorded
+}
+
+type knownToken struct {
+	node string
+	at   time.Time // when it last authenticated
+}
+
+func newContacts() *contacts {
+	return &contacts{known: map[string]knownToken{}, heard: map[string]time.Time{}}
+}
+
+// learn records that r's bearer token authenticated as node at now.
+func (c *contacts) learn(r *http.Request, node string, now time.Time) {
+	key, ok := CallerKey(r)
+	if !ok {
+		return
+	}
+	c.mu.Lock()
+	c.known[key] = knownToken{node: node, at: now}
+	c.mu.Unlock()
+}
+
+// forgetToken drops r's bearer token (it failed to authenticate).
+func (c *contacts) forgetToken(r *http.Request) {
+	key, ok := CallerKey(r)
+	if !ok {
+		return
+	}
+	c.mu.Lock()
+	delete(c.known, key)
+	c.mu.Unlock()
+}
+
+// forgetNode drops every token of node and its unrecorded knocks (its
+// tokens were revoked, or it was retired).
+func (c *contacts) forgetNode(node string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k, t := range c.known {
+		if t.node == node {
+			delete(c.known, k)
+		}
+	}
+	delete(c.heard, node)
+}
+
+// heardFrom counts r, refused before authentication at now, as a knock of
+// the node its token authenticated as within contactTokenTTL. It reports
+// whether it did.
+func (c *contacts) heardFrom(r *http.Request, now time.Time) bool {
+	key, ok := CallerKey(r)
+	if !ok {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t, ok := c.known[key]
+	if !ok || now.Sub(t.at) > contactTokenTTL {
+		return false
+	}
+	if now.After(c.heard[t.node]) {
+		c.heard[t.node] = now
+	}
+	return true
+}
+
+// take returns the knocks heard since the last take, oldest node name
+// first, and forgets tokens not seen within contactTokenTTL of now.
+func (c *contacts) take(now time.Time) (nodes []string, at []time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for n := range c.heard {
+		nodes = append(nodes, n)
+	}
+	sort.Strings(nodes)
+	for _, n := range nodes {
+		at = append(at, c.heard[n])
+	}
+	clear(c.heard)
+	for k, t := range c.known {
+		if now.Sub(t.at) > contactTokenTTL {
+			delete(c.known, k)
+		}
+	}
+	return nodes, at
+}
+
+// RefusedAgentRequest is admission control's hook (apf.Controller.Refused):
+// a heartbeat it refused before authentication, with a node token that
+// authenticated here within the last 10 minutes, is a sign of its node's
+// life, recorded by the next RecordContacts.
+func (s *Server) RefusedAgentRequest(r *http.Request) {
+	if s.contacts.heardFrom(r, s.st.Now()) {
+		s.http.KnownRefusedHeartbeats.Inc()
+	}
+}
+
+// RecordContacts writes the refused heartbeats heard since the last call
+// (store.RecordContacts), on the heartbeats' pool. `allot server` calls it
+// every heartbeat interval; a node is marked down only once it has been
+// silent both ways for the lost window.
+func (s *Server) RecordContacts(ctx context.Context) error {
+	nodes, at := s.contacts.take(s.st.Now())
+	if len(nodes) == 0 {
+		return nil
+	}
+	if err := s.hbSt.RecordContacts(ctx, nodes, at); err != nil {
+		return err
+	}
+	s.log.Info("heartbeats refused under load counted as signs of life", "nodes", len(nodes))
+	return nil
+}
