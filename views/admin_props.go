@@ -122,7 +122,7 @@ type PolicyField struct {
 	Label string
 	Help  string
 	Value string // as typed or as stored ("2m" for durations)
-	Kind  string // "int", "duration", "money", "choice"
+	Kind  string // "int", "duration", "money", "choice", "bool" (Value "true" or "false")
 	// Options are a choice's values.
 	Options []string
 }
@@ -262,6 +262,7 @@ type DocTeam struct {
 // DocWeights are the priority weights and their parameters.
 type DocWeights struct {
 	Order                string // allot.QueueOrderResponse or allot.QueueOrderMultifactor
+	Tier1FIFO            bool   // tier-1 jobs oldest first (the policy's tier1_fifo)
 	FairShare, Size, Age int
 	HalfLife, MaxAge     string
 }

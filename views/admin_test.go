@@ -150,7 +150,7 @@ func docsProps() views.Docs {
 		},
 		Rates:       []views.DocRate{{GPUType: "A100-80GB", MemoryGB: 80, Rate: "3.20 USD", Since: "2025-10-01 00:00 UTC", Next: "3.50 USD from 2027-01-01 00:00 UTC"}},
 		GracePeriod: "2m", MinRuntime: "10m", Cycle: "10s",
-		Weights:       views.DocWeights{Order: "response", FairShare: 10000, Size: 1000, Age: 500, HalfLife: "7d", MaxAge: "7d"},
+		Weights:       views.DocWeights{Order: "response", Tier1FIFO: true, FairShare: 10000, Size: 1000, Age: 500, HalfLife: "7d", MaxAge: "7d"},
 		BudgetWarnPct: 80, BudgetDemotePct: 100,
 		Teams: []views.DocTeam{{Slug: "nlp", Name: "NLP", Budget: "1000", WarnAt: "800 h", DemoteAt: "1000 h", Guarantees: "8 × A100-80GB", Weight: 1, HasBudget: true, BudgetHours: 1000}},
 		Example: views.DocExample{GPUs: 8, GPUType: "A100-80GB", Duration: "3h30m", GPUHours: "28", Rate: "3.20 USD",

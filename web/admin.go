@@ -813,7 +813,7 @@ func (s *Server) apiUpdateTeam(c echo.Context) error {
 // ---- Policy settings
 
 type policyFieldSpec struct {
-	name, label, help, kind string // kind: int, duration, money, choice
+	name, label, help, kind string // kind: int, duration, money, choice, bool
 	options                 []string
 }
 
@@ -824,6 +824,7 @@ var policyGroups = []struct {
 	{"Priority", []policyFieldSpec{
 		{"queue_order", "Queue order within a tier", "response: short jobs first, aged, × fair share; multifactor: the weights below", "choice",
 			[]string{allot.QueueOrderResponse, allot.QueueOrderMultifactor}},
+		{"tier1_fifo", "Tier 1 oldest first", "incident jobs by submission time, whatever their priority; one waiting on its victims' grace keeps its turn. Off: by priority, like the other tiers", "bool", nil},
 		{"weight_fair_share", "Fair-share weight (W_fs)", "", "int", nil},
 		{"weight_size", "Job-size weight (W_size)", "", "int", nil},
 		{"weight_age", "Age weight (W_age)", "", "int", nil},
@@ -869,6 +870,8 @@ func policyFormValues(v store.PolicyValues) map[string]string {
 				}
 			case string:
 				out[f.name] = x
+			case bool:
+				out[f.name] = strconv.FormatBool(x)
 			}
 		}
 	}
@@ -880,11 +883,40 @@ func policyFormPatch(c echo.Context) (map[string]string, json.RawMessage, error)
 	typed := map[string]string{}
 	patch := map[string]any{}
 	f := allot.FieldErrors{}
+	form, err := c.FormParams()
+	if err != nil {
+		return typed, nil, &badRequest{"malformed form"}
+	}
 	for _, g := range policyGroups {
 		for _, spec := range g.fields {
 			raw := strings.TrimSpace(c.FormValue(spec.name))
 			typed[spec.name] = raw
 			switch spec.kind {
+			case "bool":
+				// The form posts a hidden "false" and, when ticked, the
+				// checkbox's "true": on if any value is. Not posted at
+				// all: kept as it is.
+				vals := form[spec.name]
+				if len(vals) == 0 {
+					delete(typed, spec.name)
+					continue
+				}
+				on, bad := false, false
+				for _, v := range vals {
+					switch strings.ToLower(strings.TrimSpace(v)) {
+					case "true", "on", "1":
+						on = true
+					case "false", "off", "0", "":
+					default:
+						bad = true
+					}
+				}
+				if bad {
+					f.Add(spec.name, "must be true or false")
+					continue
+				}
+				typed[spec.name] = strconv.FormatBool(on)
+				patch[spec.name] = on
 			case "int":
 				n, err := strconv.Atoi(raw)
 				if err != nil {
@@ -983,8 +1015,14 @@ func (s *Server) policyView(c echo.Context, typed map[string]string, errs map[st
 	if err != nil {
 		return views.AdminPolicy{}, err
 	}
+	stored := policyFormValues(store.PolicyValuesOf(p))
 	if typed == nil {
-		typed = policyFormValues(store.PolicyValuesOf(p))
+		typed = stored
+	}
+	for k, v := range stored { // a field the form did not post shows what is kept
+		if _, ok := typed[k]; !ok {
+			typed[k] = v
+		}
 	}
 	if errs == nil {
 		errs = map[string]string{}

@@ -4,6 +4,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/allotlabs/allot/internal/allot"
@@ -21,6 +22,10 @@ type PrioritiesJSON struct {
 	// allot.QueueOrderMultifactor); each job's factors say which order its
 	// priority was computed under.
 	Order string `json:"order"`
+	// Tier1FIFO is the policy's tier1_fifo: tier-1 jobs are served
+	// oldest first whatever their priority (true, the default), or by
+	// priority like the other classes.
+	Tier1FIFO bool `json:"tier1_fifo"`
 	// Weights are the policy's multifactor weights (used by the
 	// multifactor order only).
 	Weights PriorityWeightsJSON `json:"weights"`
@@ -80,15 +85,35 @@ type PriorityPointsJSON struct {
 }
 
 const prioritiesMethod = "Pending jobs in the scheduler's order as its last cycle decided it (rank), with that cycle's reasons and start estimates: " +
-	"class first (tier 1 first, served oldest first whatever its priority; a preemptible or budget-demoted job competes as preemptible), then priority, with the starvation guard serving tier 3-4 jobs " +
+	"class first (" + tier1OldestFirst + "; a preemptible or budget-demoted job competes as preemptible), then priority, with the starvation guard serving tier 3-4 jobs " +
 	"that have waited 20 minutes right after the production classes. Priority = W_fs·F + W_size·S + W_age·A, with F = the team's fair-share factor 2^(−U/S), " +
 	"S = GPUs ÷ cluster GPUs, A = wait ÷ max age (at most 1), as that cycle computed them. Jobs not yet through a cycle come last, by submission, with priority 0."
 
 const prioritiesMethodResponse = "Pending jobs in the scheduler's order as its last cycle decided it (rank), with that cycle's reasons and start estimates: " +
-	"class first (tier 1 first, served oldest first whatever its priority; a preemptible or budget-demoted job competes as preemptible), then priority = response ratio × fair-share multiplier: " +
+	"class first (" + tier1OldestFirst + "; a preemptible or budget-demoted job competes as preemptible), then priority = response ratio × fair-share multiplier: " +
 	"(wait + T) ÷ T with T the time limit, times max(2F, 1/32) with F = the team's fair-share factor 2^(−U/S), as that cycle computed them " +
 	"(the response order: short jobs first, every job passing newer ones once it has waited about its own length). " +
 	"Jobs not yet through a cycle come last, by submission, with priority 0."
+
+// tier1OldestFirst is the methods' tier-1 clause; tier1ByPriority replaces
+// it when the policy's tier1_fifo is off.
+const (
+	tier1OldestFirst = "tier 1 first, served oldest first whatever its priority"
+	tier1ByPriority  = "tier 1 first, by priority like the other classes (the policy's tier1_fifo is off)"
+)
+
+// prioritiesMethodFor is the method text for policy p: its queue order,
+// and how tier 1 is served.
+func prioritiesMethodFor(p allot.Policy) string {
+	m := prioritiesMethod
+	if p.QueueOrder == allot.QueueOrderResponse {
+		m = prioritiesMethodResponse
+	}
+	if !p.Tier1FIFO {
+		m = strings.Replace(m, tier1OldestFirst, tier1ByPriority, 1)
+	}
+	return m
+}
 
 // jobClass is the tier a pending job competes in: the last cycle's class,
 // else its tier's (preemptible when submitted so).
@@ -145,11 +170,8 @@ func (s *Server) apiPriorities(c echo.Context) error {
 		return err
 	}
 	pts := func(w int, x float64) float64 { return math.Round(float64(w)*x*10) / 10 }
-	out := PrioritiesJSON{Order: p.QueueOrder, Weights: PriorityWeightsJSON{FairShare: p.WeightFairShare, Size: p.WeightSize, Age: p.WeightAge},
-		MaxAgeS: int64(p.MaxAge / time.Second), Method: prioritiesMethod, Jobs: make([]JobPriorityJSON, 0, len(jobs)), QueueLength: cyc.Pending}
-	if p.QueueOrder == allot.QueueOrderResponse {
-		out.Method = prioritiesMethodResponse
-	}
+	out := PrioritiesJSON{Order: p.QueueOrder, Tier1FIFO: p.Tier1FIFO, Weights: PriorityWeightsJSON{FairShare: p.WeightFairShare, Size: p.WeightSize, Age: p.WeightAge},
+		MaxAgeS: int64(p.MaxAge / time.Second), Method: prioritiesMethodFor(p), Jobs: make([]JobPriorityJSON, 0, len(jobs)), QueueLength: cyc.Pending}
 	if cyc.ID != 0 {
 		id, at := cyc.ID, cyc.DecidedAt.UTC()
 		out.CycleID, out.DecidedAt = &id, &at

@@ -64,7 +64,7 @@ func (s *Server) docs(c echo.Context) (views.Docs, error) {
 	}
 	d := views.Docs{Page: s.page(c, "Policy documentation"), Version: p.Version, VersionAt: fmtTime(p.CreatedAt), ServerURL: serverURL(c),
 		GracePeriod: allot.FormatDuration(p.GracePeriod), MinRuntime: allot.FormatDuration(p.MinRuntime), Cycle: allot.FormatDuration(p.Cycle),
-		Weights: views.DocWeights{Order: p.QueueOrder, FairShare: p.WeightFairShare, Size: p.WeightSize, Age: p.WeightAge,
+		Weights: views.DocWeights{Order: p.QueueOrder, Tier1FIFO: p.Tier1FIFO, FairShare: p.WeightFairShare, Size: p.WeightSize, Age: p.WeightAge,
 			HalfLife: allot.FormatDuration(p.HalfLife), MaxAge: allot.FormatDuration(p.MaxAge)},
 		BudgetWarnPct: p.BudgetWarnPct, BudgetDemotePct: p.BudgetDemotePct, HeartbeatMissedAfter: allot.FormatDuration(p.LostAfter(s.cfg.HeartbeatInterval))}
 	if p.AutoUndrainAfter > 0 {

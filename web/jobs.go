@@ -832,7 +832,7 @@ func explainView(d *views.JobDetail, j *allot.Job, x jobExplanation) {
 	} else {
 		multifactorView(d, j, x)
 	}
-	if jobClass(j) == allot.Tier1 && len(d.Factors) > 0 {
+	if jobClass(j) == allot.Tier1 && len(d.Factors) > 0 && x.Policy.Tier1FIFO {
 		d.Factors[len(d.Factors)-1].Meaning = "tier 1 is served oldest first, by submission time, whatever this number; it orders only the other classes (see Docs)"
 	}
 	class := j.Breakdown.Class

@@ -546,3 +546,169 @@ func TestDocsFollowTheLivePolicy(t *testing.T) {
 		t.Errorf("policy API after the change: %d %s", status, body)
 	}
 }
+
+// TestAdminPolicyTier1FIFO: the policy's tier1_fifo (tier-1 jobs oldest
+// first) is on by default, read and set through GET/PUT /api/v1/policy and
+// the /admin/policy checkbox, audited, kept when a change leaves it out,
+// and refused with a tier1_fifo field error, changing nothing, when it is
+// not true or false. /docs, /api/v1/priorities and a tier-1 job's page say
+// how tier 1 is served under the setting in force.
+func TestAdminPolicyTier1FIFO(t *testing.T) {
+	e := boot(t)
+	start := e.policyCounts()
+	policy := func() web.PolicyJSON {
+		t.Helper()
+		status, _, body := e.api("GET", "/api/v1/policy", demo.Engineer, "")
+		var p web.PolicyJSON
+		if err := json.Unmarshal(body, &p); status != 200 || err != nil {
+			t.Fatalf("GET policy: %d %v %s", status, err, body)
+		}
+		if !strings.Contains(string(body), `"tier1_fifo": `) {
+			t.Errorf("GET policy has no tier1_fifo: %s", body)
+		}
+		return p
+	}
+	priorities := func() web.PrioritiesJSON {
+		t.Helper()
+		status, _, body := e.api("GET", "/api/v1/priorities", demo.Admin, "")
+		var p web.PrioritiesJSON
+		if err := json.Unmarshal(body, &p); status != 200 || err != nil {
+			t.Fatalf("GET priorities: %d %v %s", status, err, body)
+		}
+		return p
+	}
+	status, _, body := e.api("POST", "/api/v1/jobs", demo.Admin, `{"team":"fraud","tier":1,"gpus":8,"gpu_type":"A100-80GB","time_limit":"1h","command":["true"]}`)
+	if status != http.StatusCreated {
+		t.Fatalf("submitting a tier-1 job: %d %s", status, body)
+	}
+	var job web.JobJSON
+	if err := json.Unmarshal(body, &job); err != nil {
+		t.Fatal(err)
+	}
+	eng := e.login(demo.Admin)
+	jobPage := func() string {
+		t.Helper()
+		status, page := eng.get(fmt.Sprintf("/jobs/%d", job.ID))
+		if status != 200 {
+			t.Fatalf("job page: %d", status)
+		}
+		return page
+	}
+	const pageFIFO = "tier 1 is served oldest first"
+
+	p := policy()
+	if !p.Tier1FIFO || p.QueueOrder != "response" || p.GracePeriodS != 120 {
+		t.Fatalf("default policy: tier1_fifo %v, queue_order %q, grace %d", p.Tier1FIFO, p.QueueOrder, p.GracePeriodS)
+	}
+	if f := e.docsText("docs-tier1-fifo"); !strings.Contains(f, "served oldest first") || !strings.Contains(f, "tier1_fifo") {
+		t.Errorf("/docs on tier 1 by default: %q", f)
+	}
+	if pr := priorities(); !pr.Tier1FIFO || !strings.Contains(pr.Method, "served oldest first whatever its priority") {
+		t.Errorf("priorities by default: tier1_fifo %v, method %q", pr.Tier1FIFO, pr.Method)
+	}
+	if !strings.Contains(jobPage(), pageFIFO) {
+		t.Errorf("the tier-1 job's page does not say tier 1 is served oldest first")
+	}
+
+	// Not true or false: a 422 naming the field; nothing changes, not
+	// even the valid field beside it.
+	for _, bad := range []string{`{"tier1_fifo":"no"}`, `{"tier1_fifo":"false"}`, `{"tier1_fifo":0}`, `{"tier1_fifo":[]}`, `{"tier1_fifo":"off","grace_period_s":300}`} {
+		status, _, body := e.api("PUT", "/api/v1/policy", demo.Admin, bad)
+		if status != http.StatusUnprocessableEntity || !strings.Contains(problemFields(t, body)["tier1_fifo"], "true or false") {
+			t.Errorf("PUT %s: %d %s, want 422 with a tier1_fifo error", bad, status, body)
+		}
+	}
+	e.wantChanges(start, 0, "bad tier1_fifo values")
+	if p := policy(); !p.Tier1FIFO || p.GracePeriodS != 120 {
+		t.Errorf("after refused changes: tier1_fifo %v, grace %d", p.Tier1FIFO, p.GracePeriodS)
+	}
+
+	// Off, through the API: one version, one audit entry.
+	status, _, body = e.api("PUT", "/api/v1/policy", demo.Admin, `{"tier1_fifo":false,"note":"incidents by priority"}`)
+	if status != 200 || !decodeChange(t, body).Changed {
+		t.Fatalf("PUT tier1_fifo false: %d %s", status, body)
+	}
+	e.wantChanges(start, 1, "tier1_fifo off")
+	if status, _, body = e.api("PUT", "/api/v1/policy", demo.Admin, `{"tier1_fifo":false}`); status != 200 || decodeChange(t, body).Changed {
+		t.Errorf("the same value again: %d %s, want unchanged", status, body)
+	}
+	if p := policy(); p.Tier1FIFO || p.QueueOrder != "response" || p.GracePeriodS != 120 {
+		t.Errorf("after tier1_fifo false: tier1_fifo %v, queue_order %q, grace %d", p.Tier1FIFO, p.QueueOrder, p.GracePeriodS)
+	}
+	status, _, body = e.api("GET", "/api/v1/audit?kind=policy", demo.Admin, "")
+	var log struct{ Entries []web.AuditEntryJSON }
+	if err := json.Unmarshal(body, &log); status != 200 || err != nil || len(log.Entries) == 0 {
+		t.Fatalf("audit: %d %s", status, body)
+	}
+	if first := log.Entries[0]; first.Note != "incidents by priority" || len(first.Changes) != 1 ||
+		first.Changes[0] != (web.FieldChangeJSON{Field: "tier1_fifo", Before: "true", After: "false"}) {
+		t.Errorf("audit entry: %+v", first)
+	}
+	// A change that leaves it out keeps it.
+	if status, _, body = e.api("PUT", "/api/v1/policy", demo.Admin, `{"grace_period_s":300}`); status != 200 {
+		t.Fatalf("PUT grace: %d %s", status, body)
+	}
+	e.wantChanges(start, 2, "grace")
+	if p := policy(); p.Tier1FIFO || p.GracePeriodS != 300 {
+		t.Errorf("after a grace change: tier1_fifo %v, grace %d", p.Tier1FIFO, p.GracePeriodS)
+	}
+	if f := e.docsText("docs-tier1-fifo"); !strings.Contains(f, "served by priority") || strings.Contains(f, "oldest first, by submission") {
+		t.Errorf("/docs on tier 1 with tier1_fifo off: %q", f)
+	}
+	if pr := priorities(); pr.Tier1FIFO || strings.Contains(pr.Method, "oldest first") || !strings.Contains(pr.Method, "tier1_fifo is off") {
+		t.Errorf("priorities with tier1_fifo off: tier1_fifo %v, method %q", pr.Tier1FIFO, pr.Method)
+	}
+	if strings.Contains(jobPage(), pageFIFO) {
+		t.Errorf("the tier-1 job's page says tier 1 is served oldest first with tier1_fifo off")
+	}
+
+	// The form: an unticked checkbox (with its hidden "false"); ticking
+	// it turns the setting back on, unticking it off again.
+	_, page := eng.get("/admin/policy")
+	d, err := goquery.NewDocumentFromReader(strings.NewReader(page))
+	if err != nil {
+		t.Fatal(err)
+	}
+	box := d.Find(`[data-testid="policy-form"] input#policy-tier1_fifo`)
+	if box.AttrOr("type", "") != "checkbox" || box.AttrOr("value", "") != "true" || box.AttrOr("checked", "-") != "-" {
+		t.Fatalf("policy form's tier1_fifo box: %d found, type %q value %q checked %q", box.Length(), box.AttrOr("type", ""), box.AttrOr("value", ""), box.AttrOr("checked", "-"))
+	}
+	form := url.Values{}
+	d.Find(`[data-testid="policy-form"] input, [data-testid="policy-form"] select`).Each(func(_ int, in *goquery.Selection) {
+		name := in.AttrOr("name", "")
+		if name == "" || name == "_csrf" || (in.AttrOr("type", "") == "checkbox" && in.AttrOr("checked", "-") == "-") {
+			return
+		}
+		if goquery.NodeName(in) == "select" {
+			form.Add(name, in.Find("option[selected]").AttrOr("value", ""))
+			return
+		}
+		form.Add(name, in.AttrOr("value", ""))
+	})
+	if got := form["tier1_fifo"]; len(got) != 1 || got[0] != "false" {
+		t.Fatalf("the form posts tier1_fifo %q unticked, want the hidden false alone", got)
+	}
+	form.Add("tier1_fifo", "true") // ticked
+	if status, page = eng.post("/admin/policy", page, form); status != 200 {
+		t.Fatalf("policy form ticked: %d", status)
+	}
+	if !policy().Tier1FIFO {
+		t.Error("the ticked form left tier1_fifo off")
+	}
+	if d, _ := goquery.NewDocumentFromReader(strings.NewReader(page)); d.Find(`input#policy-tier1_fifo`).AttrOr("checked", "-") == "-" {
+		t.Error("the saved form shows the box unticked")
+	}
+	form.Set("tier1_fifo", "maybe")
+	if status, page = eng.post("/admin/policy", page, form); status != 422 ||
+		!strings.Contains(page, `data-testid="error-tier1_fifo"`) {
+		t.Errorf("policy form tier1_fifo=maybe: %d", status)
+	}
+	form.Set("tier1_fifo", "false") // unticked
+	if status, _ = eng.post("/admin/policy", page, form); status != 200 {
+		t.Fatalf("policy form unticked: %d", status)
+	}
+	if policy().Tier1FIFO {
+		t.Error("the unticked form left tier1_fifo on")
+	}
+	e.wantChanges(start, 4, "policy form")
+}

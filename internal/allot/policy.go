@@ -12,7 +12,14 @@ type Policy struct {
 
 	// QueueOrder orders the pending jobs inside a class (a tier):
 	// QueueOrderResponse (the default) or QueueOrderMultifactor.
-	QueueOrder      string
+	QueueOrder string
+	// Tier1FIFO (default true) serves tier-1 (incident) jobs oldest first,
+	// by submission time, whatever their priority, and a tier-1 job whose
+	// victims are in their grace period keeps its turn (the GPUs they free
+	// go to it, not to a younger tier-1 job); false orders tier 1 by
+	// priority like the other classes (scheduler.Policy.Tier1FIFO). JSON
+	// (store.PolicyValues): tier1_fifo.
+	Tier1FIFO       bool
 	WeightFairShare int // W_fs, default 10000
 	WeightSize      int // W_size, default 1000
 	WeightAge       int // W_age, default 500
@@ -55,6 +62,7 @@ func DefaultPolicy() Policy {
 		CreatedBy:            "system",
 		Comment:              "defaults from DESIGN.md",
 		QueueOrder:           QueueOrderResponse,
+		Tier1FIFO:            true,
 		WeightFairShare:      10000,
 		WeightSize:           1000,
 		WeightAge:            500,

@@ -232,6 +232,57 @@ func TestPolicyQueueOrderTakesEffect(t *testing.T) {
 	}
 }
 
+// TestPolicyTier1FIFOTakesEffect: two tier-1 jobs of one team want the
+// same 8 free T4 GPUs, an older day-long one and a younger 10-minute one
+// whose response ratio, so its priority, is higher. With tier1_fifo on
+// (the default) the older job starts; saved off at runtime, the next
+// cycle serves the same pair (again on a node of their own) by priority:
+// the younger job starts.
+func TestPolicyTier1FIFOTakesEffect(t *testing.T) {
+	e := newPolicyEnv(t, "gpu13") // parallel (seeded); gpu13: 8 × T4, the only node up
+	pair := func() (older, younger allot.Job) {
+		older = e.submit(allot.JobSpec{Team: "fraud", Tier: allot.Tier1, GPUs: 8, GPUType: "T4", TimeLimit: 24 * time.Hour})
+		e.backdate(older.ID, 30*time.Minute) // ratio (0.5 h + 24 h) / 24 h ≈ 1.02
+		younger = e.submit(allot.JobSpec{Team: "fraud", Tier: allot.Tier1, GPUs: 8, GPUType: "T4", TimeLimit: 10 * time.Minute})
+		e.backdate(younger.ID, 5*time.Minute) // ratio (5 + 10) / 10 = 1.5
+		return older, younger
+	}
+	states := func(a, b allot.Job) (allot.Job, allot.Job) { return e.job(a.ID), e.job(b.ID) }
+
+	older, younger := pair()
+	if p := e.cycle().Policy; !p.Tier1FIFO {
+		t.Fatal("the default policy's tier1_fifo is false, want true")
+	}
+	o, y := states(older, younger)
+	if o.State != allot.JobRunning || y.State != allot.JobPending {
+		t.Errorf("tier1_fifo on: older job %s, younger %s (%s); want the older one started", o.State, y.State, y.PendingReason)
+	}
+	if y.Priority <= o.Priority {
+		t.Fatalf("the younger job's priority %v ≤ the older one's %v: the case does not tell the two orders apart", y.Priority, o.Priority)
+	}
+
+	// Off: the waiting younger job is withdrawn, a second T4 node comes up,
+	// and a new pair like the first competes for it.
+	if _, err := e.st.CancelJob(e.ctx, &e.admin, younger.ID); err != nil {
+		t.Fatal(err)
+	}
+	if p := e.set(`{"tier1_fifo": false}`); p.Tier1FIFO {
+		t.Fatal("tier1_fifo saved false, read back true")
+	}
+	e.exec(`UPDATE nodes SET state = 'up', registered_at = $2, last_heartbeat = $2 WHERE name = $1`, "gpu14", e.st.Now())
+	older2, younger2 := pair()
+	if p := e.cycle().Policy; p.Tier1FIFO {
+		t.Fatal("the cycle ran with tier1_fifo true after it was saved false")
+	}
+	o, y = states(older2, younger2)
+	if y.State != allot.JobRunning || o.State != allot.JobPending {
+		t.Errorf("tier1_fifo off: older job %s (%s), younger %s; want the younger, higher-priority one started", o.State, o.PendingReason, y.State)
+	}
+	if got := e.job(older.ID).State; got != allot.JobRunning {
+		t.Errorf("the first pair's older job is %s, want still running", got)
+	}
+}
+
 // TestPolicyHalfLifeTakesEffect: each cycle decays the fair-share usage
 // with the half-life in force.
 func TestPolicyHalfLifeTakesEffect(t *testing.T) {

@@ -430,6 +430,8 @@ func corePolicy(p allot.Policy, tiers []allot.Tier) scheduler.Policy {
 	if cp.Order == scheduler.OrderMultifactor {
 		cp.StarvationWait = 20 * time.Minute
 	}
+	// Tier 1 oldest first (the default), or by priority like the others.
+	cp.Tier1FIFO = p.Tier1FIFO
 	cp.WeightFairShare, cp.WeightSize, cp.WeightAge = float64(p.WeightFairShare), float64(p.WeightSize), float64(p.WeightAge)
 	cp.MaxAge, cp.HalfLife, cp.GracePeriod, cp.MinRuntime = p.MaxAge, p.HalfLife, p.GracePeriod, p.MinRuntime
 	if len(tiers) > 0 {

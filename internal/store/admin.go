@@ -375,6 +375,7 @@ func (s *Store) UpdateTeamPolicy(ctx context.Context, c PolicyChange, slug strin
 // the field names Policy.Validate reports.
 type PolicyValues struct {
 	QueueOrder            string `json:"queue_order"` // allot.QueueOrderResponse or allot.QueueOrderMultifactor
+	Tier1FIFO             bool   `json:"tier1_fifo"`  // tier-1 jobs oldest first (allot.Policy.Tier1FIFO)
 	WeightFairShare       int    `json:"weight_fair_share"`
 	WeightSize            int    `json:"weight_size"`
 	WeightAge             int    `json:"weight_age"`
@@ -398,7 +399,7 @@ func wholeSecs(d time.Duration) int64 { return int64(d / time.Second) }
 
 // PolicyValuesOf returns p's scalar settings.
 func PolicyValuesOf(p allot.Policy) PolicyValues {
-	return PolicyValues{QueueOrder: p.QueueOrder, WeightFairShare: p.WeightFairShare, WeightSize: p.WeightSize, WeightAge: p.WeightAge,
+	return PolicyValues{QueueOrder: p.QueueOrder, Tier1FIFO: p.Tier1FIFO, WeightFairShare: p.WeightFairShare, WeightSize: p.WeightSize, WeightAge: p.WeightAge,
 		MaxAgeS: wholeSecs(p.MaxAge), HalfLifeS: wholeSecs(p.HalfLife), GracePeriodS: wholeSecs(p.GracePeriod), MinRuntimeS: wholeSecs(p.MinRuntime),
 		CycleS: wholeSecs(p.Cycle), BudgetWarnPct: p.BudgetWarnPct, BudgetDemotePct: p.BudgetDemotePct,
 		BurstPendingGPUHours: p.BurstPendingGPUHours, BurstMeanWaitS: wholeSecs(p.BurstMeanWait), BurstReleaseGPUHours: p.BurstReleaseGPUHours,
@@ -455,7 +456,7 @@ func (v PolicyValues) applyTo(p *allot.Policy) error {
 	if err := f.Err(); err != nil {
 		return err
 	}
-	p.QueueOrder = v.QueueOrder
+	p.QueueOrder, p.Tier1FIFO = v.QueueOrder, v.Tier1FIFO
 	p.WeightFairShare, p.WeightSize, p.WeightAge = v.WeightFairShare, v.WeightSize, v.WeightAge
 	p.MaxAge, p.HalfLife, p.GracePeriod, p.MinRuntime, p.Cycle = maxAge, halfLife, grace, minRun, cycle
 	p.BudgetWarnPct, p.BudgetDemotePct = v.BudgetWarnPct, v.BudgetDemotePct
