@@ -248,22 +248,43 @@ func checkReservations(t *rapid.T, s Snapshot, p Policy, plan Plan) {
 	for _, v := range plan.Preemptions {
 		victims[v.JobID] = true
 	}
-	limitOf := map[int64]time.Duration{}
-	for _, j := range s.Pending {
-		limitOf[j.ID] = j.TimeLimit
-	}
 	endOf := func(start time.Time, lim time.Duration) time.Time {
 		if lim <= 0 {
 			return time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
 		}
 		return start.Add(lim)
 	}
+	// Under Policy.PredictedBackfill jobs are held for their predicted
+	// run (Job.Predicted, capped at the limit; running jobs past it:
+	// doubled until after now, at most the limit).
+	pred := p.PredictedBackfill && p.Mode == ModeAllot
+	limitOf := map[int64]time.Duration{}
+	for _, j := range s.Pending {
+		limitOf[j.ID] = j.TimeLimit
+		if pred && j.Predicted > 0 && (j.TimeLimit <= 0 || j.Predicted < j.TimeLimit) {
+			limitOf[j.ID] = j.Predicted
+		}
+	}
+	runEnd := func(j Job) time.Time {
+		lim := endOf(j.Start, j.TimeLimit)
+		if !pred || j.Predicted <= 0 {
+			return lim
+		}
+		d := j.Predicted
+		for !j.Start.Add(d).After(t0) && j.Start.Add(d).Before(lim) {
+			d *= 2
+		}
+		if e := j.Start.Add(d); e.Before(lim) {
+			return e
+		}
+		return lim
+	}
 	for k, r := range plan.Reservations {
 		for _, c := range r.Claims {
 			n := s.Nodes[c.Node]
 			held := len(n.Unavailable)
 			for _, j := range s.Running {
-				end := endOf(j.Start, j.TimeLimit)
+				end := runEnd(j)
 				if j.Terminating {
 					end = j.GraceEnd
 				} else if victims[j.ID] && end.After(t0.Add(p.GracePeriod)) {

@@ -128,7 +128,11 @@ func (st *state) finish() {
 				if pj.preempts > 0 {
 					lead = fmt.Sprintf("preempted %d job(s) for it", pj.preempts)
 				}
-				text := eta(&info, pj, lim, st.causeText(r.cause, pj.resvCause), true)
+				cause := st.causeText(r.cause, pj.resvCause)
+				if r.pred && pj.resvCause {
+					cause = predCauseText(r.cause)
+				}
+				text := eta(&info, pj, lim, cause, true)
 				info.Reason = fmt.Sprintf("%s; %s; largest free block is %d%s", st.need(pj), lead, st.largestFree(pj), text)
 			}
 		case st.p.Mode == ModeFIFO && pj != st.head, st.p.Mode == ModeEASY:
@@ -300,6 +304,20 @@ func containsInt(xs []int, x int) bool {
 		}
 	}
 	return false
+}
+
+// predCauseText is causeText for a reservation by predicted run times.
+func predCauseText(ev event) string {
+	switch ev.kind {
+	case evRun:
+		return fmt.Sprintf(" when job %d is predicted to end", ev.id)
+	case evGrace:
+		return fmt.Sprintf(" when job %d ends its preemption grace period", ev.id)
+	case evStart:
+		return fmt.Sprintf(" when job %d, started now, is predicted to end", ev.id)
+	default:
+		return fmt.Sprintf(" when reserved job %d is predicted to end", ev.id)
+	}
 }
 
 func (st *state) causeText(ev event, ok bool) string {

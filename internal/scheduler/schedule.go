@@ -58,6 +58,7 @@ func (st *state) preparePendingAll() {
 	st.pend = resize(st.pend, len(s.Pending))
 	st.order = resize(st.order, len(s.Pending))
 	lastTeam, ti, t := "", -1, (*Team)(nil)
+	pred := st.predicted()
 	for i := range s.Pending {
 		j := &s.Pending[i]
 		pj := &st.pend[i]
@@ -69,6 +70,10 @@ func (st *state) preparePendingAll() {
 		pj.limit = never
 		if j.TimeLimit > 0 {
 			pj.limit = int64(j.TimeLimit)
+		}
+		pj.run = pj.limit
+		if pred && j.Predicted > 0 {
+			pj.run = min(int64(j.Predicted), pj.limit)
 		}
 		pj.submit = min(rel(j.Submit, st.now), 0)
 		if j.Submit.IsZero() {
@@ -151,8 +156,9 @@ type orderKey struct {
 }
 
 // shapeKey identifies jobs that place alike; a failed placement of one
-// shape fails for every later job of that shape with a time limit at least
-// as long, since capacity only shrinks during a cycle.
+// shape fails for every later job of that shape with a run (pjob.run: the
+// time limit, or the predicted run time) at least as long, since capacity
+// only shrinks during a cycle.
 type shapeKey struct {
 	gpus    int
 	q       int
@@ -213,7 +219,7 @@ func (st *state) runAllot() {
 				st.commit(pj, cl, false)
 				continue
 			}
-			if r := st.sweep(pj, never); r.ok {
+			if r := st.resvSweep(pj); r.ok {
 				st.reserve(pj, r)
 				if pj.team >= 0 {
 					st.teams[pj.team].alloc += pj.j.GPUs
@@ -272,12 +278,12 @@ func (st *state) runAllot() {
 			pj.starving = true
 			key := shapeKey{pj.j.GPUs, pj.q, pj.j.GPUType, false}
 			if st.free >= pj.j.GPUs {
-				if lim, seen := failed[key]; !seen || pj.limit < lim {
+				if lim, seen := failed[key]; !seen || pj.run < lim {
 					if cl := st.place(pj, nil); cl != nil {
 						st.commit(pj, cl, len(st.resvs) > 0)
 						continue
 					}
-					failed[key] = pj.limit
+					failed[key] = pj.run
 				}
 			}
 			blockedStarving = true
@@ -286,7 +292,7 @@ func (st *state) runAllot() {
 			}
 			if nresv < maxStarvationResv {
 				nresv++
-				if r := st.sweep(pj, never); r.ok {
+				if r := st.resvSweep(pj); r.ok {
 					st.reserve(pj, r)
 				}
 			}
@@ -319,19 +325,19 @@ func (st *state) runAllot() {
 			if st.tryPreempt(pj, &attempts) {
 				continue
 			}
-			if r := st.sweep(pj, never); r.ok {
+			if r := st.resvSweep(pj); r.ok {
 				st.reserve(pj, r)
 			}
 			continue
 		}
 		key := shapeKey{pj.j.GPUs, pj.q, pj.j.GPUType, pj.class.Production()}
 		if st.free >= pj.j.GPUs {
-			if lim, seen := failed[key]; !seen || pj.limit < lim {
+			if lim, seen := failed[key]; !seen || pj.run < lim {
 				if cl := st.place(pj, nil); cl != nil {
 					st.commit(pj, cl, len(st.resvs) > 0)
 					continue
 				}
-				failed[key] = pj.limit
+				failed[key] = pj.run
 			}
 		}
 		if pj.class == TierPreemptible {
@@ -342,7 +348,7 @@ func (st *state) runAllot() {
 		}
 		if resvPerClass[pj.class] < depth {
 			resvPerClass[pj.class]++
-			if r := st.sweep(pj, never); r.ok {
+			if r := st.resvSweep(pj); r.ok {
 				st.reserve(pj, r)
 			}
 		}
@@ -404,7 +410,7 @@ func (st *state) tryPreempt(pj *pjob, attempts *int) bool {
 	ok := st.preempt(pj, mg, maxLost)
 	st.victimAfter = noVictimLimit
 	if ok {
-		if r := st.sweep(pj, never); r.ok {
+		if r := st.resvSweep(pj); r.ok {
 			st.reserve(pj, r)
 		}
 		return true

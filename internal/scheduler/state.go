@@ -117,12 +117,16 @@ type runJob struct {
 
 // pjob is a pending job.
 type pjob struct {
-	idx      int // index into Snapshot.Pending
-	j        *Job
-	team     int
-	class    Tier
-	prio     Priority
-	limit    int64 // time limit, never if none
+	idx   int // index into Snapshot.Pending
+	j     *Job
+	team  int
+	class Tier
+	prio  Priority
+	limit int64 // time limit, never if none
+	// run is the run time reservations and backfill assume: the time
+	// limit, or under Policy.PredictedBackfill Job.Predicted (capped at
+	// the limit) when set.
+	run      int64
 	submit   int64
 	elig     []int // eligible pools
 	maxCap   int
@@ -148,6 +152,7 @@ type startRec struct {
 	p     *pjob
 	slots []Slot
 	end   int64
+	pend  int64 // predicted end (pjob.run)
 }
 
 // reservation is an internal reservation.
@@ -155,8 +160,10 @@ type reservation struct {
 	p      *pjob
 	at     int64
 	end    int64 // at + limit
+	pend   int64 // at + run (predicted end)
 	claims []Claim
 	cause  event
+	pred   bool // at is by predicted run times (Policy.PredictedBackfill)
 }
 
 type teamState struct {
@@ -201,9 +208,14 @@ type state struct {
 	runSorted bool
 	runRel    []nodeRel // releases of runEvents[i] are runRel[runRelOff[i]:runRelOff[i+1]]
 	runRelOff []int32
-	nodeRun   [][]int // node -> running job indices, built lazily
-	victims   []int   // running jobs preempted this cycle
-	isVictim  []bool  // by running job index
+	// The same by predicted ends (Policy.PredictedBackfill).
+	predEvents []event
+	predSorted bool
+	predRel    []nodeRel
+	predRelOff []int32
+	nodeRun    [][]int // node -> running job indices, built lazily
+	victims    []int   // running jobs preempted this cycle
+	isVictim   []bool  // by running job index
 
 	// sweep scratch
 	sf       []int
@@ -308,6 +320,7 @@ func (st *state) reset(s *Snapshot, now time.Time, p Policy) {
 	}
 	st.sf, st.mark, st.lastEv = old.sf, old.mark, old.lastEv
 	st.runEvents, st.runRel, st.runRelOff = old.runEvents[:0], old.runRel[:0], old.runRelOff[:0]
+	st.predEvents, st.predRel, st.predRelOff = old.predEvents[:0], old.predRel[:0], old.predRelOff[:0]
 	st.extraBuf, st.touched = old.extraBuf[:0], old.touched[:0]
 	st.fc, st.tc, st.pc = old.fc, old.tc, old.pc
 	st.teamPtrs, st.teamNames, st.teamsBuf, st.runTeams = old.teamPtrs, old.teamNames, old.teamsBuf, old.runTeams
@@ -963,7 +976,7 @@ func contrib(f, capacity, q int) int {
 // node/GPU-count pairs (GPU indices are chosen at commit).
 func (st *state) place(pj *pjob, buf []Claim) []Claim {
 	g := pj.j.GPUs
-	end := pj.limit
+	end := pj.run
 	if !pj.multi {
 		if st.p.Mode == ModeAllot {
 			return st.placePacked(pj, buf)
@@ -1073,7 +1086,9 @@ func cmpPack(a, b packScore) int {
 // extending its node, at the end of a bucket whose best candidate extends
 // nothing, or after maxPackScan candidates.
 func (st *state) placePacked(pj *pjob, buf []Claim) []Claim {
-	g, end := pj.j.GPUs, pj.limit
+	// The busy-period score reads time limits; reservations, the run
+	// reservations and backfill assume (pjob.run).
+	g, end, run := pj.j.GPUs, pj.limit, pj.run
 	best := packScore{n: -1}
 	scanned := 0
 	better := func(n, f int) {
@@ -1100,7 +1115,7 @@ func (st *state) placePacked(pj *pjob, buf []Claim) []Claim {
 		if ns.cap < g || !slices.Contains(pj.elig, int(ns.pool)) {
 			continue
 		}
-		if f := st.effFree(n, end); f >= g {
+		if f := st.effFree(n, run); f >= g {
 			better(n, f)
 		}
 	}
@@ -1140,7 +1155,7 @@ func (st *state) groupAvail(gi int, pj *pjob) int {
 		for _, n := range st.claimed {
 			ns := &st.nodes[n]
 			if int(ns.group) == gi {
-				a += contrib(st.effFree(n, pj.limit), ns.cap, 0)
+				a += contrib(st.effFree(n, pj.run), ns.cap, 0)
 			}
 		}
 		return a
@@ -1150,7 +1165,7 @@ func (st *state) groupAvail(gi int, pj *pjob) int {
 		ns := &st.nodes[n]
 		f := ns.free
 		if len(ns.claims) > 0 {
-			f = st.effFree(n, pj.limit)
+			f = st.effFree(n, pj.run)
 		}
 		a += contrib(f, ns.cap, pj.q)
 	}
@@ -1160,7 +1175,7 @@ func (st *state) groupAvail(gi int, pj *pjob) int {
 // commit starts pj on the given node counts.
 func (st *state) commit(pj *pjob, cl []Claim, backfill bool) {
 	slots := make([]Slot, len(cl))
-	end := pj.limit
+	end, run := pj.limit, pj.run
 	for i, c := range cl {
 		ns := &st.nodes[c.Node]
 		idx := make([]int, 0, c.GPUs)
@@ -1181,7 +1196,7 @@ func (st *state) commit(pj *pjob, cl []Claim, backfill bool) {
 			st.indexAdd(c.Node)
 		}
 		for k := range ns.claims {
-			if end > st.resvs[ns.claims[k].res].at {
+			if run > st.resvs[ns.claims[k].res].at {
 				ns.claims[k].spare -= c.GPUs
 			}
 		}
@@ -1192,7 +1207,7 @@ func (st *state) commit(pj *pjob, cl []Claim, backfill bool) {
 	if pj.team >= 0 {
 		st.teams[pj.team].alloc += pj.j.GPUs
 	}
-	st.starts = append(st.starts, startRec{p: pj, slots: slots, end: end})
+	st.starts = append(st.starts, startRec{p: pj, slots: slots, end: end, pend: run})
 	st.plan.Starts = append(st.plan.Starts, Start{
 		JobID:     pj.j.ID,
 		Placement: slots,

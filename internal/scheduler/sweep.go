@@ -40,6 +40,7 @@ type sweepResult struct {
 	spares []int // GPUs of each claimed node left for others at `at`
 	cause  event
 	causeN bool // cause is meaningful (the job did not fit at once)
+	pred   bool // by predicted ends (sweepBy)
 }
 
 func (st *state) sortRunEvents() {
@@ -47,7 +48,24 @@ func (st *state) sortRunEvents() {
 		return
 	}
 	st.runSorted = true
-	st.runEvents = st.runEvents[:0]
+	st.runEvents, st.runRel, st.runRelOff = st.buildRunEvents(false, st.runEvents, st.runRel, st.runRelOff)
+}
+
+// sortPredEvents is sortRunEvents with running jobs ending at their
+// predicted ends (Policy.PredictedBackfill, predictedEnd).
+func (st *state) sortPredEvents() {
+	if st.predSorted {
+		return
+	}
+	st.predSorted = true
+	st.predEvents, st.predRel, st.predRelOff = st.buildRunEvents(true, st.predEvents, st.predRel, st.predRelOff)
+}
+
+// buildRunEvents fills evs (sorted) with the running jobs' releases, at
+// their time limits (grace ends), or with pred at their predicted ends,
+// and rel/off with the GPUs each releases per node.
+func (st *state) buildRunEvents(pred bool, evs []event, rels []nodeRel, off []int32) ([]event, []nodeRel, []int32) {
+	evs, rels = evs[:0], rels[:0]
 	for i := range st.runs() {
 		r := &st.runs()[i]
 		if r.end == never || r.victim {
@@ -57,19 +75,43 @@ func (st *state) sortRunEvents() {
 		if r.term {
 			k = evGrace
 		}
-		st.runEvents = append(st.runEvents, event{at: r.end, kind: k, idx: i, id: r.j.ID})
+		at := r.end
+		if pred && !r.term {
+			at = st.predictedEnd(r)
+		}
+		evs = append(evs, event{at: at, kind: k, idx: i, id: r.j.ID})
 	}
-	slices.SortFunc(st.runEvents, cmpEvent)
+	slices.SortFunc(evs, cmpEvent)
 	// Flatten the releases so that sweeps read contiguous memory.
-	st.runRelOff = resize(st.runRelOff, len(st.runEvents)+1)
-	for i, ev := range st.runEvents {
+	off = resize(off, len(evs)+1)
+	for i, ev := range evs {
 		for _, sl := range st.runs()[ev.idx].j.Placement {
 			if sl.Node >= 0 && sl.Node < len(st.nodes) && len(sl.GPUs) > 0 {
-				st.runRel = append(st.runRel, nodeRel{node: int32(sl.Node), gpus: int32(len(sl.GPUs))})
+				rels = append(rels, nodeRel{node: int32(sl.Node), gpus: int32(len(sl.GPUs))})
 			}
 		}
-		st.runRelOff[i+1] = int32(len(st.runRel))
+		off[i+1] = int32(len(rels))
 	}
+	return evs, rels, off
+}
+
+// predictedEnd is when running job r is predicted to end for
+// reservations and backfill (Policy.PredictedBackfill): Start +
+// Job.Predicted, capped at its time limit; a job that has run that long
+// and still runs is predicted twice as long, again, until the end is
+// after now (at most its time limit), as Tsafrir, Etsion and Feitelson
+// correct underpredictions. No prediction: its time limit.
+func (st *state) predictedEnd(r *runJob) int64 {
+	p := int64(r.j.Predicted)
+	if p <= 0 || r.term {
+		return r.end
+	}
+	e := addSat(r.startRel, p)
+	for e <= 0 && e < r.end {
+		p = addSat(p, p)
+		e = addSat(r.startRel, p)
+	}
+	return max(min(e, r.end), 0)
 }
 
 // nodeRel is a release of gpus GPUs on a node.
@@ -80,7 +122,34 @@ type nodeRel struct{ node, gpus int32 }
 // from now until their projected end) and returns the first time and place
 // pj fits, looking no further than horizon. Cost: O(nodes + running jobs).
 func (st *state) sweep(pj *pjob, horizon int64) sweepResult {
-	st.sortRunEvents()
+	return st.sweepBy(pj, horizon, false)
+}
+
+// resvSweep is the sweep that places a reservation: by predicted run
+// times under Policy.PredictedBackfill (ModeAllot), else by time limits.
+func (st *state) resvSweep(pj *pjob) sweepResult {
+	return st.sweepBy(pj, never, st.predicted())
+}
+
+// predicted reports whether reservations and backfill use predicted run
+// times (Policy.PredictedBackfill, ModeAllot only).
+func (st *state) predicted() bool {
+	return st.p.PredictedBackfill && st.p.Mode == ModeAllot
+}
+
+// sweepBy is sweep, by predicted ends (running jobs: predictedEnd; jobs
+// started this cycle and reserved jobs: their predicted run) when pred.
+func (st *state) sweepBy(pj *pjob, horizon int64, pred bool) sweepResult {
+	var runEv []event
+	var runRel []nodeRel
+	var runRelOff []int32
+	if pred {
+		st.sortPredEvents()
+		runEv, runRel, runRelOff = st.predEvents, st.predRel, st.predRelOff
+	} else {
+		st.sortRunEvents()
+		runEv, runRel, runRelOff = st.runEvents, st.runRel, st.runRelOff
+	}
 	if len(st.sf) != len(st.nodes) {
 		st.sf = resize(st.sf, len(st.nodes))
 		st.mark = resize(st.mark, len(st.nodes))
@@ -111,7 +180,7 @@ func (st *state) sweep(pj *pjob, horizon int64) sweepResult {
 		ns := &st.nodes[n]
 		return ns.pool >= 0 && st.eligMask[ns.pool] && ns.cap >= min(g, max(pj.q, 1))
 	}
-	res := sweepResult{}
+	res := sweepResult{pred: pred}
 	// A single-node job that could not be placed now cannot fit in the
 	// projection's initial state either (it subtracts every reservation's
 	// claims), so only multi-node jobs need the initial check, which also
@@ -127,13 +196,19 @@ func (st *state) sweep(pj *pjob, horizon int64) sweepResult {
 			}
 		}
 		if gi := st.bestGroup(pj, nil); gi >= 0 {
-			return st.sweepDone(pj, 0, []int{gi}, event{}, false)
+			r := st.sweepDone(pj, 0, []int{gi}, event{}, false)
+			r.pred = pred
+			return r
 		}
 	}
 	// Extra events: this cycle's starts and victims, reservations.
 	extra := st.extraBuf[:0]
 	for i := range st.starts {
-		if e := st.starts[i].end; e != never {
+		e := st.starts[i].end
+		if pred {
+			e = st.starts[i].pend
+		}
+		if e != never {
 			extra = append(extra, event{at: e, kind: evStart, idx: i, id: st.starts[i].p.j.ID})
 		}
 	}
@@ -141,7 +216,11 @@ func (st *state) sweep(pj *pjob, horizon int64) sweepResult {
 		extra = append(extra, event{at: st.runs()[vi].end, kind: evGrace, idx: vi, id: st.runs()[vi].j.ID})
 	}
 	for i := range st.resvs {
-		if e := st.resvs[i].end; e != never {
+		e := st.resvs[i].end
+		if pred {
+			e = st.resvs[i].pend
+		}
+		if e != never {
 			extra = append(extra, event{at: e, kind: evPhantom, idx: i, id: st.resvs[i].p.j.ID})
 		}
 	}
@@ -149,7 +228,6 @@ func (st *state) sweep(pj *pjob, horizon int64) sweepResult {
 	st.extraBuf = extra
 	touched := st.touched[:0]
 	a, b := 0, 0
-	runEv := st.runEvents
 	for a < len(runEv) || b < len(extra) {
 		var ev event
 		fromRun := b >= len(extra) || (a < len(runEv) && cmpEvent(runEv[a], extra[b]) <= 0)
@@ -185,7 +263,7 @@ func (st *state) sweep(pj *pjob, horizon int64) sweepResult {
 		switch ev.kind {
 		case evRun, evGrace:
 			if fromRun {
-				rel := st.runRel[st.runRelOff[a-1]:st.runRelOff[a]]
+				rel := runRel[runRelOff[a-1]:runRelOff[a]]
 				for _, x := range rel {
 					release(int(x.node), int(x.gpus))
 				}
@@ -218,11 +296,15 @@ func (st *state) sweep(pj *pjob, horizon int64) sweepResult {
 			}
 			if best >= 0 {
 				st.touched = touched
-				return st.sweepDone(pj, ev.at, []int{best}, st.lastEv[best], true)
+				r := st.sweepDone(pj, ev.at, []int{best}, st.lastEv[best], true)
+				r.pred = pred
+				return r
 			}
 		} else if gi := st.bestGroup(pj, touched); gi >= 0 {
 			st.touched = touched
-			return st.sweepDone(pj, ev.at, []int{gi}, ev, true)
+			r := st.sweepDone(pj, ev.at, []int{gi}, ev, true)
+			r.pred = pred
+			return r
 		}
 		for _, n := range touched {
 			mark[n] = 0
@@ -288,7 +370,7 @@ func (st *state) sweepDone(pj *pjob, at int64, where []int, cause event, hasCaus
 // reserve records a reservation for pj from a sweep result.
 func (st *state) reserve(pj *pjob, r sweepResult) {
 	k := len(st.resvs)
-	st.resvs = append(st.resvs, reservation{p: pj, at: r.at, end: addSat(r.at, pj.limit), claims: r.claims, cause: r.cause})
+	st.resvs = append(st.resvs, reservation{p: pj, at: r.at, end: addSat(r.at, pj.limit), pend: addSat(r.at, pj.run), claims: r.claims, cause: r.cause, pred: r.pred})
 	for i, c := range r.claims {
 		st.claimNode(c.Node, k, r.spares[i])
 	}

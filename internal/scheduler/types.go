@@ -59,7 +59,8 @@
 //     (jobs ending before then may use them). The projection frees running
 //     jobs at Start+TimeLimit (terminating ones at GraceEnd) and holds
 //     earlier reservations from now until their projected end
-//     (conservative).
+//     (conservative). Policy.PredictedBackfill (off by default) uses
+//     predicted run times (Job.Predicted) instead of time limits here.
 //     Starvation guard: tier 3-4 jobs that have waited StarvationWait
 //     (default 20 min) are served right after the production classes and
 //     before every other research job, oldest first (submit time, id): each
@@ -220,7 +221,14 @@ type Job struct {
 	// Estimate, then to TimeLimit. It never changes a scheduling decision,
 	// so a caller can fill it (the simulator learns it from each user's
 	// and team's history) without changing the order.
-	Expected       time.Duration
+	Expected time.Duration
+	// Predicted is the run time reservations and backfill assume under
+	// Policy.PredictedBackfill (ModeAllot), e.g. the user's recent run
+	// time / time limit ratio × this job's limit; capped at TimeLimit; 0 =
+	// none (the time limit). A running job past it is predicted to run
+	// twice as long, again as needed, at most its limit. Nothing else
+	// reads it.
+	Predicted      time.Duration
 	Preemptible    bool // runs as preemptible (explicit, or demoted at submission)
 	Checkpointable bool
 
@@ -350,6 +358,18 @@ type Policy struct {
 	// suite, most tier-1 waits over grace + one cycle). False keeps the
 	// priority order within tier 1.
 	Tier1FIFO bool
+	// PredictedBackfill (ModeAllot; off by default): reservations and
+	// backfill use predicted run times (Job.Predicted) instead of time
+	// limits, after Tsafrir, Etsion and Feitelson (2007): a reservation's
+	// time is computed with running jobs ending at Start + Predicted
+	// (doubled while the job outlives it, at most its limit), jobs
+	// started this cycle and reserved jobs running their predicted time,
+	// and a job may start on GPUs a reservation counts on if its
+	// predicted run ends by the reservation's time. Preemption decisions
+	// (whether GPUs come free within a grace period, the work a guarantee
+	// reclaim may lose), the packing score and EstStartLimits keep time
+	// limits. See sim/RESULTS.md for what it did on the suite.
+	PredictedBackfill bool
 }
 
 // ETAMethod is how the start of a pending job is estimated.
