@@ -13,7 +13,7 @@ run:
 ARTIFACTS ?= $(CURDIR)/.allot/test-artifacts
 test: check-generate vet
 	@mkdir -p $(ARTIFACTS)/screenshots
-	ALLOT_SCREENSHOTS=$(ARTIFACTS)/screenshots $(GO) run ./cmd/allot test-env -- $(GO) test -count=1 ./...
+	ALLOT_SCREENSHOTS=$(ARTIFACTS)/screenshots $(GO) run ./cmd/allot test-env -- $(GO) test -count=1 -timeout 20m ./...
 
 ## generate: regenerate templ output (committed)
 generate:

@@ -133,6 +133,6 @@ func (s *Server) RecordContacts(ctx context.Context) error {
 	if err := s.hbSt.RecordContacts(ctx, nodes, at); err != nil {
 		return err
 	}
-	s.log.Info("heartbeats refused under load counted as signs of life", "nodes", len(nodes))
+	s.log.Warn("server overloaded: refused heartbeats counted as their nodes' signs of life", "nodes", len(nodes))
 	return nil
 }

@@ -92,6 +92,10 @@ func TestLoadtestSelfHosted(t *testing.T) {
 	if rep.Cycles == nil || rep.Cycles.Count == 0 || rep.Cycles.MaxPending < 150 || rep.Cycles.Started == 0 {
 		t.Errorf("worker's cycles: %+v", rep.Cycles)
 	}
+	// The agents' nodes at the end: all 6 up (none silent for 60 s).
+	if len(rep.Nodes) != 1 || rep.Nodes["up"] != 6 {
+		t.Errorf("the agents' nodes by state: %v, want up 6", rep.Nodes)
+	}
 	// The probe saw the seeded cluster: 6 agents + 20 busy nodes (+ the
 	// demo's 16 and the history node), 200 pending less what the worker's
 	// cycles may have started on the agents' 48 GPUs already.

@@ -178,8 +178,34 @@ type Report struct {
 	// Probe is the tool's own cycle after seeding (CycleProbe).
 	Probe *ProbeReport `json:"cycle_probe,omitempty"`
 	// Jobs counts the run's submitted jobs by state at the end.
-	Jobs  map[string]int `json:"submitted_jobs_by_state,omitempty"`
-	Notes []string       `json:"notes,omitempty"`
+	Jobs map[string]int `json:"submitted_jobs_by_state,omitempty"`
+	// Nodes counts the simulated agents' nodes by state at the end.
+	Nodes map[string]int `json:"agent_nodes_by_state,omitempty"`
+	// Refused counts, in the window, the booted server's requests refused
+	// by admission control ("level/reason") and its refused heartbeats
+	// counted as their node's sign of life ("heartbeats counted as alive").
+	Refused map[string]int `json:"admission_refused,omitempty"`
+	Notes   []string       `json:"notes,omitempty"`
+}
+
+// countByState runs query (state, count rows) into a map.
+func countByState(ctx context.Context, db *pgxpool.Pool, query string, args ...any) (map[string]int, error) {
+	rows, err := db.Query(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int{}
+	for rows.Next() {
+		var s string
+		var n int
+		if err := rows.Scan(&s, &n); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		out[s] = n
+	}
+	rows.Close()
+	return out, rows.Err()
 }
 
 // RunConfig echoes the run's settings.
@@ -372,7 +398,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	r.ops.off.Store(false)
 	start := opens
 	rep.StartedAt = start.UTC()
-	phasesBefore := r.phases()
+	phasesBefore, refusedBefore := r.phases(), r.refusals()
 	var cycleID int64
 	if cfg.DB != nil {
 		if err := cfg.DB.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM scheduling_cycles`).Scan(&cycleID); err != nil {
@@ -409,27 +435,19 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		if rep.Cycles, err = r.cycles(ctx, cycleID); err != nil {
 			return nil, err
 		}
+		rep.Refused = refusalsIn(refusedBefore, r.refusals())
 		if ph := phaseMeans(phasesBefore, r.phases()); len(ph) > 0 {
 			rep.Cycles.Phases = ph
 		}
 		if len(submitted) > 0 {
-			rep.Jobs = map[string]int{}
-			rows, err := cfg.DB.Query(ctx, `SELECT state, count(*) FROM jobs WHERE id = ANY($1) GROUP BY state`, submitted)
-			if err != nil {
+			if rep.Jobs, err = countByState(ctx, cfg.DB, `SELECT state, count(*) FROM jobs WHERE id = ANY($1) GROUP BY state`, submitted); err != nil {
 				return nil, fmt.Errorf("counting the submitted jobs: %w", err)
 			}
-			for rows.Next() {
-				var s string
-				var n int
-				if err := rows.Scan(&s, &n); err != nil {
-					rows.Close()
-					return nil, err
-				}
-				rep.Jobs[s] = n
-			}
-			rows.Close()
-			if err := rows.Err(); err != nil {
-				return nil, err
+		}
+		if cfg.Agents > 0 {
+			// A node marked down under load fails its jobs (node_lost).
+			if rep.Nodes, err = countByState(ctx, cfg.DB, `SELECT state, count(*) FROM nodes WHERE name LIKE $1 || '%' GROUP BY state`, agentPrefix); err != nil {
+				return nil, fmt.Errorf("counting the agents' nodes: %w", err)
 			}
 		}
 	} else {
@@ -675,6 +693,59 @@ func (r *runner) phases() phaseSums {
 				}
 			}
 		}
+	}
+	return out
+}
+
+// refusedCounted is Report.Refused's key for the refused heartbeats the
+// server counted as signs of life.
+const refusedCounted = "heartbeats counted as alive"
+
+// refusals reads the booted server's admission refusals by level/reason
+// and its refused heartbeats counted as alive (nil without a registry).
+func (r *runner) refusals() map[string]float64 {
+	if r.cfg.Gather == nil {
+		return nil
+	}
+	fams, err := r.cfg.Gather.Gather()
+	if err != nil {
+		return nil
+	}
+	out := map[string]float64{}
+	for _, f := range fams {
+		switch f.GetName() {
+		case "allot_admission_rejected_total":
+			for _, m := range f.GetMetric() {
+				var level, reason string
+				for _, l := range m.GetLabel() {
+					switch l.GetName() {
+					case "level":
+						level = l.GetValue()
+					case "reason":
+						reason = l.GetValue()
+					}
+				}
+				out[level+"/"+reason] += m.GetCounter().GetValue()
+			}
+		case "allot_refused_heartbeats_counted_total":
+			for _, m := range f.GetMetric() {
+				out[refusedCounted] += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return out
+}
+
+// refusalsIn is what grew between two readings of refusals.
+func refusalsIn(before, after map[string]float64) map[string]int {
+	out := map[string]int{}
+	for k, a := range after {
+		if n := int(a - before[k]); n > 0 {
+			out[k] = n
+		}
+	}
+	if len(out) == 0 {
+		return nil
 	}
 	return out
 }

@@ -85,12 +85,18 @@ func (r *Report) WriteText(w io.Writer) error {
 			fmt.Fprintf(w, "cycle phases (mean, from the worker's metrics): %s\n", strings.Join(parts, ", "))
 		}
 	}
-	if len(r.Jobs) > 0 {
-		parts := []string{}
-		for _, k := range sortedKeys(r.Jobs) {
-			parts = append(parts, fmt.Sprintf("%s %d", k, r.Jobs[k]))
+	for _, c := range []struct {
+		what string
+		n    map[string]int
+	}{{"submitted jobs at the end", r.Jobs}, {"the agents' nodes at the end", r.Nodes}, {"refused by admission control in the window (level/reason)", r.Refused}} {
+		if len(c.n) == 0 {
+			continue
 		}
-		fmt.Fprintf(w, "submitted jobs at the end: %s\n", strings.Join(parts, ", "))
+		parts := []string{}
+		for _, k := range sortedKeys(c.n) {
+			parts = append(parts, fmt.Sprintf("%s %d", k, c.n[k]))
+		}
+		fmt.Fprintf(w, "%s: %s\n", c.what, strings.Join(parts, ", "))
 	}
 	for _, n := range r.Notes {
 		fmt.Fprintf(w, "note: %s\n", n)
