@@ -9,21 +9,21 @@ import (
 )
 
 // contactTokenTTL is how long a node token that authenticated here is
-// recognised in a heartbeat refused before authentication. Past it (or
-// once the token fails to authenticate) a refused heartbeat with it is
+// recognised in an agent request refused before authentication. Past it
+// (or once the token fails to authenticate) a refused request with it is
 // no sign of life: a revoked token keeps no node alive for longer.
 const contactTokenTTL = 10 * time.Minute
 
 // contacts remembers, per API server, which node each recently
 // authenticated node token belongs to, and which nodes knocked with one
-// while admission control refused their heartbeat (issue 16: under a
+// while admission control refused their requests (issue 16: under a
 // 1,000-agent fill, nodes whose heartbeats were refused for 60 s were
 // marked down and their jobs failed, though every agent was alive).
 // Only digests of tokens are kept (CallerKey).
 type contacts struct {
 	mu    sync.Mutex
 	known map[string]knownToken // CallerKey → the node it authenticated as
-	heard map[string]time.Time  // node → its latest refused heartbeat, not yet recorded
+	heard map[string]time.Time  // node → its latest refused request, not yet recorded
 }
 
 type knownToken struct {
@@ -111,17 +111,18 @@ func (c *contacts) take(now time.Time) (nodes []string, at []time.Time) {
 	return nodes, at
 }
 
-// RefusedAgentRequest is admission control's hook (apf.Controller.Refused):
-// a heartbeat it refused before authentication, with a node token that
+// RefusedAgentRequest is admission control's hook (apf.Controller
+// .RefusedAgent): an agent request (a heartbeat, a lease report, a log
+// batch) it refused before authentication, with a node token that
 // authenticated here within the last 10 minutes, is a sign of its node's
 // life, recorded by the next RecordContacts.
 func (s *Server) RefusedAgentRequest(r *http.Request) {
 	if s.contacts.heardFrom(r, s.st.Now()) {
-		s.http.KnownRefusedHeartbeats.Inc()
+		s.http.KnownRefusedAgent.Inc()
 	}
 }
 
-// RecordContacts writes the refused heartbeats heard since the last call
+// RecordContacts writes the refused agent requests heard since the last call
 // (store.RecordContacts), on the heartbeats' pool. `allot server` calls it
 // every heartbeat interval; a node is marked down only once it has been
 // silent both ways for the lost window.
@@ -133,6 +134,6 @@ func (s *Server) RecordContacts(ctx context.Context) error {
 	if err := s.hbSt.RecordContacts(ctx, nodes, at); err != nil {
 		return err
 	}
-	s.log.Warn("server overloaded: refused heartbeats counted as their nodes' signs of life", "nodes", len(nodes))
+	s.log.Warn("server overloaded: refused agent requests counted as their nodes' signs of life", "nodes", len(nodes))
 	return nil
 }

@@ -344,7 +344,7 @@ func (m *Main) Run(ctx context.Context) error {
 		// Admission control wraps the whole server: a request is queued or
 		// refused before it costs a token lookup.
 		admission := apf.New(m.Admission, m.Registry)
-		admission.RefusedHeartbeat = srv.RefusedAgentRequest
+		admission.RefusedAgent = srv.RefusedAgentRequest
 		m.http = &http.Server{Handler: admission.Handler(srv.Handler()), ReadHeaderTimeout: limits.ReadHeaderTimeout, WriteTimeout: limits.WriteTimeout,
 			IdleTimeout: limits.IdleTimeout, ConnContext: web.WithConn}
 		m.http.RegisterOnShutdown(srv.Notifier().Close)

@@ -14,27 +14,36 @@ import (
 	"github.com/allotlabs/allot/internal/demo"
 )
 
-// TestRefusedHeartbeatsKeepTheirNodeUp16: a heartbeat that an overloaded
-// server refuses before authentication, with a node token that
-// authenticated here before, is a sign of its node's life: the node is
+// TestRefusedAgentRequestsKeepTheirNodeUp16: a heartbeat (or another agent
+// request) that an overloaded server refuses before authentication, with a
+// node token that authenticated here before, is a sign of its node's life:
+// the node is
 // not marked down (its jobs not failed) while its agent keeps knocking.
 // A token never seen, or revoked, keeps nothing alive, and once the knocks
 // stop too the node is marked down, saying why.
-func TestRefusedHeartbeatsKeepTheirNodeUp16(t *testing.T) {
+func TestRefusedAgentRequestsKeepTheirNodeUp16(t *testing.T) {
 	e := bootMain(t, &Main{Config: Config{DevMode: true, HTTP: HTTPLimits{BodyTimeout: 5 * time.Minute}, Admission: apf.Config{
-		Heartbeat: apf.Limits{MaxInFlight: 1, QueueLength: 0, QueueWait: time.Minute}}}})
+		Heartbeat: apf.Limits{MaxInFlight: 1, QueueLength: 0, QueueWait: time.Minute},
+		Agent:     apf.Limits{MaxInFlight: 1, QueueLength: 0, QueueWait: time.Minute}}}})
 	e.withTokens()
 	ctx := context.Background()
 	knocking := fakeAgent(t, e, "ctc01") // keeps knocking, refused
 	fakeAgent(t, e, "ctc02")             // silent
 	revoked := fakeAgent(t, e, "ctc03")  // knocks with a revoked token
-	holder := fakeAgent(t, e, "ctc04")   // its heartbeat holds the level's one slot
-	for _, c := range []*agentproto.Client{knocking, revoked, holder} {
+	holder := fakeAgent(t, e, "ctc04")   // its requests hold the levels' one slot each
+	fakeAgent(t, e, "ctc05")             // a lease report of its, refused
+	reportTok, err := e.m.Store.CreateNodeToken(ctx, "ctc05", "its refused log batch")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.tokens["ctc05"] = reportTok
+	reporter := agentproto.NewClient(e.url, reportTok)
+	for _, c := range []*agentproto.Client{knocking, revoked, holder, reporter} {
 		if _, err := c.Heartbeat(ctx, beatOf("ctc")); err != nil { // authenticated here: the token is known
 			t.Fatal(err)
 		}
 	}
-	holdTok, err := e.m.Store.CreateNodeToken(ctx, "ctc04", "holds the heartbeat slot")
+	holdTok, err := e.m.Store.CreateNodeToken(ctx, "ctc04", "holds the heartbeat and agent slots")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,8 +66,15 @@ func TestRefusedHeartbeatsKeepTheirNodeUp16(t *testing.T) {
 			t.Fatalf("%s: heartbeat with the level full: %v, want 429", name, err)
 		}
 	}
-	if n := admission(t, e, "allot_refused_heartbeats_counted_total"); n != 1 {
-		t.Errorf("refused heartbeats counted: %v, want 1 (ctc01's)", n)
+	// The other agent requests' level: ctc05's log batch is refused.
+	heldLog, logPipe := apfSend(e, "POST", "/api/agent/v1/jobs/log", "hold", nil)
+	waitLevel(t, e, apf.Agent, 1, 0)
+	refused, _ := apfSend(e, "POST", "/api/agent/v1/jobs/log", "ctc05", []byte(`{}`))
+	if a := <-refused; a.code != http.StatusTooManyRequests {
+		t.Fatalf("ctc05's log batch with the agent level full: %d %s, want 429", a.code, a.body)
+	}
+	if n := admission(t, e, "allot_refused_agent_requests_counted_total"); n != 2 {
+		t.Errorf("refused agent requests counted: %v, want 2 (ctc01's heartbeat, ctc05's log batch)", n)
 	}
 	if err := e.m.Server.RecordContacts(ctx); err != nil {
 		t.Fatal(err)
@@ -74,6 +90,10 @@ func TestRefusedHeartbeatsKeepTheirNodeUp16(t *testing.T) {
 	if a := <-held; a.code != http.StatusOK {
 		t.Fatalf("the held heartbeat: %d %s", a.code, a.body)
 	}
+	logPipe.Close() // an empty batch: refused by the handler, not by admission
+	if a := <-heldLog; a.code == http.StatusTooManyRequests || a.code == 0 {
+		t.Fatalf("the held log batch: %d %s", a.code, a.body)
+	}
 
 	contact := func(node string) *time.Time {
 		var at *time.Time
@@ -86,6 +106,9 @@ func TestRefusedHeartbeatsKeepTheirNodeUp16(t *testing.T) {
 	if at == nil || at.Before(now) {
 		t.Fatalf("ctc01's last contact = %v, want at or after %v", at, now)
 	}
+	if c := contact("ctc05"); c == nil || c.Before(*at) {
+		t.Fatalf("ctc05's last contact = %v, want at or after ctc01's %v", c, at)
+	}
 	for _, n := range []string{"ctc02", "ctc03"} {
 		if c := contact(n); c != nil {
 			t.Errorf("%s's last contact = %v, want none", n, c)
@@ -93,7 +116,7 @@ func TestRefusedHeartbeatsKeepTheirNodeUp16(t *testing.T) {
 	}
 
 	// Silent for the lost window: ctc02 and ctc03 are marked down, ctc01
-	// (knocking a moment ago) is not.
+	// and ctc05 (knocking a moment ago) are not.
 	lost, err := e.m.Store.MarkLostNodes(ctx, at.Add(-time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -111,7 +134,7 @@ func TestRefusedHeartbeatsKeepTheirNodeUp16(t *testing.T) {
 	if err := e.m.Pool.QueryRow(ctx, `SELECT state_reason FROM nodes WHERE name = 'ctc01'`).Scan(&reason); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.HasPrefix(reason, "no heartbeat since ") || !strings.Contains(reason, "last heartbeat refused by an overloaded server at ") {
+	if !strings.HasPrefix(reason, "no heartbeat since ") || !strings.Contains(reason, "last request refused by an overloaded server at ") {
 		t.Errorf("ctc01's state reason = %q", reason)
 	}
 }

@@ -111,12 +111,12 @@ const (
 type Controller struct {
 	levels map[string]*level
 	m      *metrics
-	// RefusedHeartbeat, when set, is told of every heartbeat refused (or
-	// whose client left while it waited): the server counts one with a
-	// node token it knows as its node's sign of life, so an overloaded
-	// control plane does not mark live nodes down (web.Server
-	// .RefusedAgentRequest). Set it before serving.
-	RefusedHeartbeat func(r *http.Request)
+	// RefusedAgent, when set, is told of every request of the two agent
+	// levels refused (or whose client left while it waited): the server
+	// counts one with a node token it knows as its node's sign of life, so
+	// an overloaded control plane does not mark live nodes down
+	// (web.Server.RefusedAgentRequest). Set it before serving.
+	RefusedAgent func(r *http.Request)
 }
 
 // New builds the levels of cfg and registers their metrics on reg (nil:
@@ -179,8 +179,8 @@ func (c *Controller) Handler(next http.Handler) http.Handler {
 		}
 		release, reason := l.acquire(r, key)
 		if release == nil {
-			if name == Heartbeat && c.RefusedHeartbeat != nil {
-				c.RefusedHeartbeat(r)
+			if (name == Heartbeat || name == Agent) && c.RefusedAgent != nil {
+				c.RefusedAgent(r)
 			}
 			if reason != reasonCanceled {
 				refuse(w, r, l, reason)

@@ -182,8 +182,8 @@ type Report struct {
 	// Nodes counts the simulated agents' nodes by state at the end.
 	Nodes map[string]int `json:"agent_nodes_by_state,omitempty"`
 	// Refused counts, in the window, the booted server's requests refused
-	// by admission control ("level/reason") and its refused heartbeats
-	// counted as their node's sign of life ("heartbeats counted as alive").
+	// by admission control ("level/reason") and its refused agent requests
+	// counted as their node's sign of life ("agent requests counted as alive").
 	Refused map[string]int `json:"admission_refused,omitempty"`
 	Notes   []string       `json:"notes,omitempty"`
 }
@@ -697,12 +697,12 @@ func (r *runner) phases() phaseSums {
 	return out
 }
 
-// refusedCounted is Report.Refused's key for the refused heartbeats the
+// refusedCounted is Report.Refused's key for the refused agent requests the
 // server counted as signs of life.
-const refusedCounted = "heartbeats counted as alive"
+const refusedCounted = "agent requests counted as alive"
 
 // refusals reads the booted server's admission refusals by level/reason
-// and its refused heartbeats counted as alive (nil without a registry).
+// and its refused agent requests counted as alive (nil without a registry).
 func (r *runner) refusals() map[string]float64 {
 	if r.cfg.Gather == nil {
 		return nil
@@ -727,7 +727,7 @@ func (r *runner) refusals() map[string]float64 {
 				}
 				out[level+"/"+reason] += m.GetCounter().GetValue()
 			}
-		case "allot_refused_heartbeats_counted_total":
+		case "allot_refused_agent_requests_counted_total":
 			for _, m := range f.GetMetric() {
 				out[refusedCounted] += m.GetCounter().GetValue()
 			}

@@ -12,9 +12,10 @@ type HTTP struct {
 	Requests *prometheus.CounterVec
 	Duration *prometheus.HistogramVec
 	InFlight prometheus.Gauge
-	// KnownRefusedHeartbeats counts heartbeats admission control refused
-	// with a node token this server knew: signs of their nodes' life.
-	KnownRefusedHeartbeats prometheus.Counter
+	// KnownRefusedAgent counts agent requests (heartbeats, lease reports)
+	// admission control refused with a node token this server knew: signs
+	// of their nodes' life.
+	KnownRefusedAgent prometheus.Counter
 }
 
 // NewHTTP creates the HTTP metrics and registers them on reg.
@@ -30,12 +31,12 @@ func NewHTTP(reg prometheus.Registerer) *HTTP {
 		InFlight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "allot_http_requests_in_flight", Help: "HTTP requests being served.",
 		}),
-		KnownRefusedHeartbeats: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "allot_refused_heartbeats_counted_total",
-			Help: "Heartbeats refused by admission control (the server was overloaded) with a node token that authenticated here in the last 10 minutes: counted as their node's sign of life, so it is not marked down.",
+		KnownRefusedAgent: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "allot_refused_agent_requests_counted_total",
+			Help: "Agent requests (heartbeats, lease reports, logs) refused by admission control (the server was overloaded) with a node token that authenticated here in the last 10 minutes: counted as their node's sign of life, so it is not marked down.",
 		}),
 	}
-	reg.MustRegister(m.Requests, m.Duration, m.InFlight, m.KnownRefusedHeartbeats)
+	reg.MustRegister(m.Requests, m.Duration, m.InFlight, m.KnownRefusedAgent)
 	return m
 }
 

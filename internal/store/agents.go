@@ -1175,8 +1175,9 @@ func (s *Store) LostNodes(ctx context.Context, interval time.Duration) ([]string
 }
 
 // RecordContacts records that nodes[i] knocked at at[i]: its agent sent a
-// heartbeat, with a token that had authenticated as that node, which an
-// overloaded API server refused before reading it
+// request (a heartbeat, a lease report), with a token that had
+// authenticated as that node, which an overloaded API server refused
+// before reading it
 // (web.Server.RecordContacts). MarkLostNodes counts it as a sign of life.
 // It never moves a contact back.
 func (s *Store) RecordContacts(ctx context.Context, nodes []string, at []time.Time) error {
@@ -1206,7 +1207,7 @@ func (s *Store) MarkLostNodes(ctx context.Context, cutoff time.Time) ([]string, 
 		rows, err := tx.db.Query(ctx, `
 			UPDATE nodes SET state = 'down', state_reason = 'no heartbeat since ' || to_char(last_heartbeat AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS UTC')
 				|| CASE WHEN last_contact > last_heartbeat
-					THEN ' (last heartbeat refused by an overloaded server at ' || to_char(last_contact AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS UTC') || ')'
+					THEN ' (last request refused by an overloaded server at ' || to_char(last_contact AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS UTC') || ')'
 					ELSE '' END
 			WHERE state IN ('up', 'draining', 'drained') AND registered_at IS NOT NULL AND last_heartbeat < $1 AND backend = 'native'
 				AND (last_contact IS NULL OR last_contact < $1)
