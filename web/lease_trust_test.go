@@ -583,3 +583,74 @@ func TestResentLogBatchKeptOnce(t *testing.T) {
 		t.Errorf("log_end = %d, want 12", end)
 	}
 }
+
+// TestCheckpointableJobRequeuedWhenItsAgentLostIt: an agent that comes back
+// from a crash without a job's process (agent_restarted) lost it through no
+// fault of the job: a checkpointable job goes back to the queue with its
+// reason, as after a lost node; any other fails, as before.
+func TestCheckpointableJobRequeuedWhenItsAgentLostIt(t *testing.T) {
+	r := newRig(t)
+	c := r.agent("gpu13")
+	u, err := r.st.UserByEmail(r.ctx, demo.PersonaEmail[demo.Admin])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []int64
+	for _, ckpt := range []bool{true, false} {
+		j, err := r.st.SubmitJob(r.ctx, &u, allot.JobSpec{Team: "recs", Tier: allot.Tier3, GPUs: 4, GPUType: "T4", TimeLimit: time.Hour,
+			Command: []string{"sleep", "600"}, Checkpointable: ckpt})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, j.ID)
+	}
+	r.cycle()
+	o, err := c.Orders(r.ctx, 0)
+	if err != nil || len(o.Offer) != 2 {
+		t.Fatalf("offers: %+v %v", o, err)
+	}
+	var refs []agentproto.LeaseRef
+	for _, off := range o.Offer {
+		ref := agentproto.LeaseRef{JobID: off.JobID, Segment: off.Segment}
+		if err := c.TakeLease(r.ctx, ref); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Started(r.ctx, agentproto.JobStarted{JobID: ref.JobID, Segment: ref.Segment, PID: 4242, Time: r.at()}); err != nil {
+			t.Fatal(err)
+		}
+		refs = append(refs, ref)
+	}
+	r.advance(time.Minute)
+	r.heartbeat(c, refs...)
+	r.advance(time.Minute)
+	// The agent crashed and came back without either process: the server
+	// orders both stopped, and ends the leases when no exit report comes
+	// (the worker's lost-nodes job, 30 s after the stop).
+	if _, err := c.Register(r.ctx, inventory("gpu13")); err != nil {
+		t.Fatal(err)
+	}
+	if o, err := c.Orders(r.ctx, 0); err != nil || len(o.Stop) != 2 || o.Stop[0].Reason != "agent_restarted" {
+		t.Fatalf("orders after the restart: %+v %v; want both stopped (agent_restarted)", o, err)
+	}
+	r.advance(31 * time.Second)
+	if n, err := r.st.EndUnconfirmedStops(r.ctx, r.at().Add(-30*time.Second)); err != nil || n != 2 {
+		t.Fatalf("EndUnconfirmedStops = %d, %v; want 2", n, err)
+	}
+	ck, plain := r.jobState(ids[0]), r.jobState(ids[1])
+	if ck.State != allot.JobPending || ck.PendingReason != "requeued: the agent on node gpu13 restarted without it" {
+		t.Errorf("checkpointable job: %s, %q; want pending, requeued", ck.State, ck.PendingReason)
+	}
+	if plain.State != allot.JobFailed || plain.EndReason != "agent_restarted" {
+		t.Errorf("other job: %s, %q; want failed, agent_restarted", plain.State, plain.EndReason)
+	}
+	for _, id := range ids {
+		if n := r.open(id); n != 0 {
+			t.Errorf("job %d: %d open allocations after its lease ended", id, n)
+		}
+	}
+	// The requeued job runs again as its next segment.
+	r.cycle()
+	if o, err = c.Orders(r.ctx, 0); err != nil || len(o.Offer) != 1 || o.Offer[0].JobID != ids[0] || o.Offer[0].Segment != refs[0].Segment+1 {
+		t.Fatalf("offer after the requeue: %+v %v; want job %d, segment %d", o, err, ids[0], refs[0].Segment+1)
+	}
+}

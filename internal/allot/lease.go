@@ -223,6 +223,16 @@ const (
 // PendingAfterLostNode is a requeued job's reason after node stopped answering.
 func PendingAfterLostNode(node string) string { return "requeued: node " + node + " stopped answering" }
 
+// PendingAfterLostProcess is a requeued checkpointable job's reason after
+// the agent on node lost its process: it came back from a crash without it
+// (agent_restarted) or stopped it while shutting down (agent_shutdown).
+func PendingAfterLostProcess(node string, why LeaseReason) string {
+	if why == ReasonAgentShutdown {
+		return "requeued: the agent on node " + node + " stopped it while shutting down"
+	}
+	return "requeued: the agent on node " + node + " restarted without it"
+}
+
 // SettleSegment decides what a lease's end means for its job:
 //
 //   - the job is no longer running this segment (cancelled, lost, already
@@ -230,6 +240,10 @@ func PendingAfterLostNode(node string) string { return "requeued: node " + node 
 //   - a lease ended because its node was lost: a checkpointable job goes
 //     back to the queue, any other fails with node_lost, at once; the rest
 //     of the gang is stopped;
+//   - a lease whose agent lost the process (agent_restarted,
+//     agent_shutdown) of a checkpointable job, not preempted or drained:
+//     back to the queue at once, the rest of the gang stopped; any other
+//     job fails as below;
 //   - some leases still run: when one ended badly by itself (not in a
 //     preemption or drain, which stop the whole gang anyway), the others
 //     are stopped (gang_member_failed); else nothing yet;
@@ -244,7 +258,8 @@ func SettleSegment(s Segment) Settlement {
 	slices.SortStableFunc(ls, func(a, b SegmentLease) int { return a.ExitedAt.Compare(b.ExitedAt) })
 	var preempted, drained, open, idle bool
 	var lost string
-	for _, l := range ls {
+	var lostProcess *SegmentLease // the first lease whose agent lost its process
+	for i, l := range ls {
 		preempted = preempted || l.StopReason == ReasonPreempted
 		drained = drained || l.StopReason == ReasonDrain
 		if l.State.Open() {
@@ -252,6 +267,8 @@ func SettleSegment(s Segment) Settlement {
 			idle = idle || !l.Stopping() || l.State == LeaseOffered
 		} else if l.ExitReason == ReasonNodeLost && lost == "" {
 			lost = l.Node
+		} else if (l.ExitReason == ReasonAgentRestarted || l.ExitReason == ReasonAgentShutdown) && lostProcess == nil {
+			lostProcess = &ls[i]
 		}
 	}
 	if lost != "" {
@@ -261,6 +278,18 @@ func SettleSegment(s Segment) Settlement {
 		}
 		if open {
 			out.StopOthers, out.StopGrace = ReasonNodeLost, LostNodeStopGrace
+		}
+		return out
+	}
+	// The node's side lost the process (the agent crashed and came back
+	// without it, or stopped it at its own shutdown): not the job's doing.
+	// A checkpointable job goes back to the queue at once, as after a lost
+	// node, and the rest of its gang is stopped; any other fails with the
+	// reason below, as before.
+	if lostProcess != nil && s.Checkpointable && !preempted && !drained {
+		out := Settlement{Outcome: OutcomeRequeue, PendingReason: PendingAfterLostProcess(lostProcess.Node, lostProcess.ExitReason)}
+		if open {
+			out.StopOthers, out.StopGrace = ReasonGangMemberFailed, GangStopGrace
 		}
 		return out
 	}
