@@ -891,7 +891,7 @@ func DocsView(d Docs) templ.Component {
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 76, "</strong> is marked down; its checkpointable jobs are requeued, the others fail (<code>node_lost</code>). Rules over the agents' GPU metrics drain a node (no new jobs) or warn the admins:</p><table data-testid=\"docs-health-rules\"><thead><tr><th>Rule</th><th>Metric</th><th>Match</th><th>Over</th><th>For</th><th>Severity</th><th>Action</th></tr></thead> <tbody>")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 76, "</strong> is marked down; its checkpointable jobs are requeued, the others fail (<code>node_lost</code>). A checkpointable job whose node agent lost its process (the agent crashed and came back without it, or stopped it while shutting down) is requeued too; the others fail (<code>agent_restarted</code>, <code>agent_shutdown</code>). Rules over the agents' GPU metrics drain a node (no new jobs) or warn the admins:</p><table data-testid=\"docs-health-rules\"><thead><tr><th>Rule</th><th>Metric</th><th>Match</th><th>Over</th><th>For</th><th>Severity</th><th>Action</th></tr></thead> <tbody>")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
