@@ -63,6 +63,8 @@ type options struct {
 	minRuntime     time.Duration
 	wideAging      bool
 	tier1FIFO      bool
+	predBackfill   bool
+	learnedOrder   bool
 	// --burst: replay allot once more with cloud burst ("allot+burst").
 	burst                    bool
 	burstDelay, burstHorizon time.Duration
@@ -262,6 +264,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o.minRuntime = -1
 	fs.BoolVar(&o.wideAging, "allot-wide-aging", scheduler.DefaultPolicy().WideAging, "allot: multi-node jobs age per node they need")
 	fs.BoolVar(&o.tier1FIFO, "allot-tier1-fifo", scheduler.DefaultPolicy().Tier1FIFO, "allot: tier-1 jobs oldest first, their preemptors served in that turn (false: by priority, preemptors ahead of the queue)")
+	fs.BoolVar(&o.predBackfill, "allot-predicted-backfill", scheduler.DefaultPolicy().PredictedBackfill, "allot: reservations and backfill use learned run times (the user's, else team's, median run time / limit of recent completed jobs × the job's limit; doubled while a job outlives it, at most its limit) instead of time limits")
+	fs.BoolVar(&o.learnedOrder, "allot-learned-order", false, "allot: the response order's T is the learned run time (as --allot-predicted-backfill's) instead of the time limit")
 	fs.Var(secondsOrDuration{&o.minRuntime}, "allot-min-runtime", "allot: no preemption before this much run time (default: the policy's)")
 	fs.BoolVar(&o.allotRawGuar, "allot-raw-guarantees", false, "allot: keep oversubscribed guarantees unscaled")
 	fs.BoolVar(&o.allotHold, "allot-hold", false, "allot: a job reserved in the last cycle keeps the head of its class")
@@ -428,6 +432,7 @@ func (st *setup) config(o *options, m scheduler.Mode) Config {
 	p.RawGuarantees = o.allotRawGuar
 	p.WideAging = o.wideAging
 	p.Tier1FIFO = o.tier1FIFO
+	p.PredictedBackfill = o.predBackfill
 	if o.minRuntime >= 0 {
 		p.MinRuntime = o.minRuntime
 	}
@@ -453,6 +458,7 @@ func (st *setup) config(o *options, m scheduler.Mode) Config {
 		WalltimeFactor:     o.walltime,
 		WalltimeFactorMax:  o.walltimeMax,
 		ETA:                o.eta,
+		LearnedOrder:       o.learnedOrder && p.Mode == scheduler.ModeAllot,
 		TierMix:            st.mix,
 		Seed:               o.seed,
 		CheckpointFraction: o.ckptFraction,

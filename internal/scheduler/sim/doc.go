@@ -144,6 +144,16 @@
 // and each job a jitter of ×0.8–1.25 (at least 1), as users ask alike but
 // not exactly.
 //
+// # Learned run times for scheduling (options)
+//
+// The same learned run time (at the job's arrival, from jobs completed
+// before it) can feed allot's decisions: --allot-predicted-backfill sets
+// Policy.PredictedBackfill and fills Job.Predicted (reservations and
+// backfill assume it instead of the time limit; a running job that
+// outlives it is predicted twice as long, at most its limit);
+// --allot-learned-order fills Job.Estimate (the response order's T). Both
+// are off by default; sim/RESULTS.md has what they did on the suite.
+//
 // The four policies of one invocation replay concurrently, one goroutine
 // each, at most GOMAXPROCS at a time.
 package sim

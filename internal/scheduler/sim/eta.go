@@ -82,9 +82,6 @@ type etaState struct {
 	later   []int32 // pending jobs in arrival order, for the +1 h prediction
 	laterAt int
 	want    map[int64]bool
-	users   map[string]*ratioRing
-	teams   map[string]*ratioRing
-	buf     []float64
 	free    []int64 // naive: per node, GPU free times by time limits
 	// nextRefresh: no running job reaches its expected run time before
 	// this (refreshRunning).
@@ -92,7 +89,7 @@ type etaState struct {
 }
 
 func newETAState(n int) *etaState {
-	e := &etaState{jobs: make([]etaJob, n), want: map[int64]bool{}, users: map[string]*ratioRing{}, teams: map[string]*ratioRing{}}
+	e := &etaState{jobs: make([]etaJob, n), want: map[int64]bool{}}
 	for i := range e.jobs {
 		for k := range e.jobs[i].est {
 			for m := range e.jobs[i].est[k] {
@@ -103,10 +100,22 @@ func newETAState(n int) *etaState {
 	return e
 }
 
+// learner holds the users' and teams' run-time ratios of completed jobs
+// (Config.ETA, Config.LearnedOrder, Policy.PredictedBackfill).
+type learner struct {
+	users map[string]*ratioRing
+	teams map[string]*ratioRing
+	buf   []float64
+}
+
+func newLearner() *learner {
+	return &learner{users: map[string]*ratioRing{}, teams: map[string]*ratioRing{}}
+}
+
 // learned is the expected run time of a job from its user's or team's
 // history, 0 if unknown.
 func (s *state) learned(j *simJob) time.Duration {
-	e := s.eta
+	e := s.lrn
 	if e == nil {
 		return 0
 	}
@@ -126,7 +135,7 @@ func (s *state) learned(j *simJob) time.Duration {
 // fraction of the limit already run (a conditional median), else halfway
 // to the limit.
 func (s *state) refreshRunning() {
-	e := s.eta
+	e, l := s.eta, s.lrn
 	if s.now < e.nextRefresh {
 		return // no running job has reached its expected run time
 	}
@@ -143,9 +152,9 @@ func (s *state) refreshRunning() {
 			continue
 		}
 		frac := float64(ran+j.done) / float64(j.timeLimit)
-		q, ok := e.users[j.tj.User].medianAbove(frac, e.buf)
+		q, ok := l.users[j.tj.User].medianAbove(frac, l.buf)
 		if !ok {
-			q, ok = e.teams[j.tj.Team].medianAbove(frac, e.buf)
+			q, ok = l.teams[j.tj.Team].medianAbove(frac, l.buf)
 		}
 		exp := ran + (r.TimeLimit-ran)/2
 		if ok {
@@ -177,7 +186,7 @@ func (r *ratioRing) medianAbove(x float64, buf []float64) (float64, bool) {
 
 // learn records a completed job's run time against its time limit.
 func (s *state) learn(j *simJob) {
-	e := s.eta
+	e := s.lrn
 	if e == nil || j.timeLimit <= 0 {
 		return
 	}

@@ -34,6 +34,15 @@ func TestKeepChangesNothing(t *testing.T) {
 			t.Errorf("%s: no preemption; the test should exercise one", m)
 		}
 	}
+	// Learned run times for backfill and order (running jobs' Job.Predicted).
+	pcfg := Config{Nodes: 6, GPUsPerNode: 8, DomainNodes: 2, Teams: teams, Policy: policy(scheduler.ModeAllot),
+		Cycle: 10 * time.Second, WalltimeFactor: 1.5, WalltimeFactorMax: 5, CheckpointFraction: 0.5, LearnedOrder: true, Schedule: scheduler.Schedule}
+	pcfg.Policy.PredictedBackfill = true
+	pkept := run(t, pcfg, trace)
+	pcfg.NoKeep = true
+	if d := gocmp.Diff(run(t, pcfg, trace), pkept, ignore); d != "" {
+		t.Errorf("predicted backfill: keeping the running state changed the replay (-every cycle +kept):\n%s", d)
+	}
 	// Burst nodes come and go: the nodes change, and the keep is rebuilt.
 	rate := allot.Money{Micros: 1_400_000, Currency: "USD"}
 	bc := &BurstConfig{Shape: burst.Shape{GPUType: "A100-spot", GPUs: 8, Rate: rate}, Thresholds: burst.FromPolicy(allot.DefaultPolicy()), Delay: 5 * time.Minute}

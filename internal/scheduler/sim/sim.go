@@ -44,9 +44,15 @@ type Config struct {
 	WalltimeFactorMax float64
 	// ETA measures start estimates (Result.ETAAtSubmit, ETAAt1h; see
 	// eta.go): the cycles with a job to predict fill Plan.Pending for it.
-	ETA     bool
-	TierMix []TierWeight
-	Seed    int64
+	ETA bool
+	// LearnedOrder fills Job.Estimate (which orders the queue under
+	// scheduler.OrderResponse) with the learned run time (eta.go: the
+	// user's, else the team's, median run time / limit × the job's
+	// limit, from jobs completed before its arrival). Under
+	// Policy.PredictedBackfill Job.Predicted gets the same value.
+	LearnedOrder bool
+	TierMix      []TierWeight
+	Seed         int64
 	// CheckpointFraction of the jobs (by seeded hash) are checkpointable;
 	// they checkpoint every CheckpointInterval of run time.
 	CheckpointFraction float64
@@ -167,7 +173,7 @@ type simJob struct {
 	preempted  int
 	stuck      bool          // dropped at the end: never started on an empty cluster
 	reserved   int           // the cycle (1-based) whose plan last reserved for it
-	expected   time.Duration // learned expected run time at arrival (Config.ETA), 0 = unknown
+	expected   time.Duration // learned expected run time at arrival (learner), 0 = unknown
 	lastCk     time.Duration // the run's last checkpoint set in the snapshot (0: none)
 }
 
@@ -222,6 +228,9 @@ type state struct {
 	pending     []scheduler.Job // sorted by (Submit, ID)
 	teams       []scheduler.Team
 	teamIdx     map[string]int
+
+	// lrn learns run times from completed jobs (nil when nothing reads them).
+	lrn *learner
 
 	events eventHeap
 	now    time.Duration
@@ -309,6 +318,9 @@ func Run(cfg Config, trace []TraceJob) (*Result, error) {
 	s.build(trace)
 	if cfg.ETA {
 		s.eta = newETAState(len(s.jobs))
+	}
+	if cfg.ETA || cfg.LearnedOrder || cfg.Policy.PredictedBackfill && cfg.Policy.Mode == scheduler.ModeAllot {
+		s.lrn = newLearner()
 	}
 	if err := s.loop(); err != nil {
 		return nil, fmt.Errorf("%s: %w", cfg.Policy.Mode, err)
@@ -712,8 +724,10 @@ func (s *state) arrive(i int) {
 		s.startable = s.mayStart(j)
 	}
 	s.teamPend[j.team]++
-	if s.eta != nil {
+	if s.lrn != nil {
 		j.expected = s.learned(j)
+	}
+	if s.eta != nil {
 		s.eta.first = append(s.eta.first, int32(i))
 		s.eta.later = append(s.eta.later, int32(i))
 	}
@@ -726,8 +740,20 @@ func (s *state) pendingJob(j *simJob) scheduler.Job {
 	if j.expected > 0 {
 		exp = max(j.expected-j.done, time.Second)
 	}
+	var estimate, predicted time.Duration
+	if s.cfg.LearnedOrder {
+		estimate = exp
+	}
+	if s.cfg.Policy.PredictedBackfill {
+		predicted = exp
+	}
+	if s.eta == nil {
+		exp = 0 // the forecast's Expected only with the ETA measurement, as before
+	}
 	return scheduler.Job{
 		Expected:       exp,
+		Estimate:       estimate,
+		Predicted:      predicted,
 		ID:             j.id,
 		Name:           j.tj.Name,
 		Team:           j.tj.Team,
