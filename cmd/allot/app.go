@@ -58,6 +58,11 @@ type Config struct {
 	// --require-posix-account`, on in `allot dev`. Off (the default), such
 	// a job runs as the agent's default job user.
 	RequirePOSIXAccount bool
+	// SecretKeyFile, when set, is the key file that encrypts jobs' secret
+	// environment values at rest (store.SecretKeys): `allot server` and
+	// `allot worker --secret-key-file`; `allot dev` makes one. Unset, they
+	// are stored in clear (a warning at start).
+	SecretKeyFile string
 	// MetricsAddr, when set, is a listener of its own for /metrics (this
 	// process's registry: the worker's scheduler metrics, the server's
 	// HTTP metrics, the database pool): `allot worker --metrics-addr`.
@@ -239,6 +244,15 @@ func (m *Main) Run(ctx context.Context) error {
 		m.Store.Now = m.Now
 	}
 	m.Store.RequirePOSIXAccount = m.RequirePOSIXAccount
+	if m.SecretKeyFile != "" {
+		if m.Store.Secrets, err = store.LoadSecretKeys(m.SecretKeyFile); err != nil {
+			pool.Close()
+			return err
+		}
+		m.Logger.Info("jobs' secret environment values are encrypted at rest", "key", m.Store.Secrets.KeyID())
+	} else if m.Addr != "" {
+		m.Logger.Warn("jobs' secret environment values are stored in clear: give --secret-key-file (allot secret-key new) to encrypt them")
+	}
 	if m.Migrate {
 		if err := store.Migrate(ctx, pool, m.Logger); err != nil {
 			return err
@@ -282,7 +296,7 @@ func (m *Main) Run(ctx context.Context) error {
 			return err
 		}
 		m.AgentStore = store.New(m.AgentPool)
-		m.AgentStore.Now, m.AgentStore.RequirePOSIXAccount = m.Store.Now, m.RequirePOSIXAccount
+		m.AgentStore.Now, m.AgentStore.RequirePOSIXAccount, m.AgentStore.Secrets = m.Store.Now, m.RequirePOSIXAccount, m.Store.Secrets
 		if m.HeartbeatPool, err = openSidePool(ctx, m.DatabaseURL, limits.HeartbeatConns, "allot-heartbeats"); err != nil {
 			m.ln.Close()
 			return err

@@ -22,6 +22,7 @@ import (
 	"github.com/allotlabs/allot/internal/devdb"
 	"github.com/allotlabs/allot/internal/jobs"
 	"github.com/allotlabs/allot/internal/oidcdev"
+	"github.com/allotlabs/allot/internal/store"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -140,8 +141,15 @@ func devMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	cpRoot, _ := filepath.Abs(filepath.Join(jobsRoot, "checkpoints"))
+	// Jobs' secret env is encrypted at rest, as in production, with a key
+	// of the state directory's (made once, kept with the database).
+	keyFile, err := devSecretKey(stateDir)
+	if err != nil {
+		fmt.Fprintf(stderr, "allot dev: %v\n", err)
+		return 1
+	}
 	m := &Main{Config: Config{DatabaseURL: url, Addr: *addr, Worker: true, Migrate: true, DevMode: true, Logger: log, CheckpointRoot: cpRoot, APITokenTTL: tokenTTL(),
-		RequirePOSIXAccount: *requireAccount, MetricsAddr: *metricsAddr}}
+		RequirePOSIXAccount: *requireAccount, MetricsAddr: *metricsAddr, SecretKeyFile: keyFile}}
 	// Single sign-on: the company's provider when ALLOT_OIDC_* says so,
 	// else a development provider with the demo personas.
 	var idp *oidcdev.Server
@@ -486,4 +494,25 @@ func mustAbs(p string) string {
 func shortHash(s string) string {
 	h := sha256.Sum256([]byte(s))
 	return hex.EncodeToString(h[:6])
+}
+
+// devSecretKey is the demo's secret key file in dir, made (mode 0600) when
+// missing.
+func devSecretKey(dir string) (string, error) {
+	path := filepath.Join(dir, "secret.key")
+	if _, err := os.Stat(path); err == nil {
+		return path, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return "", fmt.Errorf("making the demo's secret key: %w", err)
+	}
+	_, err = fmt.Fprintf(f, "# allot dev: encrypts the demo jobs' secret env at rest\n%s\n", store.NewSecretKey())
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return path, err
 }

@@ -38,6 +38,7 @@ Run the system:
   migrate   apply database migrations (DATABASE_URL); the default tiers and policy come with them
   bootstrap-admin  the first admin and an API token (DATABASE_URL): allot bootstrap-admin --email ops@corp.example
   slurm     Allot on a Slurm cluster: allot slurm check | render | diff | apply | sync (see allot slurm help)
+  secret-key  the key that encrypts jobs' secret env at rest: allot secret-key new > /etc/allot/secret.key | reseal --secret-key-file F (DATABASE_URL)
   node-token  node agents' tokens (DATABASE_URL): allot node-token create NAME --gpu-type T --gpus N [--label k=v] | list [NODE] | revoke ID|PREFIX|--node NODE | rotate NODE
 
 Use it:
@@ -77,6 +78,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return cmdServe(args[0], args[1:], stderr)
 	case "worker":
 		return cmdServe(args[0], args[1:], stderr)
+	case "secret-key":
+		return cmdSecretKey(args[1:], stdout, stderr)
 	case "migrate":
 		return cmdMigrate(args[1:], stdout, stderr)
 	case "slurm":
@@ -179,6 +182,7 @@ func cmdServe(name string, args []string, stderr io.Writer) int {
 		requireAccount = fs.Bool("require-posix-account", os.Getenv("ALLOT_REQUIRE_POSIX_ACCOUNT") == "true",
 			"refuse a job for which no POSIX account resolves (admin mapping, --oidc-account-claim, team service account); off, such jobs run as the agent's --job-user (env ALLOT_REQUIRE_POSIX_ACCOUNT=true)")
 	}
+	secretKeyFile := fs.String("secret-key-file", "", "`file` of the key(s) that encrypt jobs' secret environment values at rest (allot secret-key new; mode 0600); the server seals and hands them to agents, the worker hands them to Slurm: give both the same file. Unset: stored in clear")
 	bf := addBurstFlags(fs, "none") // the server shows the burst settings on /burst; the worker acts on them
 	sf := addSlurmFlags(fs)         // the worker syncs with Slurm; the server shows its config on /admin/slurm
 	applyMetrics := metricsFlags(fs, name)
@@ -208,7 +212,13 @@ func cmdServe(name string, args []string, stderr io.Writer) int {
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level.Level, ReplaceAttr: clock.LogTime}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	cfg := Config{DatabaseURL: url, Migrate: *migrate, Logger: log, RequirePOSIXAccount: *requireAccount}
+	if *secretKeyFile != "" {
+		if _, err := store.LoadSecretKeys(*secretKeyFile); err != nil {
+			fmt.Fprintf(stderr, "allot %s: --secret-key-file: %v\n", name, err)
+			return 2
+		}
+	}
+	cfg := Config{DatabaseURL: url, Migrate: *migrate, Logger: log, RequirePOSIXAccount: *requireAccount, SecretKeyFile: *secretKeyFile}
 	if name == "worker" {
 		cfg.MaxStartsPerCycle = *maxStarts
 		cfg.DecayPeriod = *decay

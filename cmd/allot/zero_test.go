@@ -26,6 +26,7 @@ import (
 	"github.com/allotlabs/allot/internal/store"
 	"github.com/allotlabs/allot/internal/store/storetest"
 	"github.com/allotlabs/allot/web"
+	"github.com/jackc/pgx/v5"
 )
 
 // cliArgsEnv makes the test binary run `allot` with these arguments (a
@@ -228,10 +229,14 @@ func TestFromZeroToFirstJob(t *testing.T) {
 		t.Errorf("second bootstrap: exit %d, %q", code, errs)
 	}
 
-	// 3. Server and worker.
+	// 3. The secret key, then server and worker.
+	keyFile := filepath.Join(z.dir, "secret.key")
+	if err := os.WriteFile(keyFile, []byte(z.must("secret-key", "new")), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	addr := freeAddr(t)
-	_, serverLog := z.start("server", "server", "--addr", addr)
-	_, workerLog := z.start("worker", "worker", "--metrics-addr", freeAddr(t))
+	_, serverLog := z.start("server", "server", "--addr", addr, "--secret-key-file", keyFile)
+	_, workerLog := z.start("worker", "worker", "--metrics-addr", freeAddr(t), "--secret-key-file", keyFile)
 	z.env["ALLOT_URL"], z.env["ALLOT_TOKEN"] = "http://"+addr, token
 	z.eventually(30*time.Second, "the server to be ready", func() bool {
 		resp, err := http.Get("http://" + addr + "/readyz")
@@ -325,8 +330,10 @@ func TestFromZeroToFirstJob(t *testing.T) {
 	}
 
 	// 8. The first job.
-	out = z.must("submit", "--team", "ml", "--tier", "3", "--gpus", "2", "--gpu-type", "H100", "--time", "10m", "--name", "hello",
-		"--", "sh", "-c", "echo hello from $(hostname) on GPUs $CUDA_VISIBLE_DEVICES; sleep 6")
+	// Its secret variable is stored sealed by the key and reaches the job.
+	z.env["HELLO_SECRET"] = "zero-s3cr3t"
+	out = z.must("submit", "--team", "ml", "--tier", "3", "--gpus", "2", "--gpu-type", "H100", "--time", "10m", "--name", "hello", "--secret-env", "HELLO_SECRET",
+		"--", "sh", "-c", `echo hello from $(hostname) on GPUs $CUDA_VISIBLE_DEVICES; [ "$HELLO_SECRET" = zero-s3cr3t ] && echo the secret arrived; sleep 6`)
 	m := regexp.MustCompile(`submitted job (\d+)`).FindStringSubmatch(out)
 	if m == nil {
 		t.Fatalf("submit printed %q", out)
@@ -340,8 +347,17 @@ func TestFromZeroToFirstJob(t *testing.T) {
 	}
 	var lg web.JobLogJSON
 	z.api("GET", "/api/v1/jobs/"+m[1]+"/log", "", &lg)
-	if !strings.Contains(strings.Join(lg.Lines, "\n"), "hello from") {
+	if !strings.Contains(strings.Join(lg.Lines, "\n"), "hello from") || !strings.Contains(strings.Join(lg.Lines, "\n"), "the secret arrived") {
 		t.Errorf("log = %q", lg.Lines)
+	}
+	if db, err := pgx.Connect(ctx, z.env["DATABASE_URL"]); err != nil {
+		t.Error(err)
+	} else {
+		var stored string
+		if err := db.QueryRow(ctx, `SELECT secret_env->>'HELLO_SECRET' FROM jobs WHERE id = $1::text::bigint`, m[1]).Scan(&stored); err != nil || !strings.HasPrefix(stored, "allot:v1:") {
+			t.Errorf("the stored secret = %q (%v), want it sealed", stored, err)
+		}
+		db.Close(ctx)
 	}
 
 	// 9. The first bill. The worker bills each hour once it has ended;

@@ -468,6 +468,9 @@ func (s *Store) TakeOrders(ctx context.Context, node string) (Orders, error) {
 			if err := json.Unmarshal(secret, &sec); err != nil {
 				return l, err
 			}
+			if err := openSecrets(tx.Secrets, sec); err != nil {
+				return l, fmt.Errorf("job %d: %w", l.JobID, err)
+			}
 			if len(sec) > 0 && l.Env == nil {
 				l.Env = map[string]string{}
 			}

@@ -534,6 +534,9 @@ func (s *Store) PendingEngineSubmits(ctx context.Context, backend string, limit 
 		if err := json.Unmarshal(raw, &sec); err != nil {
 			return fmt.Errorf("decoding secrets of job %d: %w", id, err)
 		}
+		if err := openSecrets(s.Secrets, sec); err != nil {
+			return fmt.Errorf("job %d: %w", id, err)
+		}
 		secrets[id] = sec
 		return nil
 	}); err != nil {

@@ -319,7 +319,7 @@ func (s *Store) SubmitJob(ctx context.Context, u *allot.User, spec allot.JobSpec
 		if secret == nil {
 			secret = map[string]string{}
 		}
-		secretJSON, _ := json.Marshal(secret)
+		secretJSON, _ := json.Marshal(sealSecrets(s.Secrets, secret))
 		var gpuType *string
 		if spec.GPUType != "" {
 			gpuType = &spec.GPUType

@@ -45,6 +45,10 @@ type Store struct {
 	// the agent's default job user. Read by SubmitJob and QuotaPreview on
 	// the Store they are called on.
 	RequirePOSIXAccount bool
+	// Secrets, when set, encrypts jobs' secret environment values as they
+	// are stored and decrypts them for the agents and Slurm (secrets.go);
+	// nil stores them as given and still reads values stored without it.
+	Secrets *SecretKeys
 }
 
 // New returns a Store over db (usually a *pgxpool.Pool).
@@ -88,7 +92,7 @@ func (s *Store) InTx(ctx context.Context, fn func(*Store) error) error {
 		return fmt.Errorf("beginning transaction: %w", err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // no-op after commit
-	if err := fn(&Store{db: tx, Now: s.Now}); err != nil {
+	if err := fn(&Store{db: tx, Now: s.Now, Secrets: s.Secrets}); err != nil {
 		return err
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -111,7 +115,7 @@ func (s *Store) InPgxTx(ctx context.Context, fn func(pgx.Tx, *Store) error) erro
 		return fmt.Errorf("beginning transaction: %w", err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // no-op after commit
-	if err := fn(tx, &Store{db: tx, Now: s.Now}); err != nil {
+	if err := fn(tx, &Store{db: tx, Now: s.Now, Secrets: s.Secrets}); err != nil {
 		return err
 	}
 	return mapErr("committing", tx.Commit(ctx))

@@ -1,0 +1,253 @@
+package store
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// sealedPrefix starts every job secret value stored encrypted:
+// allot:v1:<key id>:<base64 of nonce ‖ AES-256-GCM ciphertext>. A value
+// without it was stored before encryption was configured, and is read as
+// it is.
+const sealedPrefix = "allot:v1:"
+
+// SecretKeys encrypt jobs' secret environment values at rest (AES-256-GCM,
+// a random nonce per value, the variable's name as additional data so a
+// value cannot be moved to another name). The first key seals; every key
+// opens what it sealed, so keys rotate by putting a new one first and
+// running `allot secret-key reseal`.
+type SecretKeys struct {
+	current string                 // key id that seals
+	aead    map[string]cipher.AEAD // by key id
+}
+
+// ParseSecretKeys reads a key file's text: one key a line, 32 bytes in
+// standard base64 (`allot secret-key new`), the first seals; blank lines
+// and lines starting with # are skipped.
+func ParseSecretKeys(text []byte) (*SecretKeys, error) {
+	k := &SecretKeys{aead: map[string]cipher.AEAD{}}
+	sc := bufio.NewScanner(bytes.NewReader(text))
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		raw, err := base64.StdEncoding.DecodeString(line)
+		if err != nil || len(raw) != 32 {
+			return nil, fmt.Errorf("line %d: not a key (32 bytes in base64, as `allot secret-key new` prints)", n)
+		}
+		block, err := aes.NewCipher(raw)
+		if err != nil {
+			return nil, fmt.Errorf("line %d: %w", n, err)
+		}
+		aead, err := cipher.NewGCM(block)
+		if err != nil {
+			return nil, fmt.Errorf("line %d: %w", n, err)
+		}
+		sum := sha256.Sum256(raw)
+		id := hex.EncodeToString(sum[:4])
+		if _, dup := k.aead[id]; dup {
+			return nil, fmt.Errorf("line %d: the same key twice", n)
+		}
+		k.aead[id] = aead
+		if k.current == "" {
+			k.current = id
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	if k.current == "" {
+		return nil, errors.New("no key in it (generate one with `allot secret-key new`)")
+	}
+	return k, nil
+}
+
+// LoadSecretKeys reads the key file at path, which must not be readable
+// or writable by group or others (like the agents' token file).
+func LoadSecretKeys(path string) (*SecretKeys, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("secret key file: %w", err)
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("secret key file %s: mode %04o lets others read it; chmod 600 it", path, fi.Mode().Perm())
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("secret key file: %w", err)
+	}
+	k, err := ParseSecretKeys(b)
+	if err != nil {
+		return nil, fmt.Errorf("secret key file %s: %w", path, err)
+	}
+	return k, nil
+}
+
+// NewSecretKey returns a fresh key in the key file's form.
+func NewSecretKey() string {
+	b := make([]byte, 32)
+	rand.Read(b) //nolint:errcheck // crypto/rand.Read never fails (Go 1.24+)
+	return base64.StdEncoding.EncodeToString(b)
+}
+
+// KeyID is the id of the key that seals (first 8 hex digits of its
+// SHA-256), as sealed values name it.
+func (k *SecretKeys) KeyID() string { return k.current }
+
+// Seal encrypts value, the secret variable name's, with the current key.
+func (k *SecretKeys) Seal(name, value string) string {
+	aead := k.aead[k.current]
+	nonce := make([]byte, aead.NonceSize())
+	rand.Read(nonce) //nolint:errcheck // never fails
+	ct := aead.Seal(nonce, nonce, []byte(value), []byte(name))
+	return sealedPrefix + k.current + ":" + base64.StdEncoding.EncodeToString(ct)
+}
+
+// Sealed reports whether stored is an encrypted value, and by which key.
+func Sealed(stored string) (keyID string, ok bool) {
+	rest, ok := strings.CutPrefix(stored, sealedPrefix)
+	if !ok {
+		return "", false
+	}
+	id, _, ok := strings.Cut(rest, ":")
+	return id, ok
+}
+
+// Open decrypts stored, the variable name's value as stored (k may be
+// nil: no keys); a value stored in clear is returned as it is.
+func (k *SecretKeys) Open(name, stored string) (string, error) { return openSecret(k, name, stored) }
+
+// openSecret decrypts stored, the variable name's value as stored, with
+// keys (nil: none configured). A value stored before encryption was
+// configured is returned as it is.
+func openSecret(keys *SecretKeys, name, stored string) (string, error) {
+	id, ok := Sealed(stored)
+	if !ok {
+		return stored, nil
+	}
+	if keys == nil {
+		return "", fmt.Errorf("secret %s is encrypted (key %s), and this process has no --secret-key-file", name, id)
+	}
+	aead := keys.aead[id]
+	if aead == nil {
+		return "", fmt.Errorf("secret %s is encrypted with key %s, which is not in the secret key file", name, id)
+	}
+	_, b64, _ := strings.Cut(strings.TrimPrefix(stored, sealedPrefix), ":")
+	ct, err := base64.StdEncoding.DecodeString(b64)
+	if err != nil || len(ct) < aead.NonceSize() {
+		return "", fmt.Errorf("secret %s: the stored value is damaged", name)
+	}
+	pt, err := aead.Open(nil, ct[:aead.NonceSize()], ct[aead.NonceSize():], []byte(name))
+	if err != nil {
+		return "", fmt.Errorf("secret %s: the stored value does not decrypt with key %s (damaged, or moved from another variable)", name, id)
+	}
+	return string(pt), nil
+}
+
+// sealSecrets is env with every value sealed (env itself without keys).
+func sealSecrets(keys *SecretKeys, env map[string]string) map[string]string {
+	if keys == nil || len(env) == 0 {
+		return env
+	}
+	out := make(map[string]string, len(env))
+	for name, v := range env {
+		out[name] = keys.Seal(name, v)
+	}
+	return out
+}
+
+// openSecrets decrypts every value of env in place.
+func openSecrets(keys *SecretKeys, env map[string]string) error {
+	for name, v := range env {
+		pt, err := openSecret(keys, name, v)
+		if err != nil {
+			return err
+		}
+		env[name] = pt
+	}
+	return nil
+}
+
+// ResealSecrets encrypts every job's stored secret values with the
+// current key of s.Secrets: those stored in clear before encryption was
+// configured, and those sealed by an older key (rotation). It works in
+// short transactions of 500 jobs and returns how many jobs it rewrote.
+func (s *Store) ResealSecrets(ctx context.Context) (int, error) {
+	if s.Secrets == nil {
+		return 0, errors.New("resealing secrets needs a secret key file")
+	}
+	var after int64
+	total := 0
+	for {
+		var last int64
+		n := 0
+		err := s.InTx(ctx, func(tx *Store) error {
+			rows, err := tx.db.Query(ctx, `SELECT id, secret_env FROM jobs WHERE id > $1 AND secret_env <> '{}'::jsonb
+				ORDER BY id LIMIT 500 FOR UPDATE`, after)
+			if err != nil {
+				return mapErr("reading secrets", err)
+			}
+			type jobSecrets struct {
+				id  int64
+				env map[string]string
+			}
+			var batch []jobSecrets
+			var id int64
+			var raw []byte
+			if _, err := pgx.ForEachRow(rows, []any{&id, &raw}, func() error {
+				env := map[string]string{}
+				if err := json.Unmarshal(raw, &env); err != nil {
+					return fmt.Errorf("decoding secrets of job %d: %w", id, err)
+				}
+				batch = append(batch, jobSecrets{id, env})
+				return nil
+			}); err != nil {
+				return mapErr("reading secrets", err)
+			}
+			for _, j := range batch {
+				last = j.id
+				stale := false
+				for _, v := range j.env {
+					if kid, ok := Sealed(v); !ok || kid != tx.Secrets.current {
+						stale = true
+					}
+				}
+				if !stale {
+					continue
+				}
+				if err := openSecrets(tx.Secrets, j.env); err != nil {
+					return fmt.Errorf("job %d: %w", j.id, err)
+				}
+				b, _ := json.Marshal(sealSecrets(tx.Secrets, j.env))
+				if _, err := tx.db.Exec(ctx, `UPDATE jobs SET secret_env = $2 WHERE id = $1`, j.id, b); err != nil {
+					return mapErr("resealing secrets", err)
+				}
+				n++
+			}
+			return nil
+		})
+		if err != nil {
+			return total, err
+		}
+		total += n
+		if last == 0 {
+			return total, nil
+		}
+		after = last
+	}
+}
