@@ -35,14 +35,14 @@ func (s *Server) agentNode(c echo.Context) (string, error) {
 	if strings.HasSuffix(c.Request().URL.Path, "/heartbeat") {
 		st = s.hbSt
 	}
-	node, err := st.NodeByToken(c.Request().Context(), strings.TrimSpace(tok))
+	tokenID, node, err := st.NodeTokenByToken(c.Request().Context(), strings.TrimSpace(tok))
 	if err != nil {
 		if allot.ErrorCode(err) == allot.EUnauthorized {
 			s.contacts.forgetToken(c.Request())
 		}
 		return "", err
 	}
-	s.contacts.learn(c.Request(), node, s.st.Now())
+	s.contacts.learn(c.Request(), node, tokenID, s.st.Now())
 	c.Set(ctxNode, node)
 	return node, nil
 }
@@ -229,6 +229,10 @@ func (s *Server) agentOrders(c echo.Context) error {
 		if err != nil {
 			done()
 			return err
+		}
+		for _, u := range o.Unreadable {
+			s.log.Error("offer held back: its job's secrets do not decrypt on this server (give every server and worker the same --secret-key-file)",
+				"node", node, "job", u.JobID, "segment", u.Segment, "err", u.Err)
 		}
 		if !o.Empty() || s.notifier.Closed() {
 			done()

@@ -72,12 +72,19 @@ func cmdSecretKey(args []string, stdout, stderr io.Writer) int {
 		defer pool.Close()
 		st := store.New(pool)
 		st.Secrets = keys
-		n, err := st.ResealSecrets(ctx)
+		n, skipped, err := st.ResealSecrets(ctx)
 		if err != nil {
 			fmt.Fprintf(stderr, "allot secret-key reseal: %v (%d jobs resealed before it)\n", err, n)
 			return 1
 		}
 		fmt.Fprintf(stdout, "resealed the secrets of %d jobs with key %s\n", n, keys.KeyID())
+		for _, s := range skipped {
+			fmt.Fprintf(stderr, "allot secret-key reseal: left as it is: %s\n", s)
+		}
+		if len(skipped) > 0 {
+			fmt.Fprintf(stderr, "allot secret-key reseal: %d jobs left as they are (add the key that sealed them to the file, below the first)\n", len(skipped))
+			return 1
+		}
 		return 0
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, secretKeyUsage)

@@ -166,6 +166,7 @@ func cmdSlurm(args []string, stdout, stderr io.Writer) int {
 	fs.Usage = func() { fmt.Fprint(stderr, slurmUsage) }
 	dbURL := fs.String("database-url", "", "PostgreSQL URL (default: env DATABASE_URL)")
 	out := fs.String("out", "", "render: write the four files into this directory (default: print them)")
+	keyFile := fs.String("secret-key-file", "", "sync: the servers' `file` of keys, to hand jobs' sealed secret env to Slurm (without it such jobs wait, saying why)")
 	sf := addSlurmFlags(fs)
 	if err := cliflag.Parse(fs, args[1:]); err != nil {
 		return 2
@@ -184,11 +185,19 @@ func cmdSlurm(args []string, stdout, stderr io.Writer) int {
 		if err != nil {
 			return nil, nil, err
 		}
+		var keys *store.SecretKeys
+		if *keyFile != "" {
+			if keys, err = store.LoadSecretKeys(*keyFile); err != nil {
+				return nil, nil, err
+			}
+		}
 		pool, err := store.Open(ctx, url)
 		if err != nil {
 			return nil, nil, err
 		}
-		return store.New(pool), pool.Close, nil
+		st := store.New(pool)
+		st.Secrets = keys
+		return st, pool.Close, nil
 	}
 	switch verb {
 	case "check":

@@ -284,5 +284,13 @@ func validateEnv(f FieldErrors, field string, env map[string]string, image bool)
 		if image && strings.ContainsAny(v, "\n") {
 			f.Add(field, "value of %s must not contain a newline in a job with an image (container env files hold one variable a line)", k)
 		}
+		if field == "secret_env" && strings.HasPrefix(v, SealedSecretPrefix) {
+			// It would be read back as a sealed value, and fail to open.
+			f.Add(field, "value of %s must not start with %q (the form of a value encrypted at rest)", k, SealedSecretPrefix)
+		}
 	}
 }
+
+// SealedSecretPrefix starts every secret value stored encrypted (see
+// store.SecretKeys); no value submitted may start with it.
+const SealedSecretPrefix = "allot:v1:"

@@ -220,6 +220,14 @@ func (r *Reconciler) syncJobs(ctx context.Context, rep *syncReport) ([]allot.Eng
 		return nil, err
 	}
 	for _, s := range subs {
+		if s.SecretErr != "" {
+			// It waits, saying why, for a worker with the key; the others go.
+			if err := st.RecordEngineSubmitError(ctx, s.Job.ID, fmt.Errorf("its secret env does not decrypt on this worker (give it the servers' --secret-key-file): %s", s.SecretErr)); err != nil {
+				return nil, err
+			}
+			rep.SubmitFailed++
+			continue
+		}
 		if err := r.submit(ctx, s); err != nil {
 			if !errors.Is(err, allot.ErrEngineRejected) {
 				return nil, err // the engine is down: the rest wait too

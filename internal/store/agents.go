@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -425,6 +426,17 @@ type Orders struct {
 	Offer []Lease
 	Start []LeaseRef
 	Stop  []StopOrder
+	// Unreadable are offers held back because their job's secret values
+	// do not decrypt here (no --secret-key-file, or not the key that
+	// sealed them): they stay unsent, for a server that has the key, or
+	// expire and go back to the queue; the node's other orders go out.
+	Unreadable []UnreadableOffer
+}
+
+// UnreadableOffer is an offer TakeOrders held back, and why.
+type UnreadableOffer struct {
+	LeaseRef
+	Err string
 }
 
 // Empty reports whether there is nothing to do.
@@ -469,7 +481,8 @@ func (s *Store) TakeOrders(ctx context.Context, node string) (Orders, error) {
 				return l, err
 			}
 			if err := openSecrets(tx.Secrets, sec); err != nil {
-				return l, fmt.Errorf("job %d: %w", l.JobID, err)
+				o.Unreadable = append(o.Unreadable, UnreadableOffer{LeaseRef: LeaseRef{JobID: l.JobID, Segment: l.Segment}, Err: err.Error()})
+				return l, nil
 			}
 			if len(sec) > 0 && l.Env == nil {
 				l.Env = map[string]string{}
@@ -483,6 +496,13 @@ func (s *Store) TakeOrders(ctx context.Context, node string) (Orders, error) {
 		})
 		if err != nil {
 			return mapErr("loading offers", err)
+		}
+		for _, u := range o.Unreadable {
+			o.Offer = slices.DeleteFunc(o.Offer, func(l Lease) bool { return l.JobID == u.JobID && l.Segment == u.Segment })
+			if _, err := tx.db.Exec(ctx, `UPDATE leases SET offer_sent_at = NULL WHERE job_id = $1 AND segment = $2 AND node = $3`,
+				u.JobID, u.Segment, node); err != nil {
+				return mapErr("holding back an offer", err)
+			}
 		}
 		rows, err = tx.db.Query(ctx, `
 			UPDATE leases l SET start_sent_at = $2
@@ -1177,22 +1197,31 @@ func (s *Store) LostNodes(ctx context.Context, interval time.Duration) ([]string
 	return s.MarkLostNodes(ctx, now.Add(-after))
 }
 
-// RecordContacts records that nodes[i] knocked at at[i]: its agent sent a
-// request (a heartbeat, a lease report), with a token that had
-// authenticated as that node, which an overloaded API server refused
-// before reading it
-// (web.Server.RecordContacts). MarkLostNodes counts it as a sign of life.
-// It never moves a contact back.
-func (s *Store) RecordContacts(ctx context.Context, nodes []string, at []time.Time) error {
-	if len(nodes) == 0 {
+// Contact is a node's agent knocking at an API server that refused its
+// request (a heartbeat, a lease report) before reading it, with the node
+// token Token, which had authenticated as Node there before.
+type Contact struct {
+	Node  string
+	At    time.Time
+	Token int64 // node_tokens.id
+}
+
+// RecordContacts records the knocks (web.Server.RecordContacts):
+// MarkLostNodes counts each as a sign of its node's life. A knock with a
+// token revoked since (on any server, by any path) counts for nothing. It
+// never moves a contact back.
+func (s *Store) RecordContacts(ctx context.Context, cs []Contact) error {
+	if len(cs) == 0 {
 		return nil
 	}
-	if len(at) != len(nodes) {
-		return fmt.Errorf("recording refused heartbeats: %d nodes, %d times", len(nodes), len(at))
+	nodes, at, tokens := make([]string, len(cs)), make([]time.Time, len(cs)), make([]int64, len(cs))
+	for i, c := range cs {
+		nodes[i], at[i], tokens[i] = c.Node, c.At, c.Token
 	}
 	_, err := s.db.Exec(ctx, `UPDATE nodes n SET last_contact = c.at
-		FROM unnest($1::text[], $2::timestamptz[]) AS c(node, at)
-		WHERE n.name = c.node AND (n.last_contact IS NULL OR n.last_contact < c.at)`, nodes, at)
+		FROM unnest($1::text[], $2::timestamptz[], $3::bigint[]) AS c(node, at, token)
+		JOIN node_tokens t ON t.id = c.token AND t.node = c.node AND t.revoked_at IS NULL
+		WHERE n.name = c.node AND (n.last_contact IS NULL OR n.last_contact < c.at)`, nodes, at, tokens)
 	return mapErr("recording refused heartbeats", err)
 }
 

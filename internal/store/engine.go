@@ -501,6 +501,10 @@ func (s *Store) engineUser(ctx context.Context, m EngineMapping, posix string) (
 type EngineSubmitJob struct {
 	Job       allot.Job
 	SecretEnv map[string]string
+	// SecretErr: its secret values do not decrypt here (no
+	// --secret-key-file, or not the key that sealed them); SecretEnv is
+	// then nil and the job must wait.
+	SecretErr string
 }
 
 // PendingEngineSubmits returns up to limit jobs of backend not yet
@@ -527,6 +531,7 @@ func (s *Store) PendingEngineSubmits(ctx context.Context, backend string, limit 
 		return nil, mapErr("loading secrets", err)
 	}
 	secrets := map[int64]map[string]string{}
+	unreadable := map[int64]string{}
 	var id int64
 	var raw []byte
 	if _, err := pgx.ForEachRow(rows, []any{&id, &raw}, func() error {
@@ -535,7 +540,8 @@ func (s *Store) PendingEngineSubmits(ctx context.Context, backend string, limit 
 			return fmt.Errorf("decoding secrets of job %d: %w", id, err)
 		}
 		if err := openSecrets(s.Secrets, sec); err != nil {
-			return fmt.Errorf("job %d: %w", id, err)
+			unreadable[id] = err.Error()
+			return nil
 		}
 		secrets[id] = sec
 		return nil
@@ -543,7 +549,7 @@ func (s *Store) PendingEngineSubmits(ctx context.Context, backend string, limit 
 		return nil, mapErr("loading secrets", err)
 	}
 	for _, j := range jobs {
-		out = append(out, EngineSubmitJob{Job: j, SecretEnv: secrets[j.ID]})
+		out = append(out, EngineSubmitJob{Job: j, SecretEnv: secrets[j.ID], SecretErr: unreadable[j.ID]})
 	}
 	return out, nil
 }

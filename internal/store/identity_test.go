@@ -214,6 +214,7 @@ func TestSpecFieldsRefusedWithFieldErrors(t *testing.T) {
 		}, "secret_env"},
 		{"secret set by Allot", func(s *allot.JobSpec) { s.SecretEnv = map[string]string{"ALLOT_JOB_ID": "1"} }, "secret_env"},
 		{"secret bad name", func(s *allot.JobSpec) { s.SecretEnv = map[string]string{"1X": "1"} }, "secret_env"},
+		{"secret in the sealed form", func(s *allot.JobSpec) { s.SecretEnv = map[string]string{"TOKEN": "allot:v1:0a1b2c3d:AAAA"} }, "secret_env"},
 	} {
 		spec := allot.JobSpec{Team: "nlp", Tier: allot.Tier3, GPUs: 1, TimeLimit: time.Hour, Command: []string{"true"}}
 		tt.edit(&spec)

@@ -14,8 +14,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 
+	"github.com/allotlabs/allot/internal/allot"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -23,7 +25,7 @@ import (
 // allot:v1:<key id>:<base64 of nonce ‖ AES-256-GCM ciphertext>. A value
 // without it was stored before encryption was configured, and is read as
 // it is.
-const sealedPrefix = "allot:v1:"
+const sealedPrefix = allot.SealedSecretPrefix
 
 // SecretKeys encrypt jobs' secret environment values at rest (AES-256-GCM,
 // a random nonce per value, the variable's name as additional data so a
@@ -185,69 +187,64 @@ func openSecrets(keys *SecretKeys, env map[string]string) error {
 
 // ResealSecrets encrypts every job's stored secret values with the
 // current key of s.Secrets: those stored in clear before encryption was
-// configured, and those sealed by an older key (rotation). It works in
-// short transactions of 500 jobs and returns how many jobs it rewrote.
-func (s *Store) ResealSecrets(ctx context.Context) (int, error) {
+// configured, and those sealed by an older key (rotation). Run it once
+// every server and worker has the new key file: what they store meanwhile
+// is sealed by it already. It reads 500 jobs at a time and rewrites each
+// stale one alone, only if its value is still the one it read (no lock is
+// held on jobs the scheduler works on). Jobs whose values do not open with
+// these keys are left as they are and listed in skipped.
+func (s *Store) ResealSecrets(ctx context.Context) (n int, skipped []string, err error) {
 	if s.Secrets == nil {
-		return 0, errors.New("resealing secrets needs a secret key file")
+		return 0, nil, errors.New("resealing secrets needs a secret key file")
 	}
 	var after int64
-	total := 0
 	for {
-		var last int64
-		n := 0
-		err := s.InTx(ctx, func(tx *Store) error {
-			rows, err := tx.db.Query(ctx, `SELECT id, secret_env FROM jobs WHERE id > $1 AND secret_env <> '{}'::jsonb
-				ORDER BY id LIMIT 500 FOR UPDATE`, after)
-			if err != nil {
-				return mapErr("reading secrets", err)
-			}
-			type jobSecrets struct {
-				id  int64
-				env map[string]string
-			}
-			var batch []jobSecrets
-			var id int64
-			var raw []byte
-			if _, err := pgx.ForEachRow(rows, []any{&id, &raw}, func() error {
-				env := map[string]string{}
-				if err := json.Unmarshal(raw, &env); err != nil {
-					return fmt.Errorf("decoding secrets of job %d: %w", id, err)
-				}
-				batch = append(batch, jobSecrets{id, env})
-				return nil
-			}); err != nil {
-				return mapErr("reading secrets", err)
-			}
-			for _, j := range batch {
-				last = j.id
-				stale := false
-				for _, v := range j.env {
-					if kid, ok := Sealed(v); !ok || kid != tx.Secrets.current {
-						stale = true
-					}
-				}
-				if !stale {
-					continue
-				}
-				if err := openSecrets(tx.Secrets, j.env); err != nil {
-					return fmt.Errorf("job %d: %w", j.id, err)
-				}
-				b, _ := json.Marshal(sealSecrets(tx.Secrets, j.env))
-				if _, err := tx.db.Exec(ctx, `UPDATE jobs SET secret_env = $2 WHERE id = $1`, j.id, b); err != nil {
-					return mapErr("resealing secrets", err)
-				}
-				n++
-			}
-			return nil
-		})
+		rows, err := s.db.Query(ctx, `SELECT id, secret_env FROM jobs WHERE id > $1 AND secret_env <> '{}'::jsonb ORDER BY id LIMIT 500`, after)
 		if err != nil {
-			return total, err
+			return n, skipped, mapErr("reading secrets", err)
 		}
-		total += n
-		if last == 0 {
-			return total, nil
+		type jobSecrets struct {
+			id  int64
+			raw []byte
 		}
-		after = last
+		var batch []jobSecrets
+		var id int64
+		var raw []byte
+		if _, err := pgx.ForEachRow(rows, []any{&id, &raw}, func() error {
+			batch = append(batch, jobSecrets{id, slices.Clone(raw)})
+			return nil
+		}); err != nil {
+			return n, skipped, mapErr("reading secrets", err)
+		}
+		if len(batch) == 0 {
+			return n, skipped, nil
+		}
+		for _, j := range batch {
+			after = j.id
+			env := map[string]string{}
+			if err := json.Unmarshal(j.raw, &env); err != nil {
+				skipped = append(skipped, fmt.Sprintf("job %d: its secrets are not a JSON object: %v", j.id, err))
+				continue
+			}
+			stale := false
+			for _, v := range env {
+				if kid, ok := Sealed(v); !ok || kid != s.Secrets.current {
+					stale = true
+				}
+			}
+			if !stale {
+				continue
+			}
+			if err := openSecrets(s.Secrets, env); err != nil {
+				skipped = append(skipped, fmt.Sprintf("job %d: %v", j.id, err))
+				continue
+			}
+			b, _ := json.Marshal(sealSecrets(s.Secrets, env))
+			tag, err := s.db.Exec(ctx, `UPDATE jobs SET secret_env = $2 WHERE id = $1 AND secret_env = $3::jsonb`, j.id, b, string(j.raw))
+			if err != nil {
+				return n, skipped, mapErr("resealing secrets", err)
+			}
+			n += int(tag.RowsAffected())
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package store_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -57,8 +58,14 @@ func TestSecretEnvEncryptedAtRest(t *testing.T) {
 
 	// Rotation: a new first key; the old one only opens.
 	b.st.Secrets = mustKeys(t, "# rotated", newKey, oldKey)
-	if n, err := b.st.ResealSecrets(b.ctx); err != nil || n != 2 {
-		t.Fatalf("ResealSecrets = %d, %v; want the 2 jobs", n, err)
+	// A job sealed by a key the file does not hold is left as it is, and
+	// listed.
+	lost := b.st.Secrets
+	b.st.Secrets = mustKeys(t, store.NewSecretKey())
+	orphan := submit("s3cr3t-lost-key")
+	b.st.Secrets = lost
+	if n, skipped, err := b.st.ResealSecrets(b.ctx); err != nil || n != 2 || len(skipped) != 1 || !strings.Contains(skipped[0], fmt.Sprintf("job %d: ", orphan)) {
+		t.Fatalf("ResealSecrets = %d, %q, %v; want the 2 jobs, job %d skipped", n, skipped, err, orphan)
 	}
 	newID := b.st.Secrets.KeyID()
 	for _, id := range []int64{sealed, clear} {
@@ -66,15 +73,15 @@ func TestSecretEnvEncryptedAtRest(t *testing.T) {
 			t.Errorf("job %d after reseal: %s; want sealed by %s", id, s, newID)
 		}
 	}
-	if n, err := b.st.ResealSecrets(b.ctx); err != nil || n != 0 {
+	if n, _, err := b.st.ResealSecrets(b.ctx); err != nil || n != 0 {
 		t.Errorf("a second reseal rewrote %d jobs (%v); want 0", n, err)
 	}
-	if _, err := (&store.Store{}).ResealSecrets(b.ctx); err == nil {
+	if _, _, err := (&store.Store{}).ResealSecrets(b.ctx); err == nil {
 		t.Error("reseal without keys: no error")
 	}
 
-	// The node's order: refused without the key (nothing marked sent),
-	// in clear with only the new key.
+	// The node's order: held back without the key (not marked sent, the
+	// node's other orders still go), in clear with only the new key.
 	if _, err := b.pool.Exec(b.ctx, `UPDATE nodes SET state = 'up', registered_at = $1, last_heartbeat = $1 WHERE name = 'gpu16'`, b.now); err != nil {
 		t.Fatal(err)
 	}
@@ -88,8 +95,9 @@ func TestSecretEnvEncryptedAtRest(t *testing.T) {
 	}
 	keyless := store.New(b.pool)
 	keyless.Now = b.st.Now
-	if _, err := keyless.TakeOrders(b.ctx, "gpu16"); err == nil || !strings.Contains(err.Error(), "--secret-key-file") {
-		t.Errorf("orders without the key: %v; want a --secret-key-file error", err)
+	if o, err := keyless.TakeOrders(b.ctx, "gpu16"); err != nil || len(o.Offer) != 0 || len(o.Unreadable) != 1 ||
+		o.Unreadable[0].JobID != sealed || !strings.Contains(o.Unreadable[0].Err, "--secret-key-file") {
+		t.Errorf("orders without the key: %+v, %v; want the offer held back, saying why", o, err)
 	}
 	onlyNew := store.New(b.pool)
 	onlyNew.Now, onlyNew.Secrets = b.st.Now, mustKeys(t, newKey)
