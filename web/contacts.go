@@ -6,6 +6,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/allotlabs/allot/internal/store"
 )
 
 // contactTokenTTL is how long a node token that authenticated here is
@@ -22,27 +24,29 @@ const contactTokenTTL = 10 * time.Minute
 // Only digests of tokens are kept (CallerKey).
 type contacts struct {
 	mu    sync.Mutex
-	known map[string]knownToken // CallerKey → the node it authenticated as
-	heard map[string]time.Time  // node → its latest refused request, not yet recorded
+	known map[string]knownToken    // CallerKey → the node it authenticated as
+	heard map[string]store.Contact // node → its latest refused request, not yet recorded
 }
 
 type knownToken struct {
 	node string
+	id   int64     // node_tokens.id: RecordContacts checks it is not revoked
 	at   time.Time // when it last authenticated
 }
 
 func newContacts() *contacts {
-	return &contacts{known: map[string]knownToken{}, heard: map[string]time.Time{}}
+	return &contacts{known: map[string]knownToken{}, heard: map[string]store.Contact{}}
 }
 
-// learn records that r's bearer token authenticated as node at now.
-func (c *contacts) learn(r *http.Request, node string, now time.Time) {
+// learn records that r's bearer token, node token id, authenticated as
+// node at now.
+func (c *contacts) learn(r *http.Request, node string, id int64, now time.Time) {
 	key, ok := CallerKey(r)
 	if !ok {
 		return
 	}
 	c.mu.Lock()
-	c.known[key] = knownToken{node: node, at: now}
+	c.known[key] = knownToken{node: node, id: id, at: now}
 	c.mu.Unlock()
 }
 
@@ -84,31 +88,41 @@ func (c *contacts) heardFrom(r *http.Request, now time.Time) bool {
 	if !ok || now.Sub(t.at) > contactTokenTTL {
 		return false
 	}
-	if now.After(c.heard[t.node]) {
-		c.heard[t.node] = now
+	if h, ok := c.heard[t.node]; !ok || now.After(h.At) {
+		c.heard[t.node] = store.Contact{Node: t.node, At: now, Token: t.id}
 	}
 	return true
 }
 
-// take returns the knocks heard since the last take, oldest node name
-// first, and forgets tokens not seen within contactTokenTTL of now.
-func (c *contacts) take(now time.Time) (nodes []string, at []time.Time) {
+// take returns the knocks heard since the last take, by node name, and
+// forgets tokens not seen within contactTokenTTL of now.
+func (c *contacts) take(now time.Time) []store.Contact {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for n := range c.heard {
-		nodes = append(nodes, n)
+	out := make([]store.Contact, 0, len(c.heard))
+	for _, h := range c.heard {
+		out = append(out, h)
 	}
-	sort.Strings(nodes)
-	for _, n := range nodes {
-		at = append(at, c.heard[n])
-	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Node < out[j].Node })
 	clear(c.heard)
 	for k, t := range c.known {
 		if now.Sub(t.at) > contactTokenTTL {
 			delete(c.known, k)
 		}
 	}
-	return nodes, at
+	return out
+}
+
+// putBack returns knocks a failed write did not record, unless newer ones
+// were heard meanwhile.
+func (c *contacts) putBack(cs []store.Contact) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, h := range cs {
+		if cur, ok := c.heard[h.Node]; !ok || h.At.After(cur.At) {
+			c.heard[h.Node] = h
+		}
+	}
 }
 
 // RefusedAgentRequest is admission control's hook (apf.Controller
@@ -127,13 +141,14 @@ func (s *Server) RefusedAgentRequest(r *http.Request) {
 // every heartbeat interval; a node is marked down only once it has been
 // silent both ways for the lost window.
 func (s *Server) RecordContacts(ctx context.Context) error {
-	nodes, at := s.contacts.take(s.st.Now())
-	if len(nodes) == 0 {
+	cs := s.contacts.take(s.st.Now())
+	if len(cs) == 0 {
 		return nil
 	}
-	if err := s.hbSt.RecordContacts(ctx, nodes, at); err != nil {
+	if err := s.hbSt.RecordContacts(ctx, cs); err != nil {
+		s.contacts.putBack(cs)
 		return err
 	}
-	s.log.Warn("server overloaded: refused agent requests counted as their nodes' signs of life", "nodes", len(nodes))
+	s.log.Warn("server overloaded: refused agent requests counted as their nodes' signs of life", "nodes", len(cs))
 	return nil
 }

@@ -347,9 +347,11 @@ func (m *Main) Run(ctx context.Context) error {
 					if err := m.Store.AnnounceServer(bg, m.serverID); err != nil && bg.Err() == nil {
 						m.Logger.Warn("announcing server", "err", err)
 					}
-					if err := srv.RecordContacts(bg); err != nil && bg.Err() == nil {
-						m.Logger.Warn("recording refused heartbeats", "err", err)
+					rctx, cancel := context.WithTimeout(bg, every)
+					if err := srv.RecordContacts(rctx); err != nil && bg.Err() == nil {
+						m.Logger.Warn("recording refused agent requests (kept for the next try)", "err", err)
 					}
+					cancel()
 				}
 			}
 		}()

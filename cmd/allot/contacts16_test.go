@@ -27,18 +27,19 @@ func TestRefusedAgentRequestsKeepTheirNodeUp16(t *testing.T) {
 		Agent:     apf.Limits{MaxInFlight: 1, QueueLength: 0, QueueWait: time.Minute}}}})
 	e.withTokens()
 	ctx := context.Background()
-	knocking := fakeAgent(t, e, "ctc01") // keeps knocking, refused
-	fakeAgent(t, e, "ctc02")             // silent
-	revoked := fakeAgent(t, e, "ctc03")  // knocks with a revoked token
-	holder := fakeAgent(t, e, "ctc04")   // its requests hold the levels' one slot each
-	fakeAgent(t, e, "ctc05")             // a lease report of its, refused
+	knocking := fakeAgent(t, e, "ctc01")  // keeps knocking, refused
+	fakeAgent(t, e, "ctc02")              // silent
+	revoked := fakeAgent(t, e, "ctc03")   // knocks with a token revoked through this server
+	elsewhere := fakeAgent(t, e, "ctc06") // knocks with a token revoked elsewhere (the CLI, another server)
+	holder := fakeAgent(t, e, "ctc04")    // its requests hold the levels' one slot each
+	fakeAgent(t, e, "ctc05")              // a lease report of its, refused
 	reportTok, err := e.m.Store.CreateNodeToken(ctx, "ctc05", "its refused log batch")
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.tokens["ctc05"] = reportTok
 	reporter := agentproto.NewClient(e.url, reportTok)
-	for _, c := range []*agentproto.Client{knocking, revoked, holder, reporter} {
+	for _, c := range []*agentproto.Client{knocking, revoked, holder, reporter, elsewhere} {
 		if _, err := c.Heartbeat(ctx, beatOf("ctc")); err != nil { // authenticated here: the token is known
 			t.Fatal(err)
 		}
@@ -51,6 +52,9 @@ func TestRefusedAgentRequestsKeepTheirNodeUp16(t *testing.T) {
 	if code, _, b := e.api("POST", "/api/v1/nodes/ctc03/revoke-tokens", demo.Admin, ""); code != http.StatusOK {
 		t.Fatalf("revoking ctc03's tokens: %d %s", code, b)
 	}
+	if _, err := e.m.Store.RevokeNodeTokensOf(ctx, "ctc06", "ops@example.com"); err != nil { // as allot node-token revoke does
+		t.Fatal(err)
+	}
 
 	// Every node was last heard ten minutes ago.
 	now := e.m.Store.Now()
@@ -61,7 +65,7 @@ func TestRefusedAgentRequestsKeepTheirNodeUp16(t *testing.T) {
 	held, pw := apfSend(e, "POST", "/api/agent/v1/heartbeat", "hold", nil)
 	waitLevel(t, e, apf.Heartbeat, 1, 0)
 	stranger := agentproto.NewClient(e.url, "alnode_"+strings.Repeat("x", 40))
-	for name, c := range map[string]*agentproto.Client{"ctc01": knocking, "ctc03 (revoked)": revoked, "a token never seen": stranger} {
+	for name, c := range map[string]*agentproto.Client{"ctc01": knocking, "ctc03 (revoked)": revoked, "ctc06 (revoked elsewhere)": elsewhere, "a token never seen": stranger} {
 		if _, err := c.Heartbeat(ctx, beatOf("ctc")); agentproto.ErrorStatus(err) != http.StatusTooManyRequests {
 			t.Fatalf("%s: heartbeat with the level full: %v, want 429", name, err)
 		}
@@ -73,8 +77,11 @@ func TestRefusedAgentRequestsKeepTheirNodeUp16(t *testing.T) {
 	if a := <-refused; a.code != http.StatusTooManyRequests {
 		t.Fatalf("ctc05's log batch with the agent level full: %d %s, want 429", a.code, a.body)
 	}
-	if n := admission(t, e, "allot_refused_agent_requests_counted_total"); n != 2 {
-		t.Errorf("refused agent requests counted: %v, want 2 (ctc01's heartbeat, ctc05's log batch)", n)
+	// Counted here: ctc01's and ctc06's heartbeats, ctc05's log batch
+	// (this server cannot know ctc06's token was revoked elsewhere: the
+	// write below checks).
+	if n := admission(t, e, "allot_refused_agent_requests_counted_total"); n != 3 {
+		t.Errorf("refused agent requests counted: %v, want 3", n)
 	}
 	if err := e.m.Server.RecordContacts(ctx); err != nil {
 		t.Fatal(err)
@@ -109,20 +116,20 @@ func TestRefusedAgentRequestsKeepTheirNodeUp16(t *testing.T) {
 	if c := contact("ctc05"); c == nil || c.Before(*at) {
 		t.Fatalf("ctc05's last contact = %v, want at or after ctc01's %v", c, at)
 	}
-	for _, n := range []string{"ctc02", "ctc03"} {
+	for _, n := range []string{"ctc02", "ctc03", "ctc06"} {
 		if c := contact(n); c != nil {
 			t.Errorf("%s's last contact = %v, want none", n, c)
 		}
 	}
 
-	// Silent for the lost window: ctc02 and ctc03 are marked down, ctc01
-	// and ctc05 (knocking a moment ago) are not.
+	// Silent for the lost window: ctc02, ctc03 and ctc06 are marked down,
+	// ctc01 and ctc05 (knocking a moment ago) are not.
 	lost, err := e.m.Store.MarkLostNodes(ctx, at.Add(-time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if lost = ctcNodes(lost); strings.Join(lost, ",") != "ctc02,ctc03" {
-		t.Errorf("marked down %v, want ctc02 and ctc03", lost)
+	if lost = ctcNodes(lost); strings.Join(lost, ",") != "ctc02,ctc03,ctc06" {
+		t.Errorf("marked down %v, want ctc02, ctc03 and ctc06", lost)
 	}
 	// The knocks stop too: ctc01 is marked down, and its reason says that
 	// its last heartbeat was refused.

@@ -299,21 +299,27 @@ func (s *Store) RevokeNodeTokens(ctx context.Context, node, createdBy string) er
 // table every time (a revoked token fails on its next request), and
 // records the token's use at most once a minute.
 func (s *Store) NodeByToken(ctx context.Context, secret string) (string, error) {
+	_, node, err := s.NodeTokenByToken(ctx, secret)
+	return node, err
+}
+
+// NodeTokenByToken is NodeByToken with the token's id.
+func (s *Store) NodeTokenByToken(ctx context.Context, secret string) (int64, string, error) {
 	var id int64
 	var node string
 	var used *time.Time
 	err := s.db.QueryRow(ctx, `SELECT id, node, last_used_at FROM node_tokens WHERE token_hash = $1 AND revoked_at IS NULL`,
 		hashSecret(secret)).Scan(&id, &node, &used)
 	if err == pgx.ErrNoRows {
-		return "", allot.Errorf(allot.EUnauthorized, "invalid or revoked node token")
+		return 0, "", allot.Errorf(allot.EUnauthorized, "invalid or revoked node token")
 	}
 	if err != nil {
-		return "", mapErr("checking node token", err)
+		return 0, "", mapErr("checking node token", err)
 	}
 	if now := s.Now(); used == nil || now.Sub(*used) >= nodeTokenUseEvery || now.Before(*used) {
 		if _, err := s.db.Exec(ctx, `UPDATE node_tokens SET last_used_at = $2 WHERE id = $1`, id, now); err != nil {
-			return "", mapErr("recording node token use", err)
+			return 0, "", mapErr("recording node token use", err)
 		}
 	}
-	return node, nil
+	return id, node, nil
 }
