@@ -223,6 +223,17 @@ const (
 // PendingAfterLostNode is a requeued job's reason after node stopped answering.
 func PendingAfterLostNode(node string) string { return "requeued: node " + node + " stopped answering" }
 
+// firstFailure is the first lease by exit time (ls is sorted by it) that
+// failed, or nil.
+func firstFailure(ls []SegmentLease) *SegmentLease {
+	for i := range ls {
+		if ls[i].failed() {
+			return &ls[i]
+		}
+	}
+	return nil
+}
+
 // PendingAfterLostProcess is a requeued checkpointable job's reason after
 // the agent on node lost its process: it came back from a crash without it
 // (agent_restarted) or stopped it while shutting down (agent_shutdown).
@@ -286,7 +297,13 @@ func SettleSegment(s Segment) Settlement {
 	// A checkpointable job goes back to the queue at once, as after a lost
 	// node, and the rest of its gang is stopped; any other fails with the
 	// reason below, as before.
-	if lostProcess != nil && s.Checkpointable && !preempted && !drained {
+	// Only when the lost process is the segment's first failure and the
+	// server had asked it to stop for no other reason (a restarted agent's
+	// lease is asked to stop as agent_restarted): a gang whose member
+	// failed by itself, and whose others were being stopped for it, still
+	// fails.
+	if lp := lostProcess; lp != nil && s.Checkpointable && !preempted && !drained &&
+		(lp.StopReason == "" || lp.StopReason == lp.ExitReason) && firstFailure(ls) == lp {
 		out := Settlement{Outcome: OutcomeRequeue, PendingReason: PendingAfterLostProcess(lostProcess.Node, lostProcess.ExitReason)}
 		if open {
 			out.StopOthers, out.StopGrace = ReasonGangMemberFailed, GangStopGrace
