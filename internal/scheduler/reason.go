@@ -128,10 +128,7 @@ func (st *state) finish() {
 				if pj.preempts > 0 {
 					lead = fmt.Sprintf("preempted %d job(s) for it", pj.preempts)
 				}
-				cause := st.causeText(r.cause, pj.resvCause)
-				if r.pred && pj.resvCause {
-					cause = predCauseText(r.cause)
-				}
+				cause := st.causeText(r.cause, pj.resvCause, r.pred)
 				text := eta(&info, pj, lim, cause, true)
 				info.Reason = fmt.Sprintf("%s; %s; largest free block is %d%s", st.need(pj), lead, st.largestFree(pj), text)
 			}
@@ -186,7 +183,7 @@ func (st *state) finish() {
 			cause := ""
 			if r := st.sweep(pj, never); r.ok {
 				lim = abs(r.at, st.now)
-				cause = st.causeText(r.cause, r.causeN)
+				cause = st.causeText(r.cause, r.causeN, false)
 			}
 			info.EstStartLimits = lim
 			text := eta(&info, pj, lim, cause, false)
@@ -306,33 +303,25 @@ func containsInt(xs []int, x int) bool {
 	return false
 }
 
-// predCauseText is causeText for a reservation by predicted run times.
-func predCauseText(ev event) string {
-	switch ev.kind {
-	case evRun:
-		return fmt.Sprintf(" when job %d is predicted to end", ev.id)
-	case evGrace:
-		return fmt.Sprintf(" when job %d ends its preemption grace period", ev.id)
-	case evStart:
-		return fmt.Sprintf(" when job %d, started now, is predicted to end", ev.id)
-	default:
-		return fmt.Sprintf(" when reserved job %d is predicted to end", ev.id)
-	}
-}
-
-func (st *state) causeText(ev event, ok bool) string {
+// causeText says when a reservation's GPUs come free: ev's end by time
+// limits, or by predicted run times (pred, Policy.PredictedBackfill).
+func (st *state) causeText(ev event, ok, pred bool) string {
 	if !ok {
 		return " (once GPUs held for higher-priority reservations allow)"
 	}
+	end := "reaches its time limit"
+	if pred {
+		end = "is predicted to end"
+	}
 	switch ev.kind {
 	case evRun:
-		return fmt.Sprintf(" when job %d reaches its time limit", ev.id)
+		return fmt.Sprintf(" when job %d %s", ev.id, end)
 	case evGrace:
 		return fmt.Sprintf(" when job %d ends its preemption grace period", ev.id)
 	case evStart:
-		return fmt.Sprintf(" when job %d, started now, reaches its time limit", ev.id)
+		return fmt.Sprintf(" when job %d, started now, %s", ev.id, end)
 	default:
-		return fmt.Sprintf(" when reserved job %d reaches its time limit", ev.id)
+		return fmt.Sprintf(" when reserved job %d %s", ev.id, end)
 	}
 }
 
