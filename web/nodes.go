@@ -234,6 +234,14 @@ type LabelsJSON struct {
 	Note   string            `json:"note"`
 }
 
+// InventoryJSON is PUT /api/v1/nodes/:name/inventory: the node declared
+// again as GPUs × GPUType.
+type InventoryJSON struct {
+	GPUType string `json:"gpu_type"`
+	GPUs    int    `json:"gpus"`
+	Note    string `json:"note"`
+}
+
 func (s *Server) apiDrainNode(c echo.Context) error {
 	u, in, err := userAndBody[DrainJSON](c)
 	if err != nil {
@@ -284,6 +292,25 @@ func (s *Server) apiSetNodeLabels(c echo.Context) error {
 		return err
 	}
 	return writeJSON(c, http.StatusOK, map[string]any{"node": nodeJSON(n)})
+}
+
+func (s *Server) apiSetNodeInventory(c echo.Context) error {
+	u, in, err := userAndBody[InventoryJSON](c)
+	if err != nil {
+		return err
+	}
+	changed, err := s.st.SetNodeInventory(c.Request().Context(), u.Email, c.Param("name"), in.GPUType, in.GPUs, in.Note)
+	if err != nil {
+		return err
+	}
+	if changed {
+		s.trigger(c) // capacity changed: the scheduler sees it now
+	}
+	n, err := s.st.NodeInfoByName(c.Request().Context(), c.Param("name"))
+	if err != nil {
+		return err
+	}
+	return writeJSON(c, http.StatusOK, map[string]any{"node": nodeJSON(n), "changed": changed})
 }
 
 func (s *Server) apiHealthRules(c echo.Context) error {

@@ -174,6 +174,7 @@ func (s *Server) routes() {
 	r(post, api+"/nodes/:name/drain", s.apiDrainNode, RuleAdmin)
 	r(post, api+"/nodes/:name/undrain", s.apiUndrainNode, RuleAdmin)
 	r(put, api+"/nodes/:name/labels", s.apiSetNodeLabels, RuleAdmin)
+	r(put, api+"/nodes/:name/inventory", s.apiSetNodeInventory, RuleAdmin)
 	r(get, api+"/health/rules", s.apiHealthRules, RuleUser)
 	r(put, api+"/health/rules", s.apiSetHealthRules, RuleAdmin)
 	r(get, api+"/notifications", s.apiNotifications, RuleAdmin)

@@ -57,7 +57,7 @@ Use it:
   team      teams (admin): allot team list | create ml --name "Machine Learning" --budget-gpu-hours 1000 | set ml --guarantee H100=8 | set-account ml svc-ml
   gpu-type  GPU types (admin): allot gpu-type list | create H100 --memory-gb 80 --rate 4.10 | set NAME --rate R | retire NAME
   billing   allot billing rollup: the hourly billing rollup, now (DATABASE_URL)
-  node      nodes (admin): allot node list | drain gpu03 --reason "fan" [--requeue] | undrain gpu03 --note "fixed"
+  node      nodes (admin): allot node list | drain gpu03 --reason "fan" [--requeue] | undrain gpu03 --note "fixed" | set gpu03 --gpu-type H100 --gpus 8
 
 Measure it:
   sim       replay a job trace through the scheduler and baselines

@@ -180,9 +180,11 @@ func cmdNode(args []string, stdout, stderr io.Writer) int {
 	token := cliflag.Secret(fs, "token", "ALLOT_TOKEN", "API `token`")
 	reason := fs.String("reason", "", "drain: why (required)")
 	requeue := fs.Bool("requeue", false, "drain: also stop the node's running jobs with the policy's grace and requeue them")
-	note := fs.String("note", "", "undrain: why the node is fit again (required)")
+	note := fs.String("note", "", "undrain: why the node is fit again (required); set: why it is declared again")
+	gpuType := fs.String("gpu-type", "", "set: the node's GPU type (one of allot gpu-type list)")
+	gpus := fs.Int("gpus", 0, "set: how many GPUs it has")
 	usage := func() int {
-		fmt.Fprintln(stderr, "usage: allot node list | drain NAME --reason R [--requeue] | undrain NAME --note N")
+		fmt.Fprintln(stderr, "usage: allot node list | drain NAME --reason R [--requeue] | undrain NAME --note N | set NAME --gpu-type T --gpus N [--note N]")
 		return 2
 	}
 	// Flags may come before and after the verb and the name.
@@ -211,6 +213,13 @@ func cmdNode(args []string, stdout, stderr io.Writer) int {
 	case pos[0] == "undrain" && len(pos) == 2:
 		b, _ := json.Marshal(web.UndrainJSON{Note: *note})
 		c = call{"POST", "/api/v1/nodes/" + url.PathEscape(pos[1]) + "/undrain", string(b)}
+	case pos[0] == "set" && len(pos) == 2:
+		if *gpuType == "" || *gpus <= 0 {
+			fmt.Fprintln(stderr, "allot node set: give --gpu-type and --gpus (a positive count)")
+			return 2
+		}
+		b, _ := json.Marshal(web.InventoryJSON{GPUType: *gpuType, GPUs: *gpus, Note: *note})
+		c = call{"PUT", "/api/v1/nodes/" + url.PathEscape(pos[1]) + "/inventory", string(b)}
 	default:
 		return usage()
 	}
@@ -263,8 +272,20 @@ func cmdNode(args []string, stdout, stderr io.Writer) int {
 	var out struct {
 		Node     web.NodeJSON `json:"node"`
 		Requeued []int64      `json:"requeued"`
+		Changed  *bool        `json:"changed"`
 	}
 	json.Unmarshal(body, &out) //nolint:errcheck
+	if pos[0] == "set" {
+		what := "declared"
+		if out.Changed != nil && !*out.Changed {
+			what = "already declared"
+		}
+		fmt.Fprintf(stdout, "node %s %s as %d × %s\n", out.Node.Name, what, *gpus, *gpuType)
+		if out.Node.InventoryNote != "" {
+			fmt.Fprintf(stdout, "its agent differs: %s\n", out.Node.InventoryNote)
+		}
+		return 0
+	}
 	fmt.Fprintf(stdout, "node %s is %s\n", out.Node.Name, out.Node.State)
 	if len(out.Requeued) > 0 {
 		fmt.Fprintf(stdout, "requeueing jobs %v\n", out.Requeued)

@@ -584,6 +584,46 @@ func TestInventoryDiffersFromDeclaration(t *testing.T) {
 	for _, p := range pageProblems(t, page) {
 		t.Errorf("/nodes/gpu77: %s", p)
 	}
+
+	// The admin answers the note: gpu77 is 4 PCIe A100s of 40 GB. Bad
+	// input is refused and changes nothing.
+	out.Reset()
+	errb.Reset()
+	if code := run([]string{"gpu-type", "create", "A100-40GB", "--memory-gb", "40", "--rate", "2.10", "--server", l.url, "--token", l.tokens[demo.Admin]}, &out, &errb); code != 0 {
+		t.Fatalf("gpu-type create: %d %s %s", code, out.String(), errb.String())
+	}
+	for _, bad := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"node", "set", "gpu77", "--gpu-type", "A100-40GB"}, 2, "give --gpu-type and --gpus"},
+		{[]string{"node", "set", "gpu77", "--gpu-type", "B300", "--gpus", "4"}, 1, `unknown GPU type "B300"`},
+		{[]string{"node", "set", "gpu77", "--gpu-type", "A100-40GB", "--gpus", "65"}, 1, "gpus: must be 1..64"},
+		{[]string{"node", "set", "gpu78", "--gpu-type", "A100-40GB", "--gpus", "4"}, 1, `node "gpu78" does not exist`},
+	} {
+		if code, _, errs := l.cli(demo.Admin, bad.args...); code != bad.code || !strings.Contains(errs, bad.want) {
+			t.Errorf("allot %s: exit %d, %q; want %d and %q", strings.Join(bad.args, " "), code, errs, bad.code, bad.want)
+		}
+	}
+	if code, _, errs := l.cli(demo.Engineer, "node", "set", "gpu77", "--gpu-type", "A100-40GB", "--gpus", "4"); code != 1 || !strings.Contains(errs, "admin") {
+		t.Errorf("an engineer declaring a node: exit %d, %q", code, errs)
+	}
+	l.getJSON("/api/v1/nodes/gpu77", demo.Admin, &n)
+	if n.GPUType != "A100-80GB" || n.InventoryNote != want {
+		t.Fatalf("refused declarations changed gpu77: %+v", n)
+	}
+	if code, out, errs := l.cli(demo.Admin, "node", "set", "gpu77", "--gpu-type", "A100-40GB", "--gpus", "4", "--note", "the PCIe cards"); code != 0 || out != "node gpu77 declared as 4 × A100-40GB\n" {
+		t.Errorf("node set: exit %d, %q %q", code, out, errs)
+	}
+	n = web.NodeJSON{} // inventory_note is left out when empty
+	l.getJSON("/api/v1/nodes/gpu77", demo.Admin, &n)
+	if n.GPUType != "A100-40GB" || n.GPUs != 4 || n.InventoryNote != "" {
+		t.Errorf("gpu77 after node set = %+v; want 4 × A100-40GB, no note", n)
+	}
+	if code, out, _ := l.cli(demo.Admin, "node", "set", "gpu77", "--gpu-type", "A100-40GB", "--gpus", "4"); code != 0 || !strings.Contains(out, "already declared") {
+		t.Errorf("the same again: exit %d, %q", code, out)
+	}
 }
 
 // TestZeroCommandsUsage: the new commands' usage and flag errors exit 2

@@ -413,3 +413,80 @@ func (s *Store) InventoryNotes(ctx context.Context) (map[string]string, error) {
 	}
 	return out, mapErr("listing nodes", rows.Err())
 }
+
+// SetNodeInventory declares node again as gpus GPUs of gpuType (`allot
+// node set`, PUT /api/v1/nodes/{name}/inventory), audited as
+// node.inventory by actor: an admin answers an inventory note (the agent
+// registered another model or count than declared) or moves a node to
+// another type. The type must exist and not be retired. A node with GPUs
+// allocated is refused (drain it and let its jobs end first): its jobs
+// were placed, and are billed, by its type. The inventory note is worked
+// out again from the GPUs its agent last registered. It reports whether
+// anything changed.
+func (s *Store) SetNodeInventory(ctx context.Context, actor, node, gpuType string, gpus int, note string) (bool, error) {
+	f := allot.FieldErrors{}
+	if gpuType == "" {
+		f.Add("gpu_type", "is required")
+	}
+	if gpus < 1 || gpus > allot.MaxGPUsPerNode {
+		f.Add("gpus", "must be 1..%d, not %d", allot.MaxGPUsPerNode, gpus)
+	}
+	if err := f.Err(); err != nil {
+		return false, err
+	}
+	if err := s.checkGPUTypeUsable(ctx, gpuType); err != nil {
+		return false, err
+	}
+	changed := false
+	err := s.InTx(ctx, func(tx *Store) error {
+		var oldType, backend string
+		var declared int
+		var registered bool
+		err := tx.db.QueryRow(ctx, `SELECT gpu_type, coalesce(declared_gpus, gpu_count), registered_at IS NOT NULL, backend
+			FROM nodes WHERE name = $1 FOR UPDATE`, node).Scan(&oldType, &declared, &registered, &backend)
+		if err == pgx.ErrNoRows {
+			return allot.Errorf(allot.ENotFound, "node %q does not exist", node)
+		}
+		if err != nil {
+			return mapErr("loading node", err)
+		}
+		if backend != allot.BackendNative {
+			return allot.Errorf(allot.EConflict, "node %s is a %s node: its GPUs are %s's to declare", node, backend, backend)
+		}
+		if oldType == gpuType && declared == gpus {
+			return nil
+		}
+		var held int
+		if err := tx.db.QueryRow(ctx, `SELECT count(*) FROM allocations WHERE node = $1 AND released_at IS NULL`, node).Scan(&held); err != nil {
+			return mapErr("loading node", err)
+		}
+		if held > 0 {
+			return allot.Errorf(allot.EConflict, "node %s has %d GPUs allocated to jobs placed and billed as %s: drain it (allot node drain %s --reason …) and let its jobs end first", node, held, oldType, node)
+		}
+		if _, err := tx.db.Exec(ctx, `UPDATE nodes SET gpu_type = $2, declared_gpus = $3,
+			gpu_count = CASE WHEN registered_at IS NULL THEN $3 ELSE gpu_count END WHERE name = $1`, node, gpuType, gpus); err != nil {
+			return mapErr("declaring node", err)
+		}
+		if registered {
+			rows, err := tx.db.Query(ctx, `SELECT gpu_index, uuid, model, memory_mib FROM node_gpus WHERE node = $1 ORDER BY gpu_index`, node)
+			if err != nil {
+				return mapErr("loading node GPUs", err)
+			}
+			gs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (NodeGPU, error) {
+				var g NodeGPU
+				return g, r.Scan(&g.Index, &g.UUID, &g.Model, &g.MemoryMiB)
+			})
+			if err != nil {
+				return mapErr("loading node GPUs", err)
+			}
+			if err := tx.noteInventory(ctx, node, gs); err != nil {
+				return err
+			}
+		}
+		changed = true
+		before := fmt.Sprintf(`{"gpu_type":%q,"gpus":%d}`, oldType, declared)
+		after := fmt.Sprintf(`{"gpu_type":%q,"gpus":%d}`, gpuType, gpus)
+		return tx.Audit(ctx, &allot.AuditEntry{Actor: actor, Action: "node.inventory", Object: "node:" + node, Before: []byte(before), After: []byte(after), Note: note})
+	})
+	return changed, err
+}
