@@ -223,17 +223,6 @@ const (
 // PendingAfterLostNode is a requeued job's reason after node stopped answering.
 func PendingAfterLostNode(node string) string { return "requeued: node " + node + " stopped answering" }
 
-// firstFailure is the first lease by exit time (ls is sorted by it) that
-// failed, or nil.
-func firstFailure(ls []SegmentLease) *SegmentLease {
-	for i := range ls {
-		if ls[i].failed() {
-			return &ls[i]
-		}
-	}
-	return nil
-}
-
 // PendingAfterLostProcess is a requeued checkpointable job's reason after
 // the agent on node lost its process: it came back from a crash without it
 // (agent_restarted) or stopped it while shutting down (agent_shutdown).
@@ -269,8 +258,10 @@ func SettleSegment(s Segment) Settlement {
 	slices.SortStableFunc(ls, func(a, b SegmentLease) int { return a.ExitedAt.Compare(b.ExitedAt) })
 	var preempted, drained, open, idle bool
 	var lost string
-	var lostProcess *SegmentLease // the first lease whose agent lost its process
-	for i, l := range ls {
+	var firstFailed *SegmentLease
+	firstCode := 0
+	for i := range ls {
+		l := &ls[i]
 		preempted = preempted || l.StopReason == ReasonPreempted
 		drained = drained || l.StopReason == ReasonDrain
 		if l.State.Open() {
@@ -278,8 +269,12 @@ func SettleSegment(s Segment) Settlement {
 			idle = idle || !l.Stopping() || l.State == LeaseOffered
 		} else if l.ExitReason == ReasonNodeLost && lost == "" {
 			lost = l.Node
-		} else if (l.ExitReason == ReasonAgentRestarted || l.ExitReason == ReasonAgentShutdown) && lostProcess == nil {
-			lostProcess = &ls[i]
+		}
+		if l.failed() && firstFailed == nil {
+			firstFailed = l
+		}
+		if l.State == LeaseExited && l.ExitCode != 0 && firstCode == 0 {
+			firstCode = l.ExitCode
 		}
 	}
 	if lost != "" {
@@ -302,24 +297,13 @@ func SettleSegment(s Segment) Settlement {
 	// lease is asked to stop as agent_restarted): a gang whose member
 	// failed by itself, and whose others were being stopped for it, still
 	// fails.
-	if lp := lostProcess; lp != nil && s.Checkpointable && !preempted && !drained &&
-		(lp.StopReason == "" || lp.StopReason == lp.ExitReason) && firstFailure(ls) == lp {
-		out := Settlement{Outcome: OutcomeRequeue, PendingReason: PendingAfterLostProcess(lostProcess.Node, lostProcess.ExitReason)}
+	if lp := firstFailed; lp != nil && (lp.ExitReason == ReasonAgentRestarted || lp.ExitReason == ReasonAgentShutdown) &&
+		s.Checkpointable && !preempted && !drained && (lp.StopReason == "" || lp.StopReason == lp.ExitReason) {
+		out := Settlement{Outcome: OutcomeRequeue, PendingReason: PendingAfterLostProcess(lp.Node, lp.ExitReason)}
 		if open {
 			out.StopOthers, out.StopGrace = ReasonGangMemberFailed, GangStopGrace
 		}
 		return out
-	}
-	var firstFailed *SegmentLease
-	firstCode := 0
-	for i := range ls {
-		l := &ls[i]
-		if l.failed() && firstFailed == nil {
-			firstFailed = l
-		}
-		if l.State == LeaseExited && l.ExitCode != 0 && firstCode == 0 {
-			firstCode = l.ExitCode
-		}
 	}
 	if open {
 		if firstFailed != nil && !preempted && !drained && idle {

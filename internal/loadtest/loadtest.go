@@ -398,7 +398,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	r.ops.off.Store(false)
 	start := opens
 	rep.StartedAt = start.UTC()
-	phasesBefore, refusedBefore := r.phases(), r.refusals()
+	before := r.readMetrics()
 	var cycleID int64
 	if cfg.DB != nil {
 		if err := cfg.DB.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM scheduling_cycles`).Scan(&cycleID); err != nil {
@@ -435,8 +435,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		if rep.Cycles, err = r.cycles(ctx, cycleID); err != nil {
 			return nil, err
 		}
-		rep.Refused = refusalsIn(refusedBefore, r.refusals())
-		if ph := phaseMeans(phasesBefore, r.phases()); len(ph) > 0 {
+		after := r.readMetrics()
+		rep.Refused = refusalsIn(before.refused, after.refused)
+		if ph := phaseMeans(before.phases, after.phases); len(ph) > 0 {
 			rep.Cycles.Phases = ph
 		}
 		if len(submitted) > 0 {
@@ -668,17 +669,28 @@ func (r *runner) cycles(ctx context.Context, after int64) (*CycleReport, error) 
 // phaseSums are a per-phase cycle histogram's sum and count by phase.
 type phaseSums map[string][2]float64
 
-// phases reads, from the worker's registry, any histogram of scheduling
-// cycles with a "phase" label (the worker's per-phase metric, when it has
-// one).
-func (r *runner) phases() phaseSums {
+// metricsReading is one reading of the booted processes' registry.
+type metricsReading struct {
+	phases  phaseSums
+	refused map[string]float64
+}
+
+// readMetrics gathers the registry once (nothing without one).
+func (r *runner) readMetrics() metricsReading {
 	if r.cfg.Gather == nil {
-		return nil
+		return metricsReading{}
 	}
 	fams, err := r.cfg.Gather.Gather()
 	if err != nil {
-		return nil
+		return metricsReading{}
 	}
+	return metricsReading{phases: phasesOf(fams), refused: refusalsOf(fams)}
+}
+
+// phasesOf is, from the worker's registry, any histogram of scheduling
+// cycles with a "phase" label (the worker's per-phase metric, when it has
+// one).
+func phasesOf(fams []*dto.MetricFamily) phaseSums {
 	out := phaseSums{}
 	for _, f := range fams {
 		if f.GetType() != dto.MetricType_HISTOGRAM || !strings.Contains(f.GetName(), "cycle") {
@@ -701,16 +713,9 @@ func (r *runner) phases() phaseSums {
 // server counted as signs of life.
 const refusedCounted = "agent requests counted as alive"
 
-// refusals reads the booted server's admission refusals by level/reason
-// and its refused agent requests counted as alive (nil without a registry).
-func (r *runner) refusals() map[string]float64 {
-	if r.cfg.Gather == nil {
-		return nil
-	}
-	fams, err := r.cfg.Gather.Gather()
-	if err != nil {
-		return nil
-	}
+// refusalsOf is the booted server's admission refusals by level/reason
+// and its refused agent requests counted as alive.
+func refusalsOf(fams []*dto.MetricFamily) map[string]float64 {
 	out := map[string]float64{}
 	for _, f := range fams {
 		switch f.GetName() {

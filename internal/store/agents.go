@@ -497,13 +497,15 @@ func (s *Store) TakeOrders(ctx context.Context, node string) (Orders, error) {
 		if err != nil {
 			return mapErr("loading offers", err)
 		}
+		held := map[LeaseRef]bool{}
 		for _, u := range o.Unreadable {
-			o.Offer = slices.DeleteFunc(o.Offer, func(l Lease) bool { return l.JobID == u.JobID && l.Segment == u.Segment })
+			held[u.LeaseRef] = true
 			if _, err := tx.db.Exec(ctx, `UPDATE leases SET offer_sent_at = NULL WHERE job_id = $1 AND segment = $2 AND node = $3`,
 				u.JobID, u.Segment, node); err != nil {
 				return mapErr("holding back an offer", err)
 			}
 		}
+		o.Offer = slices.DeleteFunc(o.Offer, func(l Lease) bool { return held[LeaseRef{JobID: l.JobID, Segment: l.Segment}] })
 		rows, err = tx.db.Query(ctx, `
 			UPDATE leases l SET start_sent_at = $2
 			WHERE l.node = $1 AND l.state = 'taken' AND l.start_sent_at IS NULL AND l.stop_requested_at IS NULL

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"strings"
@@ -21,11 +22,10 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// sealedPrefix starts every job secret value stored encrypted:
-// allot:v1:<key id>:<base64 of nonce ‖ AES-256-GCM ciphertext>. A value
-// without it was stored before encryption was configured, and is read as
-// it is.
-const sealedPrefix = allot.SealedSecretPrefix
+// Every job secret value stored encrypted starts with
+// allot.SealedSecretPrefix: allot:v1:<key id>:<base64 of nonce ‖
+// AES-256-GCM ciphertext>. A value without it was stored before encryption
+// was configured, and is read as it is.
 
 // SecretKeys encrypt jobs' secret environment values at rest (AES-256-GCM,
 // a random nonce per value, the variable's name as additional data so a
@@ -82,14 +82,19 @@ func ParseSecretKeys(text []byte) (*SecretKeys, error) {
 // LoadSecretKeys reads the key file at path, which must not be readable
 // or writable by group or others (like the agents' token file).
 func LoadSecretKeys(path string) (*SecretKeys, error) {
-	fi, err := os.Stat(path)
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("secret key file: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat() // the file read below, not whatever the path names later
 	if err != nil {
 		return nil, fmt.Errorf("secret key file: %w", err)
 	}
 	if fi.Mode().Perm()&0o077 != 0 {
 		return nil, fmt.Errorf("secret key file %s: mode %04o lets others read it; chmod 600 it", path, fi.Mode().Perm())
 	}
-	b, err := os.ReadFile(path)
+	b, err := io.ReadAll(io.LimitReader(f, 1<<20))
 	if err != nil {
 		return nil, fmt.Errorf("secret key file: %w", err)
 	}
@@ -117,17 +122,22 @@ func (k *SecretKeys) Seal(name, value string) string {
 	nonce := make([]byte, aead.NonceSize())
 	rand.Read(nonce) //nolint:errcheck // never fails
 	ct := aead.Seal(nonce, nonce, []byte(value), []byte(name))
-	return sealedPrefix + k.current + ":" + base64.StdEncoding.EncodeToString(ct)
+	return allot.SealedSecretPrefix + k.current + ":" + base64.StdEncoding.EncodeToString(ct)
 }
 
 // Sealed reports whether stored is an encrypted value, and by which key.
 func Sealed(stored string) (keyID string, ok bool) {
-	rest, ok := strings.CutPrefix(stored, sealedPrefix)
+	keyID, _, ok = splitSealed(stored)
+	return keyID, ok
+}
+
+// splitSealed is a sealed value's key id and base64 ciphertext.
+func splitSealed(stored string) (keyID, b64 string, ok bool) {
+	rest, ok := strings.CutPrefix(stored, allot.SealedSecretPrefix)
 	if !ok {
-		return "", false
+		return "", "", false
 	}
-	id, _, ok := strings.Cut(rest, ":")
-	return id, ok
+	return strings.Cut(rest, ":")
 }
 
 // Open decrypts stored, the variable name's value as stored (k may be
@@ -138,7 +148,7 @@ func (k *SecretKeys) Open(name, stored string) (string, error) { return openSecr
 // keys (nil: none configured). A value stored before encryption was
 // configured is returned as it is.
 func openSecret(keys *SecretKeys, name, stored string) (string, error) {
-	id, ok := Sealed(stored)
+	id, b64, ok := splitSealed(stored)
 	if !ok {
 		return stored, nil
 	}
@@ -149,7 +159,6 @@ func openSecret(keys *SecretKeys, name, stored string) (string, error) {
 	if aead == nil {
 		return "", fmt.Errorf("secret %s is encrypted with key %s, which is not in the secret key file", name, id)
 	}
-	_, b64, _ := strings.Cut(strings.TrimPrefix(stored, sealedPrefix), ":")
 	ct, err := base64.StdEncoding.DecodeString(b64)
 	if err != nil || len(ct) < aead.NonceSize() {
 		return "", fmt.Errorf("secret %s: the stored value is damaged", name)
