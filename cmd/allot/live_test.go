@@ -319,7 +319,7 @@ func TestLivePreemption(t *testing.T) {
 	// "running" is set when the GPUs are allocated; the process starts a
 	// moment later.
 	var b []byte
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)                             // a deadline (real time), not product time
 	for string(b) != "run 1\nterm\nrun 2\n" && time.Now().Before(deadline) { // deadline (real time)
 		time.Sleep(20 * time.Millisecond)
 		b, _ = os.ReadFile(filepath.Join(dir, "runs"))

@@ -258,8 +258,8 @@ func TestStopKillsAJobThatIgnoresSIGTERM(t *testing.T) {
 		t.Errorf("exit = %+v, want SIGKILL cancelled", e)
 	}
 	// SIGKILL is delivered at once but a process takes a moment to go.
-	deadline := time.Now().Add(3 * time.Second)
-	for liveGroupMembers(s.PID) != 0 && time.Now().Before(deadline) {
+	deadline := time.Now().Add(3 * time.Second)                       // a deadline (real time), not product time
+	for liveGroupMembers(s.PID) != 0 && time.Now().Before(deadline) { // the same deadline
 		time.Sleep(10 * time.Millisecond)
 	}
 	if n := liveGroupMembers(s.PID); n != 0 {
