@@ -2,6 +2,7 @@ package web
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -321,6 +322,95 @@ func (s *Server) agentTakeLease(c echo.Context) error {
 		return s.refused(c, node, ref, err)
 	}
 	return c.NoContent(http.StatusNoContent)
+}
+
+// agentTakeBatch takes several leases in one request and transaction
+// (store.TakeLeases): each lease's result, and the start orders now due.
+func (s *Server) agentTakeBatch(c echo.Context) error {
+	node, err := s.agentNode(c)
+	if err != nil {
+		return err
+	}
+	var b agentproto.TakeBatch
+	if err := decodeStrict(c.Request().Body, &b); err != nil {
+		return err
+	}
+	refs, err := batchRefs(len(b.Leases), "leases", func(i int) (int64, int) { return b.Leases[i].JobID, b.Leases[i].Segment })
+	if err != nil {
+		return err
+	}
+	results, starts, err := s.agentSt.TakeLeases(c.Request().Context(), node, refs)
+	if err != nil {
+		return err
+	}
+	reply := agentproto.TakeBatchReply{Results: s.batchResults(c, node, refs, results)}
+	for _, r := range starts {
+		reply.Start = append(reply.Start, agentproto.LeaseRef{JobID: r.JobID, Segment: r.Segment})
+	}
+	return writeJSON(c, http.StatusOK, reply)
+}
+
+// agentStartedBatch records several starts in one request and
+// transaction (store.LeasesStarted), each as agentStarted does.
+func (s *Server) agentStartedBatch(c echo.Context) error {
+	node, err := s.agentNode(c)
+	if err != nil {
+		return err
+	}
+	var b agentproto.StartedBatch
+	if err := decodeStrict(c.Request().Body, &b); err != nil {
+		return err
+	}
+	refs, err := batchRefs(len(b.Started), "started", func(i int) (int64, int) { return b.Started[i].JobID, b.Started[i].Segment })
+	if err != nil {
+		return err
+	}
+	starts := make([]store.StartReport, len(refs))
+	for i, r := range refs {
+		starts[i] = store.StartReport{LeaseRef: r, PID: b.Started[i].PID}
+	}
+	results, err := s.agentSt.LeasesStarted(c.Request().Context(), node, starts)
+	if err != nil {
+		return err
+	}
+	return writeJSON(c, http.StatusOK, agentproto.BatchReply{Results: s.batchResults(c, node, refs, results)})
+}
+
+// batchRefs checks a batched report's leases: 1 to MaxLeaseBatch, each a
+// lease reference, none twice. Any fault refuses the whole request (a
+// field error naming the list) and changes nothing.
+func batchRefs(n int, field string, ref func(int) (int64, int)) ([]store.LeaseRef, error) {
+	if n == 0 || n > store.MaxLeaseBatch {
+		return nil, allot.FieldErrors{field: fmt.Sprintf("must list 1 to %d leases, not %d", store.MaxLeaseBatch, n)}.Err()
+	}
+	refs := make([]store.LeaseRef, n)
+	seen := make(map[store.LeaseRef]bool, n)
+	for i := range n {
+		r, err := leaseRef(ref(i))
+		if err != nil {
+			return nil, allot.FieldErrors{field: fmt.Sprintf("entry %d: %s", i, allot.ErrorMessage(err))}.Err()
+		}
+		if seen[r] {
+			return nil, allot.FieldErrors{field: fmt.Sprintf("job %d segment %d is listed twice", r.JobID, r.Segment)}.Err()
+		}
+		seen[r] = true
+		refs[i] = r
+	}
+	return refs, nil
+}
+
+// batchResults turns a batch's per-lease outcomes into the reply's, and
+// logs each refusal as a single report's would be (s.refused).
+func (s *Server) batchResults(c echo.Context, node string, refs []store.LeaseRef, errs []error) []agentproto.LeaseResult {
+	out := make([]agentproto.LeaseResult, len(refs))
+	for i, r := range refs {
+		out[i] = agentproto.LeaseResult{JobID: r.JobID, Segment: r.Segment}
+		if err := errs[i]; err != nil {
+			_ = s.refused(c, node, r, err)
+			out[i].Status, out[i].Detail = statusOf[allot.ErrorCode(err)], allot.ErrorMessage(err)
+		}
+	}
+	return out
 }
 
 // agentStarted records a start; its time is when the report arrives (the

@@ -300,6 +300,22 @@ func TestRefusedAgentReports(t *testing.T) {
 		{"log", "/api/agent/v1/jobs/log", func(c *agentproto.Client, ref agentproto.LeaseRef) error {
 			return c.Log(r.ctx, agentproto.JobLog{JobID: ref.JobID, Segment: ref.Segment, Lines: []string{"pwned"}})
 		}},
+		// Batched reports: the request succeeds, the lease is refused in
+		// its result, logged the same way.
+		{"take batch", "/api/agent/v1/leases/take-batch", func(c *agentproto.Client, ref agentproto.LeaseRef) error {
+			rep, err := c.TakeLeases(r.ctx, []agentproto.LeaseRef{ref})
+			if err != nil || len(rep.Start) != 0 {
+				return fmt.Errorf("the request: %v, starts %v", err, rep.Start)
+			}
+			return rep.Results[0].Err()
+		}},
+		{"started batch", "/api/agent/v1/jobs/started-batch", func(c *agentproto.Client, ref agentproto.LeaseRef) error {
+			res, err := c.StartedBatch(r.ctx, []agentproto.JobStarted{{JobID: ref.JobID, Segment: ref.Segment, PID: 1, Time: r.at()}})
+			if err != nil {
+				return fmt.Errorf("the request: %v", err)
+			}
+			return res[0].Err()
+		}},
 	}
 	logged := func(node string, ref agentproto.LeaseRef, endpoint string) bool {
 		for _, line := range strings.Split(r.logs.String(), "\n") {

@@ -186,7 +186,9 @@ func (s *Server) routes() {
 	r(post, ag+"/heartbeat", s.agentHeartbeat, RuleNode)
 	r(get, ag+"/orders", s.agentOrders, RuleNode)
 	r(post, ag+"/leases/take", s.agentTakeLease, RuleNode)
+	r(post, ag+"/leases/take-batch", s.agentTakeBatch, RuleNode)
 	r(post, ag+"/jobs/started", s.agentStarted, RuleNode)
+	r(post, ag+"/jobs/started-batch", s.agentStartedBatch, RuleNode)
 	r(post, ag+"/jobs/exited", s.agentExited, RuleNode)
 	r(post, ag+"/jobs/log", s.agentLog, RuleNode)
 	// Slurm hosts keep job_submit.lua's over-budget list current (web/slurm.go).

@@ -421,6 +421,15 @@ func TestAgentBadInput(t *testing.T) {
 		{"wrong protocol", "POST", "/api/agent/v1/register", tok, `{"hostname":"gpu02","protocol":99,"gpus":[{"index":0}]}`, 422, "invalid input"},
 		{"bad lease ref", "POST", "/api/agent/v1/leases/take", tok, `{"job_id":0,"segment":0}`, 422, "invalid input"},
 		{"bad wait", "GET", "/api/agent/v1/orders?wait=1h", tok, ``, 422, "invalid input"},
+		{"empty batched take", "POST", "/api/agent/v1/leases/take-batch", tok, `{"leases":[]}`, 422, "invalid input"},
+		{"batched take without leases", "POST", "/api/agent/v1/leases/take-batch", tok, `{}`, 422, "invalid input"},
+		{"batched take of a lease twice", "POST", "/api/agent/v1/leases/take-batch", tok,
+			fmt.Sprintf(`{"leases":[{"job_id":%d,"segment":1},{"job_id":%d,"segment":1}]}`, j.ID, j.ID), 422, "invalid input"},
+		{"batched take of 65 leases", "POST", "/api/agent/v1/leases/take-batch", tok, `{"leases":[` + strings.Repeat(`{"job_id":1,"segment":1},`, 64) + `{"job_id":1,"segment":1}]}`, 422, "invalid input"},
+		{"batched take with a bad ref", "POST", "/api/agent/v1/leases/take-batch", tok, `{"leases":[{"job_id":1,"segment":0}]}`, 422, "invalid input"},
+		{"batched take of a wrong type", "POST", "/api/agent/v1/leases/take-batch", tok, `{"leases":5}`, 422, "invalid input"},
+		{"batched starts with a bad ref", "POST", "/api/agent/v1/jobs/started-batch", tok, `{"started":[{"job_id":0,"segment":1,"pid":1}]}`, 422, "invalid input"},
+		{"batched starts, none", "POST", "/api/agent/v1/jobs/started-batch", tok, `{"started":[]}`, 422, "invalid input"},
 	}
 	for _, tt := range tests {
 		req, _ := http.NewRequest(tt.method, l.url+tt.path, strings.NewReader(tt.body))

@@ -51,8 +51,8 @@ func TestLoadtestSelfHosted(t *testing.T) {
 	if rep.Config.WarmupS != 1 || rep.Config.Agents != 6 || rep.Config.Submitters != 4 || rep.Config.Pending != 200 || rep.Config.Nodes != 20 || !rep.Config.Pages {
 		t.Errorf("config echo: %+v", rep.Config)
 	}
-	for _, name := range []string{"submit job", "agent register", "agent heartbeat", "agent orders (long poll)", "agent take lease",
-		"agent started", "agent exited", "page GET /cluster", "page GET /teams/fraud"} {
+	for _, name := range []string{"submit job", "agent register", "agent heartbeat", "agent orders (long poll)", "agent take leases (batch)",
+		"agent started (batch)", "agent exited", "page GET /cluster", "page GET /teams/fraud"} {
 		o := rep.Op(name)
 		if o.Count == 0 {
 			t.Errorf("%s: never succeeded: %+v", name, o)

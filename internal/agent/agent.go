@@ -193,8 +193,10 @@ type Agent struct {
 	inv    GPUInventory
 	gpuSet map[int]bool
 
-	sess     session
-	hbEvery  atomic.Int64 // heartbeat interval in ns
+	sess    session
+	hbEvery atomic.Int64 // heartbeat interval in ns
+	// noBatch: the server takes no batched takes (it predates them).
+	noBatch  atomic.Bool
 	out      *outbox
 	jobsDone sync.WaitGroup
 
@@ -587,39 +589,71 @@ func (a *Agent) handle(ctx context.Context, o agentproto.Orders) {
 		}
 		a.stopJob(s.JobID, s.Segment, grace, reason)
 	}
+	var take []agentproto.LeaseRef
 	for _, l := range o.Offer {
-		a.offer(ctx, l)
+		if a.offer(l) {
+			take = append(take, agentproto.LeaseRef{JobID: l.JobID, Segment: l.Segment})
+		}
 	}
-	for _, ref := range o.Start {
+	// The takes answer with the starts now due (a single-node job's at
+	// once), which the server will not send again.
+	starts := append(o.Start, a.takeAll(ctx, take)...)
+	for _, ref := range starts {
 		a.start(ref)
 	}
 }
 
-// offer takes a lease when its GPUs exist and no other job holds them.
-func (a *Agent) offer(ctx context.Context, l agentproto.Lease) {
+// offer decides whether to take a lease: when its GPUs exist and no other
+// job holds them (it is then held as taken), or when it is offered again
+// while taken (our take may not have arrived; taking is idempotent).
+func (a *Agent) offer(l agentproto.Lease) bool {
 	ref := agentproto.LeaseRef{JobID: l.JobID, Segment: l.Segment}
-	log := a.log.With("job", l.JobID, "segment", l.Segment, "gpus", l.GPUs)
 	a.mu.Lock()
+	defer a.mu.Unlock()
 	if j, ok := a.jobs[ref]; ok {
-		a.mu.Unlock()
-		if j.state == stateTaken {
-			// Re-offered: our take may not have arrived. Taking is idempotent.
-			a.take(ctx, ref, log)
-		}
-		return
+		return j.state == stateTaken
 	}
 	if reason := a.cannotHoldLocked(l); reason != "" {
-		a.mu.Unlock()
-		log.Warn("not taking lease", "why", reason)
-		return
+		a.log.Warn("not taking lease", "job", l.JobID, "segment", l.Segment, "gpus", l.GPUs, "why", reason)
+		return false
 	}
 	a.jobs[ref] = &job{ref: ref, lease: l, state: stateTaken}
-	a.mu.Unlock()
-	a.take(ctx, ref, log)
+	return true
 }
 
-func (a *Agent) take(ctx context.Context, ref agentproto.LeaseRef, log *slog.Logger) {
-	err := a.client.TakeLease(ctx, ref)
+// takeAll takes refs: in batches of agentproto.MaxBatch (one request and
+// one transaction each), or one by one from a server that predates them.
+// It returns the start orders the batches' answers carried.
+func (a *Agent) takeAll(ctx context.Context, refs []agentproto.LeaseRef) []agentproto.LeaseRef {
+	var starts []agentproto.LeaseRef
+	for len(refs) > 0 && !a.noBatch.Load() {
+		chunk := refs[:min(len(refs), agentproto.MaxBatch)]
+		rep, err := a.client.TakeLeases(ctx, chunk)
+		if errors.Is(err, agentproto.ErrNoBatch) {
+			a.log.Info("the server takes no batched reports; taking leases one by one", "err", err)
+			a.noBatch.Store(true)
+			break
+		}
+		refs = refs[len(chunk):]
+		for i, ref := range chunk {
+			if err == nil {
+				a.took(ref, rep.Results[i].Err())
+			} else {
+				a.took(ref, err)
+			}
+		}
+		starts = append(starts, rep.Start...)
+	}
+	for _, ref := range refs {
+		a.took(ref, a.client.TakeLease(ctx, ref))
+	}
+	return starts
+}
+
+// took acts on a take's answer: done, kept for the next offer (the server
+// unreachable or busy), or released (refused).
+func (a *Agent) took(ref agentproto.LeaseRef, err error) {
+	log := a.log.With("job", ref.JobID, "segment", ref.Segment)
 	if err == nil {
 		log.Info("took lease")
 		return

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"strconv"
 	"sync"
@@ -22,6 +23,9 @@ type outbox struct {
 	items  []*report
 	notify chan struct{}
 	empty  chan struct{} // closed and replaced when the queue drains
+	// noBatch: the server takes no batched start reports (it predates
+	// them); each goes alone.
+	noBatch bool
 }
 
 type report struct {
@@ -183,14 +187,8 @@ func (o *outbox) waitEmpty(d time.Duration) bool {
 func (o *outbox) run(ctx context.Context) {
 	bo := newBackoff(100*time.Millisecond, o.a.cfg.RetryMax)
 	for {
-		o.mu.Lock()
-		var r *report
-		if len(o.items) > 0 {
-			r = o.items[0]
-			r.sending = true
-		}
-		o.mu.Unlock()
-		if r == nil {
+		group := o.next()
+		if len(group) == 0 {
 			select {
 			case <-ctx.Done():
 				return
@@ -198,7 +196,25 @@ func (o *outbox) run(ctx context.Context) {
 				continue
 			}
 		}
-		err := o.send(ctx, r)
+		r := group[0]
+		var err error
+		var refused []error // per report of a batch: refused for good
+		if len(group) > 1 {
+			refused, err = o.sendStarted(ctx, group)
+			if errors.Is(err, agentproto.ErrNoBatch) {
+				// An older server: one by one from now on, at once.
+				o.a.log.Info("the server takes no batched reports; reporting starts one by one", "err", err)
+				o.mu.Lock()
+				o.noBatch = true
+				for _, g := range group {
+					g.sending = false
+				}
+				o.mu.Unlock()
+				continue
+			}
+		} else {
+			err = o.send(ctx, r)
+		}
 		if ctx.Err() != nil {
 			return
 		}
@@ -212,10 +228,12 @@ func (o *outbox) run(ctx context.Context) {
 				done = true // refused for good
 			}
 			if done {
-				o.a.log.Warn("server refused a report; dropping it", "report", r.kind(), "job", r.jobID(), "err", err)
+				for _, g := range group {
+					o.a.log.Warn("server refused a report; dropping it", "report", g.kind(), "job", g.jobID(), "err", err)
+				}
 			} else {
 				d := bo.next()
-				o.a.log.Debug("report not delivered; retrying", "report", r.kind(), "job", r.jobID(), "in", d, "err", err)
+				o.a.log.Debug("report not delivered; retrying", "report", r.kind(), "job", r.jobID(), "reports", len(group), "in", d, "err", err)
 				if lost {
 					// Wait for the new registration first (or the backoff,
 					// whichever is later).
@@ -224,6 +242,11 @@ func (o *outbox) run(ctx context.Context) {
 				if !sleepCtx(ctx, d) {
 					return
 				}
+			}
+		}
+		for i, rerr := range refused {
+			if rerr != nil {
+				o.a.log.Warn("server refused a report; dropping it", "report", group[i].kind(), "job", group[i].jobID(), "err", rerr)
 			}
 		}
 		if done && err == nil && r.log != nil {
@@ -246,11 +269,13 @@ func (o *outbox) run(ctx context.Context) {
 		}
 		if done {
 			bo.reset()
-			if r.done != nil {
-				r.done()
+			for _, g := range group {
+				if g.done != nil {
+					g.done()
+				}
 			}
 			o.mu.Lock()
-			o.items = o.items[1:]
+			o.items = o.items[len(group):]
 			if len(o.items) == 0 {
 				close(o.empty)
 				o.empty = make(chan struct{})
@@ -258,10 +283,55 @@ func (o *outbox) run(ctx context.Context) {
 			o.mu.Unlock()
 		} else {
 			o.mu.Lock()
-			r.sending = false
+			for _, g := range group {
+				g.sending = false
+			}
 			o.mu.Unlock()
 		}
 	}
+}
+
+// next marks the reports to send next as sending and returns them: the
+// first in the queue, and with a start report the start reports right
+// behind it (up to agentproto.MaxBatch), which go in one request. Only
+// run takes reports off the queue's front, so they stay its first ones.
+func (o *outbox) next() []*report {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if len(o.items) == 0 {
+		return nil
+	}
+	group := o.items[:1:1]
+	if o.items[0].started != nil && !o.noBatch {
+		for _, r := range o.items[1:] {
+			if r.started == nil || len(group) == agentproto.MaxBatch {
+				break
+			}
+			group = append(group, r)
+		}
+	}
+	for _, r := range group {
+		r.sending = true
+	}
+	return group
+}
+
+// sendStarted sends a group of start reports in one request and returns
+// each one's refusal (nil when recorded).
+func (o *outbox) sendStarted(ctx context.Context, group []*report) ([]error, error) {
+	started := make([]agentproto.JobStarted, len(group))
+	for i, r := range group {
+		started[i] = *r.started
+	}
+	results, err := o.a.client.StartedBatch(ctx, started)
+	if err != nil {
+		return nil, err
+	}
+	refused := make([]error, len(results))
+	for i, res := range results {
+		refused[i] = res.Err()
+	}
+	return refused, nil
 }
 
 func (o *outbox) send(ctx context.Context, r *report) error {

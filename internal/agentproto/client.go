@@ -96,6 +96,40 @@ func (c *Client) TakeLease(ctx context.Context, ref LeaseRef) error {
 	return c.do(ctx, c.Timeout, http.MethodPost, "/api/agent/v1/leases/take", ref, nil)
 }
 
+// TakeLeases takes several leases in one request and returns each one's
+// result with the start orders now due. A server without the batched
+// request (older than this client) answers ErrNoBatch: take one by one.
+func (c *Client) TakeLeases(ctx context.Context, refs []LeaseRef) (TakeBatchReply, error) {
+	var rep TakeBatchReply
+	err := c.do(ctx, c.Timeout, http.MethodPost, "/api/agent/v1/leases/take-batch", TakeBatch{Leases: refs}, &rep)
+	if err == nil && len(rep.Results) != len(refs) {
+		err = fmt.Errorf("POST /api/agent/v1/leases/take-batch: %d results for %d leases", len(rep.Results), len(refs))
+	}
+	return rep, noBatch(err)
+}
+
+// StartedBatch reports several starts in one request and returns each
+// one's result. A server without the batched request answers ErrNoBatch.
+func (c *Client) StartedBatch(ctx context.Context, started []JobStarted) ([]LeaseResult, error) {
+	var rep BatchReply
+	err := c.do(ctx, c.Timeout, http.MethodPost, "/api/agent/v1/jobs/started-batch", StartedBatch{Started: started}, &rep)
+	if err == nil && len(rep.Results) != len(started) {
+		err = fmt.Errorf("POST /api/agent/v1/jobs/started-batch: %d results for %d starts", len(rep.Results), len(started))
+	}
+	return rep.Results, noBatch(err)
+}
+
+// ErrNoBatch says the server does not know a batched request (it predates
+// them): send the reports one by one.
+var ErrNoBatch = errors.New("the server does not take batched reports")
+
+func noBatch(err error) error {
+	if st := ErrorStatus(err); st == http.StatusNotFound || st == http.StatusMethodNotAllowed {
+		return fmt.Errorf("%w (%v)", ErrNoBatch, err)
+	}
+	return err
+}
+
 // Started reports that a job's process started.
 func (c *Client) Started(ctx context.Context, s JobStarted) error {
 	return c.do(ctx, c.Timeout, http.MethodPost, "/api/agent/v1/jobs/started", s, nil)

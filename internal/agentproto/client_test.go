@@ -86,3 +86,58 @@ func TestClientNetworkErrorHasNoStatus(t *testing.T) {
 		t.Fatalf("err = %v, status %d", err, ErrorStatus(err))
 	}
 }
+
+// TestClientBatches: batched takes and starts carry one result per lease
+// (a refusal as an error with its status) and the starts now due; a reply
+// with a missing result is an error; a server without the batched
+// requests (404) answers ErrNoBatch, and its other errors stay as they are.
+func TestClientBatches(t *testing.T) {
+	t.Parallel()
+	var old bool
+	var short bool
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /api/agent/v1/leases/take-batch", func(w http.ResponseWriter, r *http.Request) {
+		if old {
+			http.NotFound(w, r)
+			return
+		}
+		var b TakeBatch
+		_ = json.NewDecoder(r.Body).Decode(&b)
+		rep := TakeBatchReply{Start: []LeaseRef{b.Leases[0]}}
+		for i, l := range b.Leases {
+			res := LeaseResult{JobID: l.JobID, Segment: l.Segment}
+			if i == 1 {
+				res.Status, res.Detail = http.StatusConflict, "has ended"
+			}
+			rep.Results = append(rep.Results, res)
+		}
+		if short {
+			rep.Results = rep.Results[:1]
+		}
+		_ = json.NewEncoder(w).Encode(rep)
+	})
+	mux.HandleFunc("POST /api/agent/v1/jobs/started-batch", func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "busy", http.StatusServiceUnavailable)
+	})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	c := NewClient(srv.URL, "allot_node_x")
+	ctx := context.Background()
+	refs := []LeaseRef{{JobID: 1, Segment: 1}, {JobID: 2, Segment: 1}}
+	rep, err := c.TakeLeases(ctx, refs)
+	if err != nil || len(rep.Results) != 2 || rep.Results[0].Err() != nil || ErrorStatus(rep.Results[1].Err()) != http.StatusConflict ||
+		len(rep.Start) != 1 || rep.Start[0] != refs[0] {
+		t.Fatalf("TakeLeases = %+v, %v", rep, err)
+	}
+	short = true
+	if _, err := c.TakeLeases(ctx, refs); err == nil || errors.Is(err, ErrNoBatch) {
+		t.Errorf("a reply short of results: %v, want an error", err)
+	}
+	old = true
+	if _, err := c.TakeLeases(ctx, refs); !errors.Is(err, ErrNoBatch) {
+		t.Errorf("an older server: %v, want ErrNoBatch", err)
+	}
+	if _, err := c.StartedBatch(ctx, []JobStarted{{JobID: 1, Segment: 1}}); errors.Is(err, ErrNoBatch) || ErrorStatus(err) != http.StatusServiceUnavailable {
+		t.Errorf("a busy server: %v, want its 503", err)
+	}
+}

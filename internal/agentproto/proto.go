@@ -9,7 +9,9 @@
 //	POST /api/agent/v1/heartbeat    Heartbeat            → HeartbeatReply
 //	GET  /api/agent/v1/orders?wait= (long poll)          → Orders
 //	POST /api/agent/v1/leases/take  LeaseRef             → 204 (the agent is ready to run its part)
+//	POST /api/agent/v1/leases/take-batch TakeBatch       → TakeBatchReply (several takes, and the starts now due)
 //	POST /api/agent/v1/jobs/started JobStarted           → 204
+//	POST /api/agent/v1/jobs/started-batch StartedBatch   → BatchReply (several starts)
 //	POST /api/agent/v1/jobs/exited  JobExited            → 204
 //	POST /api/agent/v1/jobs/log     JobLog               → 204
 //
@@ -23,7 +25,10 @@
 // Errors are RFC 9457 problem documents (application/problem+json).
 package agentproto
 
-import "time"
+import (
+	"net/http"
+	"time"
+)
 
 // Version is the protocol version the agent speaks.
 const Version = 1
@@ -190,6 +195,54 @@ type Orders struct {
 
 // Empty reports whether there is nothing to do.
 func (o *Orders) Empty() bool { return len(o.Offer) == 0 && len(o.Start) == 0 && len(o.Stop) == 0 }
+
+// TakeBatch takes several leases in one request (at most MaxBatch).
+type TakeBatch struct {
+	Leases []LeaseRef `json:"leases"`
+}
+
+// MaxBatch is the most leases one batched request may name.
+const MaxBatch = 64
+
+// LeaseResult is one lease's outcome in a batched request: Status 0 when
+// done, else the status the single request would have been answered with
+// (404: the node holds no such lease; 409: its state forbids the report)
+// and the reason.
+type LeaseResult struct {
+	JobID   int64  `json:"job_id"`
+	Segment int    `json:"segment"`
+	Status  int    `json:"status,omitempty"`
+	Detail  string `json:"detail,omitempty"`
+}
+
+// Err is the result as an error (nil when done); ErrorStatus reads its
+// status.
+func (r LeaseResult) Err() error {
+	if r.Status == 0 {
+		return nil
+	}
+	return &Problem{Title: http.StatusText(r.Status), Status: r.Status, Detail: r.Detail}
+}
+
+// BatchReply answers a batched report: one result per lease, in the
+// request's order.
+type BatchReply struct {
+	Results []LeaseResult `json:"results"`
+}
+
+// TakeBatchReply answers a TakeBatch: one result per lease, and the start
+// orders now due on this node (leases whose whole gang is taken, a
+// single-node job's at once), which the server will not send again.
+type TakeBatchReply struct {
+	Results []LeaseResult `json:"results"`
+	Start   []LeaseRef    `json:"start,omitempty"`
+}
+
+// StartedBatch reports several started processes in one request (at most
+// MaxBatch).
+type StartedBatch struct {
+	Started []JobStarted `json:"started"`
+}
 
 // JobStarted reports that the job's process started.
 type JobStarted struct {

@@ -19,8 +19,10 @@ import (
 //   - it heartbeats every Heartbeat (the first one at a random point of the
 //     first interval, so 1,000 agents spread evenly, as real ones do),
 //     with plausible readings for every GPU and its running jobs' stats;
-//   - it long-polls its orders; it takes every lease it is offered, reports
-//     every lease it is told to start as started (pid 0 … a made-up pid),
+//   - it long-polls its orders; it takes every lease it is offered (all of a
+//     poll's offers in one batched take, as the real agent does), reports
+//     every lease it is told to start as started (one batched report; a
+//     made-up pid),
 //     and reports it exited with code 0 after JobRuntime (0: it runs until
 //     the end of the run); a stop order ends the lease at once, exited by
 //     SIGTERM with the stop's reason;
@@ -127,29 +129,44 @@ func (a *simAgent) orders(ctx context.Context) {
 			continue
 		}
 		a.r.ops.get("agent orders (long poll)").record(a.r.calls, 0, nil)
-		for _, l := range o.Offer {
-			ref := agentproto.LeaseRef{JobID: l.JobID, Segment: l.Segment}
+		starts := o.Start
+		if len(o.Offer) > 0 {
+			// All of a poll's offers in one batched take, whose answer
+			// carries the starts now due, as the real agent does.
+			refs := make([]agentproto.LeaseRef, len(o.Offer))
+			for i, l := range o.Offer {
+				refs[i] = agentproto.LeaseRef{JobID: l.JobID, Segment: l.Segment}
+			}
 			t0 := time.Now()
-			err := a.c.TakeLease(a.r.calls, ref)
-			a.r.ops.get("agent take lease").record(a.r.calls, time.Since(t0), err)
+			rep, err := a.c.TakeLeases(a.r.calls, refs)
+			a.r.ops.get("agent take leases (batch)").record(a.r.calls, time.Since(t0), batchErr(rep.Results, err))
+			starts = append(starts, rep.Start...)
 		}
-		for _, ref := range o.Start {
+		if len(starts) > 0 {
+			started := make([]agentproto.JobStarted, len(starts))
 			a.mu.Lock()
-			a.pid++
-			pid := a.pid
+			for i, ref := range starts {
+				a.pid++
+				started[i] = agentproto.JobStarted{JobID: ref.JobID, Segment: ref.Segment, PID: a.pid, Time: time.Now().UTC()}
+			}
 			a.mu.Unlock()
 			t0 := time.Now()
-			err := a.c.Started(a.r.calls, agentproto.JobStarted{JobID: ref.JobID, Segment: ref.Segment, PID: pid, Time: time.Now().UTC()})
-			a.r.ops.get("agent started").record(a.r.calls, time.Since(t0), err)
-			if err != nil {
-				continue
+			results, err := a.c.StartedBatch(a.r.calls, started)
+			a.r.ops.get("agent started (batch)").record(a.r.calls, time.Since(t0), batchErr(results, err))
+			if err == nil {
+				a.mu.Lock()
+				for i, st := range started {
+					if results[i].Status != 0 {
+						continue
+					}
+					ref := starts[i]
+					a.jobs[ref] = st.PID
+					if rt := a.r.cfg.JobRuntime; rt > 0 {
+						a.timer = append(a.timer, time.AfterFunc(rt, func() { a.exit(ctx, ref, 0, "", "") }))
+					}
+				}
+				a.mu.Unlock()
 			}
-			a.mu.Lock()
-			a.jobs[ref] = pid
-			if rt := a.r.cfg.JobRuntime; rt > 0 {
-				a.timer = append(a.timer, time.AfterFunc(rt, func() { a.exit(ctx, ref, 0, "", "") }))
-			}
-			a.mu.Unlock()
 		}
 		for _, s := range o.Stop {
 			a.exit(ctx, agentproto.LeaseRef{JobID: s.JobID, Segment: s.Segment}, -1, "SIGTERM", s.Reason)
@@ -181,6 +198,19 @@ func (a *simAgent) stopTimers() {
 	for _, t := range a.timer {
 		t.Stop()
 	}
+}
+
+// batchErr is a batched call's error, else its first refused lease's.
+func batchErr(results []agentproto.LeaseResult, err error) error {
+	if err != nil {
+		return err
+	}
+	for _, r := range results {
+		if e := r.Err(); e != nil {
+			return e
+		}
+	}
+	return nil
 }
 
 func sleep(ctx context.Context, d time.Duration) {

@@ -506,11 +506,7 @@ func (s *Store) TakeOrders(ctx context.Context, node string) (Orders, error) {
 			}
 		}
 		o.Offer = slices.DeleteFunc(o.Offer, func(l Lease) bool { return held[LeaseRef{JobID: l.JobID, Segment: l.Segment}] })
-		rows, err = tx.db.Query(ctx, `
-			UPDATE leases l SET start_sent_at = $2
-			WHERE l.node = $1 AND l.state = 'taken' AND l.start_sent_at IS NULL AND l.stop_requested_at IS NULL
-				AND NOT EXISTS (SELECT 1 FROM leases o WHERE o.job_id = l.job_id AND o.segment = l.segment AND o.state = 'offered')
-			RETURNING l.job_id, l.segment`, node, now)
+		rows, err = tx.db.Query(ctx, startOrdersSQL, node, now)
 		if err != nil {
 			return mapErr("loading starts", err)
 		}
@@ -589,40 +585,51 @@ func (s *Store) TakeLease(ctx context.Context, node string, r LeaseRef) error {
 		if _, err := tx.db.Exec(ctx, `SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE`, r.JobID); err != nil {
 			return mapErr("locking job", err)
 		}
-		state, err := tx.lockLease(ctx, node, r)
+		others, err := tx.takeLocked(ctx, node, r)
 		if err != nil {
 			return err
 		}
-		switch state {
-		case "taken", "running":
-			return nil // already taken: idempotent
-		case "exited":
-			return allot.Errorf(allot.EConflict, "the lease for job %d segment %d has ended", r.JobID, r.Segment)
-		}
-		if _, err := tx.db.Exec(ctx, `UPDATE leases SET state = 'taken', taken_at = $4 WHERE job_id = $1 AND segment = $2 AND node = $3`,
-			r.JobID, r.Segment, node, tx.Now()); err != nil {
-			return mapErr("taking lease", err)
-		}
-		var nodes []string
-		err = tx.db.QueryRow(ctx, `
-			SELECT CASE WHEN bool_and(state <> 'offered') THEN array_agg(node ORDER BY rank) ELSE '{}' END
-			FROM leases WHERE job_id = $1 AND segment = $2`, r.JobID, r.Segment).Scan(&nodes)
-		if err != nil {
-			return mapErr("taking lease", err)
-		}
-		// The taking node is not woken: its agent takes while handling an
-		// answer of its orders poll and polls again after, which finds the
-		// start (at worst its long poll's wait later, never lost). A
-		// notifying commit holds PostgreSQL's one notification lock: a
-		// single-node job's take (most of them) then takes none.
-		others := nodes[:0:0]
-		for _, n := range nodes {
-			if n != node {
-				others = append(others, n)
-			}
-		}
 		return notify(ctx, tx.db, others...)
 	})
+}
+
+// takeLocked takes one lease inside a transaction that holds its job's
+// row lock, and returns the gang's other nodes to wake when this take
+// completed the gang (none otherwise, and none for a single-node job).
+func (s *Store) takeLocked(ctx context.Context, node string, r LeaseRef) ([]string, error) {
+	state, err := s.lockLease(ctx, node, r)
+	if err != nil {
+		return nil, err
+	}
+	switch state {
+	case "taken", "running":
+		return nil, nil // already taken: idempotent
+	case "exited":
+		return nil, allot.Errorf(allot.EConflict, "the lease for job %d segment %d has ended", r.JobID, r.Segment)
+	}
+	if _, err := s.db.Exec(ctx, `UPDATE leases SET state = 'taken', taken_at = $4 WHERE job_id = $1 AND segment = $2 AND node = $3`,
+		r.JobID, r.Segment, node, s.Now()); err != nil {
+		return nil, mapErr("taking lease", err)
+	}
+	var nodes []string
+	err = s.db.QueryRow(ctx, `
+		SELECT CASE WHEN bool_and(state <> 'offered') THEN array_agg(node ORDER BY rank) ELSE '{}' END
+		FROM leases WHERE job_id = $1 AND segment = $2`, r.JobID, r.Segment).Scan(&nodes)
+	if err != nil {
+		return nil, mapErr("taking lease", err)
+	}
+	// The taking node is not woken: its agent takes while handling an
+	// answer of its orders poll and polls again after, which finds the
+	// start (at worst its long poll's wait later, never lost). A
+	// notifying commit holds PostgreSQL's one notification lock: a
+	// single-node job's take (most of them) then takes none.
+	others := nodes[:0:0]
+	for _, n := range nodes {
+		if n != node {
+			others = append(others, n)
+		}
+	}
+	return others, nil
 }
 
 // LeaseStarted records that the job's process runs on node. Its start is
@@ -638,27 +645,32 @@ func (s *Store) LeaseStarted(ctx context.Context, node string, r LeaseRef, pid i
 		if _, err := tx.db.Exec(ctx, `SET LOCAL synchronous_commit = off`); err != nil {
 			return mapErr("recording start", err)
 		}
-		state, err := tx.lockLease(ctx, node, r)
-		if err != nil {
-			return err
-		}
-		switch allot.LeaseState(state) {
-		case allot.LeaseRunning:
-			// Already running (a repeated report, or a heartbeat adopted
-			// it first): only the pid is news.
-			_, err = tx.db.Exec(ctx, `UPDATE leases SET pid = $4 WHERE job_id = $1 AND segment = $2 AND node = $3 AND pid IS NULL`,
-				r.JobID, r.Segment, node, pid)
-			return mapErr("recording start", err)
-		case allot.LeaseOffered:
-			return allot.Errorf(allot.EConflict, "job %d segment %d: start before the lease was taken", r.JobID, r.Segment)
-		case allot.LeaseExited:
-			return allot.Errorf(allot.EConflict, "the lease for job %d segment %d has ended", r.JobID, r.Segment)
-		}
-		now := tx.Now()
-		_, err = tx.db.Exec(ctx, `UPDATE leases SET state = 'running', started_at = $4, seen_at = $4, pid = $5 WHERE job_id = $1 AND segment = $2 AND node = $3`,
-			r.JobID, r.Segment, node, now, pid)
-		return mapErr("recording start", err)
+		return tx.startedIn(ctx, node, r, pid)
 	})
+}
+
+// startedIn records one start inside a transaction.
+func (s *Store) startedIn(ctx context.Context, node string, r LeaseRef, pid int) error {
+	state, err := s.lockLease(ctx, node, r)
+	if err != nil {
+		return err
+	}
+	switch allot.LeaseState(state) {
+	case allot.LeaseRunning:
+		// Already running (a repeated report, or a heartbeat adopted
+		// it first): only the pid is news.
+		_, err = s.db.Exec(ctx, `UPDATE leases SET pid = $4 WHERE job_id = $1 AND segment = $2 AND node = $3 AND pid IS NULL`,
+			r.JobID, r.Segment, node, pid)
+		return mapErr("recording start", err)
+	case allot.LeaseOffered:
+		return allot.Errorf(allot.EConflict, "job %d segment %d: start before the lease was taken", r.JobID, r.Segment)
+	case allot.LeaseExited:
+		return allot.Errorf(allot.EConflict, "the lease for job %d segment %d has ended", r.JobID, r.Segment)
+	}
+	now := s.Now()
+	_, err = s.db.Exec(ctx, `UPDATE leases SET state = 'running', started_at = $4, seen_at = $4, pid = $5 WHERE job_id = $1 AND segment = $2 AND node = $3`,
+		r.JobID, r.Segment, node, now, pid)
+	return mapErr("recording start", err)
 }
 
 // LeaseExit is how one node's part of a job ended.

@@ -1,0 +1,140 @@
+package store
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"slices"
+
+	"github.com/allotlabs/allot/internal/allot"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// startOrdersSQL marks node's taken leases whose whole gang is taken as
+// sent a start order and returns them ($1 node, $2 now). TakeOrders and
+// TakeLeases send start orders through it alone.
+const startOrdersSQL = `
+	UPDATE leases l SET start_sent_at = $2
+	WHERE l.node = $1 AND l.state = 'taken' AND l.start_sent_at IS NULL AND l.stop_requested_at IS NULL
+		AND NOT EXISTS (SELECT 1 FROM leases o WHERE o.job_id = l.job_id AND o.segment = l.segment AND o.state = 'offered')
+	RETURNING l.job_id, l.segment`
+
+// MaxLeaseBatch is the most leases one batched take or start report may
+// name: a node holds at most one lease per job segment and GPU.
+const MaxLeaseBatch = 64
+
+// TakeLeases takes several of node's leases in one transaction, as
+// TakeLease does each (idempotent; an ended lease or one the node does not
+// hold is refused, alone), and returns each lease's outcome (nil when
+// taken) in refs' order, with the start orders that are now due on this
+// node: its taken leases whose whole gang is taken, marked sent as
+// TakeOrders marks them. So a single-node job goes from offer to start in
+// one request, and a node taking a cycle's 8 offers sends one request and
+// commits once instead of 8 times.
+//
+// The commit waits for the disk only when it sends a start order (as
+// TakeOrders' does): the takes it saw are then durable before a process
+// runs. Jobs are locked in id order, so two nodes' batches over the same
+// gangs, and exits, which lock the job first too, never deadlock.
+func (s *Store) TakeLeases(ctx context.Context, node string, refs []LeaseRef) ([]error, []LeaseRef, error) {
+	results := make([]error, len(refs))
+	var starts []LeaseRef
+	err := s.InTx(ctx, func(tx *Store) error {
+		clear(results)
+		ids := make([]int64, len(refs))
+		for i, r := range refs {
+			ids[i] = r.JobID
+		}
+		if _, err := tx.db.Exec(ctx, `SELECT 1 FROM jobs WHERE id = ANY($1) ORDER BY id FOR UPDATE`, ids); err != nil {
+			return mapErr("locking jobs", err)
+		}
+		var wake []string
+		for _, i := range leaseOrder(refs) {
+			others, err := tx.takeLocked(ctx, node, refs[i])
+			if err != nil {
+				if !isRefusal(err) {
+					return err
+				}
+				results[i] = err
+				continue
+			}
+			wake = append(wake, others...)
+		}
+		rows, err := tx.db.Query(ctx, startOrdersSQL, node, tx.Now())
+		if err != nil {
+			return mapErr("loading starts", err)
+		}
+		if starts, err = pgx.CollectRows(rows, scanLeaseRef); err != nil {
+			return mapErr("loading starts", err)
+		}
+		if len(starts) == 0 {
+			// Takes only: see TakeLease for why they need not wait.
+			if _, err := tx.db.Exec(ctx, `SET LOCAL synchronous_commit = off`); err != nil {
+				return mapErr("taking leases", err)
+			}
+		}
+		slices.Sort(wake)
+		return notify(ctx, tx.db, slices.Compact(wake)...)
+	})
+	return results, starts, err
+}
+
+// StartReport is one process start in a batched report.
+type StartReport struct {
+	LeaseRef
+	PID int
+}
+
+// LeasesStarted records several starts on node in one transaction, each
+// as LeaseStarted does (its start is when the report arrived), and
+// returns each one's outcome (nil when recorded) in starts' order.
+func (s *Store) LeasesStarted(ctx context.Context, node string, starts []StartReport) ([]error, error) {
+	results := make([]error, len(starts))
+	refs := make([]LeaseRef, len(starts))
+	for i, st := range starts {
+		refs[i] = st.LeaseRef
+	}
+	err := s.InTx(ctx, func(tx *Store) error {
+		clear(results)
+		if _, err := tx.db.Exec(ctx, `SET LOCAL synchronous_commit = off`); err != nil {
+			return mapErr("recording starts", err)
+		}
+		for _, i := range leaseOrder(refs) {
+			if err := tx.startedIn(ctx, node, starts[i].LeaseRef, starts[i].PID); err != nil {
+				if !isRefusal(err) {
+					return err
+				}
+				results[i] = err
+			}
+		}
+		return nil
+	})
+	return results, err
+}
+
+// leaseOrder is the order to lock refs' leases in: by job, then segment
+// (the order every batch takes its row locks in).
+func leaseOrder(refs []LeaseRef) []int {
+	order := make([]int, len(refs))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int {
+		return cmp.Or(cmp.Compare(refs[a].JobID, refs[b].JobID), cmp.Compare(refs[a].Segment, refs[b].Segment))
+	})
+	return order
+}
+
+// isRefusal reports whether err refuses one lease of a batch (the node
+// does not hold it, or its state forbids the report) without failing the
+// transaction: a database error (even one mapped to a conflict) aborts it,
+// and with it the whole batch.
+func isRefusal(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return false
+	}
+	code := allot.ErrorCode(err)
+	return code == allot.ENotFound || code == allot.EConflict
+}
