@@ -185,7 +185,10 @@ type Report struct {
 	// by admission control ("level/reason") and its refused agent requests
 	// counted as their node's sign of life ("agent requests counted as alive").
 	Refused map[string]int `json:"admission_refused,omitempty"`
-	Notes   []string       `json:"notes,omitempty"`
+	// Server is, for a booted server, the time its agent API and job
+	// submission routes took inside it over the window.
+	Server []ServerOp `json:"server_side,omitempty"`
+	Notes  []string   `json:"notes,omitempty"`
 }
 
 // countByState runs query (state, count rows) into a map.
@@ -437,6 +440,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		after := r.readMetrics()
 		rep.Refused = refusalsIn(before.refused, after.refused)
+		rep.Server = serverOpsIn(before.served, after.served)
 		if ph := phaseMeans(before.phases, after.phases); len(ph) > 0 {
 			rep.Cycles.Phases = ph
 		}
@@ -673,6 +677,7 @@ type phaseSums map[string][2]float64
 type metricsReading struct {
 	phases  phaseSums
 	refused map[string]float64
+	served  map[string]serverHist
 }
 
 // readMetrics gathers the registry once (nothing without one).
@@ -684,7 +689,7 @@ func (r *runner) readMetrics() metricsReading {
 	if err != nil {
 		return metricsReading{}
 	}
-	return metricsReading{phases: phasesOf(fams), refused: refusalsOf(fams)}
+	return metricsReading{phases: phasesOf(fams), refused: refusalsOf(fams), served: serverTimesOf(fams)}
 }
 
 // phasesOf is, from the worker's registry, any histogram of scheduling

@@ -70,6 +70,17 @@ func (r *Report) WriteText(w io.Writer) error {
 			fmt.Fprintf(w, "errors of %s: %s; first: %s\n", o.Name, strings.Join(parts, ", "), o.FirstError)
 		}
 	}
+	if len(r.Server) > 0 {
+		fmt.Fprintln(w, "\ninside the server (allot_http_request_duration_seconds, from the first middleware to the answer; interpolated in its buckets):")
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "route\tcount\tp50 ms\tp99 ms\tover 5 s\t")
+		for _, o := range r.Server {
+			fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.1f\t%d\t\n", o.Route, o.Count, o.P50, o.P99, o.Over)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
 	if p := r.Probe; p != nil {
 		fmt.Fprintf(w, "\ncycle probe after seeding (%d pending, %d nodes, %d GPUs): load %.1f ms, whole cycle %.1f ms (lock, decay, load, plan, apply, commit), %d started\n",
 			p.Pending, p.Nodes, p.GPUs, p.LoadMS, p.CycleMS, p.Started)
