@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	neturl "net/url"
 	"os"
 	"os/signal"
 	"runtime/pprof"
@@ -64,6 +65,7 @@ func cmdLoadtest(args []string, stdout, stderr io.Writer) int {
 	}
 	url := fs.String("url", "", "a running server to load (else one is booted on a fresh database of --database-url)")
 	token := cliflag.Secret(fs, "token", "ALLOT_TOKEN", "personal API token for submissions and pages (with --url)")
+	metricsURLs := fs.String("metrics-url", "", "with --url: the server's and worker's /metrics (comma-separated; --token is sent as the bearer),\nread before and after the window for the server's time per route, admission refusals and the cycle phases")
 	dbURL := fs.String("database-url", "", "PostgreSQL: where to create the fresh database (alone), or the running server's database (with --url)")
 	keepDB := fs.Bool("keep-db", false, "keep the fresh database after the run")
 	agentConns := fs.Int("agent-conns", 0, "a booted server's agent API pool (default: `allot server`'s, "+fmt.Sprint(DefaultHTTPLimits.AgentConns)+")")
@@ -112,6 +114,9 @@ func cmdLoadtest(args []string, stdout, stderr io.Writer) int {
 	if selfHosted && *dbURL == "" {
 		return bad("give --database-url (boot a server on a fresh database there) or --url and --token (a running server)")
 	}
+	if selfHosted && *metricsURLs != "" {
+		return bad("--metrics-url is for a running server (--url); a booted one's registry is read directly")
+	}
 	if !selfHosted && (*keepDB || *agentConns != 0) {
 		return bad("--keep-db and --agent-conns are for a booted server (no --url)")
 	}
@@ -123,6 +128,19 @@ func cmdLoadtest(args []string, stdout, stderr io.Writer) int {
 		return bad("%v", err)
 	}
 	cfg.URL, cfg.Token = *url, token()
+	if *metricsURLs != "" {
+		var ss loadtest.Scrapes
+		for _, u := range strings.Split(*metricsURLs, ",") {
+			if u = strings.TrimSpace(u); u == "" {
+				continue
+			}
+			if pu, err := neturl.Parse(u); err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
+				return bad("--metrics-url: %q is not an http(s) URL", u)
+			}
+			ss = append(ss, loadtest.Scrape{URL: u, Token: cfg.Token})
+		}
+		cfg.Gather = ss
+	}
 	cfg.CycleProbe = *probe && *dbURL != ""
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level.Level}))
 	cfg.Logger = logger

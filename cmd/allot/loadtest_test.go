@@ -144,7 +144,7 @@ func TestLoadtestAgainstURL(t *testing.T) {
 	}
 	var out, errb bytes.Buffer
 	code := cmdLoadtest([]string{"--url", m.URL(), "--token", tok, "--database-url", m.DatabaseURL, "--duration", "2s", "--submitters", "2",
-		"--submit-rate", "20", "--agents", "3", "--heartbeat", "300ms", "--job-runtime", "300ms", "--json"}, &out, &errb)
+		"--submit-rate", "20", "--agents", "3", "--heartbeat", "300ms", "--job-runtime", "300ms", "--json", "--metrics-url", m.URL() + "/metrics"}, &out, &errb)
 	if code != 0 {
 		t.Fatalf("exit %d; stderr:\n%s", code, errb.String())
 	}
@@ -156,6 +156,15 @@ func TestLoadtestAgainstURL(t *testing.T) {
 		var b strings.Builder
 		rep.WriteText(&b) //nolint:errcheck
 		t.Errorf("%d errors, or too little done:\n%s", n, b.String())
+	}
+	// --metrics-url: the server's own time for the agent API and
+	// submissions, read from its /metrics with the admin's token.
+	served := map[string]int{}
+	for _, o := range rep.Server {
+		served[o.Route] = o.Count
+	}
+	if served["POST /api/v1/jobs"] < 20 || served["POST /api/agent/v1/heartbeat"] < 10 {
+		t.Errorf("server-side figures %+v, want the submissions and heartbeats", rep.Server)
 	}
 	// Its nodes and tokens are named so they are easy to find.
 	var n int
@@ -186,6 +195,8 @@ func TestLoadtestBadFlags(t *testing.T) {
 		{[]string{"--url", "http://x", "--token", "t", "--keep-db"}, "--keep-db and --agent-conns are for a booted server"},
 		{[]string{"--database-url", "postgres://x/y", "--agent-conns", "-3"}, "--agent-conns must be 0..1000"},
 		{[]string{"--database-url", "postgres://x/y", "extra"}, `unexpected argument "extra"`},
+		{[]string{"--database-url", "postgres://x/y", "--metrics-url", "http://x/metrics"}, "--metrics-url is for a running server"},
+		{[]string{"--url", "http://x", "--token", "t", "--agents", "0", "--metrics-url", "ftp://x/metrics"}, "is not an http(s) URL"},
 		{[]string{"--duration", "soon"}, "invalid value"},
 	} {
 		var out, errb bytes.Buffer

@@ -433,14 +433,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		rep.Ops = append(rep.Ops, o)
 	}
+	after := r.readMetrics()
+	rep.Refused = refusalsIn(before.refused, after.refused)
+	rep.Server = serverOpsIn(before.served, after.served)
 	if cfg.DB != nil {
 		var err error
 		if rep.Cycles, err = r.cycles(ctx, cycleID); err != nil {
 			return nil, err
 		}
-		after := r.readMetrics()
-		rep.Refused = refusalsIn(before.refused, after.refused)
-		rep.Server = serverOpsIn(before.served, after.served)
 		if ph := phaseMeans(before.phases, after.phases); len(ph) > 0 {
 			rep.Cycles.Phases = ph
 		}
