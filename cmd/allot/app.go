@@ -73,6 +73,9 @@ type Config struct {
 	// DecayPeriod is how often a cycle decays the fair-share usage
 	// (jobs.Config.DecayPeriod): `allot worker --decay-period`.
 	DecayPeriod time.Duration
+	// MinCycleInterval spaces a worker's cycles out
+	// (jobs.Config.MinCycleInterval): `allot worker --min-cycle-interval`.
+	MinCycleInterval time.Duration
 	// MetricsToken, when set, is a scrape token the portal's /metrics
 	// accepts besides admins' API tokens: `allot server --metrics-token-file`.
 	MetricsToken string
@@ -268,7 +271,7 @@ func (m *Main) Run(ctx context.Context) error {
 		}
 		m.river, err = jobs.NewClient(jobs.Config{Pool: pool, Store: m.Store, Logger: m.Logger, Registry: m.Registry,
 			CycleTick: m.CycleTick, HeartbeatInterval: m.HeartbeatInterval, CheckpointRoot: m.CheckpointRoot,
-			AllowPrivateWebhooks: m.DevMode, Burst: m.Burst, MaxStartsPerCycle: m.MaxStartsPerCycle, DecayPeriod: m.DecayPeriod, EngineInterval: m.EngineInterval, Engine: engine})
+			AllowPrivateWebhooks: m.DevMode, Burst: m.Burst, MaxStartsPerCycle: m.MaxStartsPerCycle, DecayPeriod: m.DecayPeriod, MinCycleInterval: m.MinCycleInterval, EngineInterval: m.EngineInterval, Engine: engine})
 		if err != nil {
 			return err
 		}

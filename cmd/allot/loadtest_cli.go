@@ -68,6 +68,7 @@ func cmdLoadtest(args []string, stdout, stderr io.Writer) int {
 	metricsURLs := fs.String("metrics-url", "", "with --url: the server's and worker's /metrics (comma-separated; --token is sent as the bearer),\nread before and after the window for the server's time per route, admission refusals and the cycle phases")
 	dbURL := fs.String("database-url", "", "PostgreSQL: where to create the fresh database (alone), or the running server's database (with --url)")
 	keepDB := fs.Bool("keep-db", false, "keep the fresh database after the run")
+	minCycle := fs.Duration("min-cycle-interval", 0, "a booted worker's least time between two cycles (as `allot worker --min-cycle-interval`; 0: none)")
 	agentConns := fs.Int("agent-conns", 0, "a booted server's agent API pool (default: `allot server`'s, "+fmt.Sprint(DefaultHTTPLimits.AgentConns)+")")
 	admission := admissionFlags(fs, apf.Default) // a booted server's, as `allot server`'s
 	var cfg loadtest.Config
@@ -117,8 +118,11 @@ func cmdLoadtest(args []string, stdout, stderr io.Writer) int {
 	if selfHosted && *metricsURLs != "" {
 		return bad("--metrics-url is for a running server (--url); a booted one's registry is read directly")
 	}
-	if !selfHosted && (*keepDB || *agentConns != 0) {
-		return bad("--keep-db and --agent-conns are for a booted server (no --url)")
+	if !selfHosted && (*keepDB || *agentConns != 0 || *minCycle != 0) {
+		return bad("--keep-db, --agent-conns and --min-cycle-interval are for a booted server (no --url)")
+	}
+	if *minCycle < 0 || *minCycle > 10*time.Second {
+		return bad("--min-cycle-interval must be 0 (none) to 10s, not %s", *minCycle)
 	}
 	if *agentConns < 0 || *agentConns > 1000 {
 		return bad("--agent-conns must be 0..1000, not %d", *agentConns)
@@ -171,7 +175,7 @@ func cmdLoadtest(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	var rep *loadtest.Report
 	if selfHosted {
-		rep, err = loadtestSelfHosted(ctx, *dbURL, *keepDB, *agentConns, adm, cfg, logger, stderr)
+		rep, err = loadtestSelfHosted(ctx, *dbURL, *keepDB, *agentConns, *minCycle, adm, cfg, logger, stderr)
 	} else {
 		if *dbURL != "" {
 			pool, perr := store.Open(ctx, *dbURL)
@@ -210,7 +214,7 @@ func cmdLoadtest(args []string, stdout, stderr io.Writer) int {
 // `allot server` + `allot worker` would, on one pool), seeds the demo
 // organisation with its queued jobs cancelled (the run's own load is all
 // there is), makes the admin an API token and runs cfg against it.
-func loadtestSelfHosted(ctx context.Context, adminURL string, keep bool, agentConns int, admission apf.Config, cfg loadtest.Config, logger *slog.Logger, stderr io.Writer) (*loadtest.Report, error) {
+func loadtestSelfHosted(ctx context.Context, adminURL string, keep bool, agentConns int, minCycle time.Duration, admission apf.Config, cfg loadtest.Config, logger *slog.Logger, stderr io.Writer) (*loadtest.Report, error) {
 	name := fmt.Sprintf("allot_loadtest_%d_%d", time.Now().Unix(), os.Getpid())
 	dbURL, err := devdb.EnsureDatabase(ctx, adminURL, name)
 	if err != nil {
@@ -238,7 +242,7 @@ func loadtestSelfHosted(ctx context.Context, adminURL string, keep bool, agentCo
 	}
 	defer os.RemoveAll(checkpoints)
 	m := &Main{Config: Config{DatabaseURL: dbURL, Addr: "127.0.0.1:0", Worker: true, Migrate: true, Logger: logger,
-		HeartbeatInterval: cfg.Heartbeat, CheckpointRoot: checkpoints, HTTP: HTTPLimits{AgentConns: agentConns}, Admission: admission}}
+		HeartbeatInterval: cfg.Heartbeat, CheckpointRoot: checkpoints, HTTP: HTTPLimits{AgentConns: agentConns}, Admission: admission, MinCycleInterval: minCycle}}
 	if err := m.Run(ctx); err != nil {
 		m.Close() //nolint:errcheck
 		return nil, err

@@ -186,8 +186,10 @@ func cmdServe(name string, args []string, stderr io.Writer) int {
 	bf := addBurstFlags(fs, "none") // the server shows the burst settings on /burst; the worker acts on them
 	sf := addSlurmFlags(fs)         // the worker syncs with Slurm; the server shows its config on /admin/slurm
 	applyMetrics := metricsFlags(fs, name)
-	maxStarts, decay := new(int), new(time.Duration)
+	maxStarts, decay, minCycle := new(int), new(time.Duration), new(time.Duration)
 	if name == "worker" {
+		minCycle = fs.Duration("min-cycle-interval", 0,
+			"least time between the starts of two scheduling cycles (like Slurm's sched_min_interval): under a storm of submissions one cycle takes all that came meanwhile, instead of cycles over a large queue running back to back; a start waits at most this much more (0: none)")
 		maxStarts = fs.Int("max-starts-per-cycle", jobs.DefaultMaxStarts,
 			"most jobs one scheduling cycle starts; the rest start in the next cycle, at once (-1: no limit; like Slurm's sched_max_job_start)")
 		decay = fs.Duration("decay-period", jobs.DefaultDecayPeriod,
@@ -198,6 +200,10 @@ func cmdServe(name string, args []string, stderr io.Writer) int {
 	}
 	if name == "worker" && (*maxStarts == 0 || *maxStarts < -1) {
 		fmt.Fprintf(stderr, "allot %s: --max-starts-per-cycle must be a positive number of jobs, or -1 for no limit\n", name)
+		return 2
+	}
+	if *minCycle < 0 || *minCycle > 10*time.Second {
+		fmt.Fprintf(stderr, "allot %s: --min-cycle-interval must be 0 (none) to 10s, not %s\n", name, *minCycle)
 		return 2
 	}
 	if *decay < 0 {
@@ -221,6 +227,7 @@ func cmdServe(name string, args []string, stderr io.Writer) int {
 	cfg := Config{DatabaseURL: url, Migrate: *migrate, Logger: log, RequirePOSIXAccount: *requireAccount, SecretKeyFile: *secretKeyFile}
 	if name == "worker" {
 		cfg.MaxStartsPerCycle = *maxStarts
+		cfg.MinCycleInterval = *minCycle
 		cfg.DecayPeriod = *decay
 		if *decay == 0 {
 			cfg.DecayPeriod = -1 // jobs.Scheduler: <0 decays every cycle

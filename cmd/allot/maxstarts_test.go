@@ -29,3 +29,15 @@ func TestWorkerDecayPeriodFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestWorkerMinCycleIntervalFlag: bad values of allot worker's
+// --min-cycle-interval are refused before anything starts.
+func TestWorkerMinCycleIntervalFlag(t *testing.T) {
+	for v, want := range map[string]string{"-1s": "--min-cycle-interval must be 0 (none) to 10s, not -1s", "11s": "to 10s, not 11s", "soon": "invalid value"} {
+		var stderr bytes.Buffer
+		code := run([]string{"worker", "--database-url", "postgres://127.0.0.1:1/none", "--min-cycle-interval", v}, &bytes.Buffer{}, &stderr)
+		if code != 2 || !strings.Contains(stderr.String(), want) {
+			t.Errorf("--min-cycle-interval %s: exit %d, %q", v, code, stderr.String())
+		}
+	}
+}

@@ -67,6 +67,10 @@ type Config struct {
 	// DecayPeriod is how often a cycle decays the teams' fair-share usage
 	// (Scheduler.DecayPeriod: 0 the default, a minute; <0 every cycle).
 	DecayPeriod time.Duration
+	// MinCycleInterval is the least time between the starts of two of
+	// this worker's cycles (ScheduleWorker.MinInterval; 0: none, cycles
+	// run back to back while requests keep coming).
+	MinCycleInterval time.Duration
 	// CycleTick is how often the worker looks whether the policy's Cycle
 	// (the scheduling period, which admins edit) has passed since the last
 	// cycle (default 1 s); submits, finishes, cancels and node changes run
@@ -211,7 +215,7 @@ func NewClient(cfg Config) (*river.Client[pgx.Tx], error) {
 	}
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &CleanupSessionsWorker{Store: cfg.Store, Logger: cfg.Logger})
-	river.AddWorker(workers, &ScheduleWorker{Scheduler: sched, Tick: cfg.CycleTick, Burst: cfg.Burst.Provider != nil})
+	river.AddWorker(workers, &ScheduleWorker{Scheduler: sched, Tick: cfg.CycleTick, Burst: cfg.Burst.Provider != nil, MinInterval: cfg.MinCycleInterval})
 	river.AddWorker(workers, &LostNodesWorker{Store: cfg.Store, Logger: cfg.Logger, Interval: cfg.HeartbeatInterval})
 	river.AddWorker(workers, &BillingRollupWorker{Store: cfg.Store, Metrics: rollupMetrics})
 	river.AddWorker(workers, &MeteringWorker{Store: cfg.Store, Retention: cfg.SampleRetention})

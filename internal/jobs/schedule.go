@@ -639,9 +639,42 @@ type ScheduleWorker struct {
 	// Burst says whether cloud burst is on: a policy change of its
 	// thresholds then asks for a burst evaluation at once.
 	Burst bool
+	// MinInterval is the least time between the starts of two cycles of
+	// this worker (like Slurm's sched_min_interval): while submissions
+	// keep asking for cycles, one runs at most every MinInterval and each
+	// takes all the requests that came meanwhile, instead of cycles over a
+	// large queue running back to back and taking a core from heartbeats
+	// and submissions. A start waits at most that long more. 0: none.
+	MinInterval time.Duration
 
-	mu     sync.Mutex
-	policy *allot.Policy // the policy of this worker's last cycle
+	mu        sync.Mutex
+	policy    *allot.Policy // the policy of this worker's last cycle
+	lastCycle time.Time     // when this worker's last cycle started (real time)
+}
+
+// spaceOut waits until MinInterval has passed since this worker's last
+// cycle started, and records the cycle about to start. It is false when
+// ctx ended first.
+func (w *ScheduleWorker) spaceOut(ctx context.Context) bool {
+	w.mu.Lock()
+	wait := time.Duration(0)
+	if w.MinInterval > 0 && !w.lastCycle.IsZero() {
+		wait = w.MinInterval - time.Since(w.lastCycle) // real time: a pause, not business time
+	}
+	w.mu.Unlock()
+	if wait > 0 {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
+	}
+	w.mu.Lock()
+	w.lastCycle = time.Now()
+	w.mu.Unlock()
+	return true
 }
 
 // due says whether a periodic cycle should run now: the current policy's
@@ -715,6 +748,9 @@ func (w *ScheduleWorker) Work(ctx context.Context, job *river.Job[ScheduleArgs])
 		}
 	}
 	for tries := 0; tries < 50; tries++ {
+		if !w.spaceOut(ctx) {
+			return ctx.Err()
+		}
 		seen, err := st.LastScheduleRequest(ctx)
 		if err != nil {
 			return err
