@@ -83,6 +83,9 @@ func (s *Server) Access() []RouteAccess { return s.access }
 
 // route registers one route with its rule; method "*" is any method.
 func (s *Server) route(method, path string, h echo.HandlerFunc, r Rule) {
+	if !s.serves(path) {
+		return
+	}
 	s.access = append(s.access, RouteAccess{Method: method, Path: path, Rule: r})
 	if method == "*" {
 		s.e.Any(path, s.guard(r, h))

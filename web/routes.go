@@ -194,4 +194,5 @@ func (s *Server) routes() {
 	// Slurm hosts keep job_submit.lua's over-budget list current (web/slurm.go).
 	r(get, ag+"/slurm/over-budget", s.agentSlurmOverBudget, RuleNode)
 	r(anyMethod, ag+"/*", s.apiNotFound, RulePublic) // a 404, whoever asks
+	s.otherRole()
 }

@@ -22,6 +22,12 @@ import (
 
 // Config is what the server needs from main.
 type Config struct {
+	// Serve is what this server answers (`allot server --serve`): ServeAll
+	// (""), ServeAgents (the agent API only, plus health and metrics) or
+	// ServeUsers (everything but the agent API). Replicas of each role let
+	// a site keep user traffic and node agents in processes (and machines,
+	// or CPU priorities) of their own.
+	Serve    string
 	Store    *store.Store
 	Logger   *slog.Logger
 	Registry *prometheus.Registry

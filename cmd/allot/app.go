@@ -73,6 +73,11 @@ type Config struct {
 	// DecayPeriod is how often a cycle decays the fair-share usage
 	// (jobs.Config.DecayPeriod): `allot worker --decay-period`.
 	DecayPeriod time.Duration
+	// Serve is what the server answers (web.Config.Serve): `allot server
+	// --serve all|agents|users`. A users-only server does not announce
+	// itself in api_servers: agents' silence counts only against servers
+	// that hear them.
+	Serve string
 	// MinCycleInterval spaces a worker's cycles out
 	// (jobs.Config.MinCycleInterval): `allot worker --min-cycle-interval`.
 	MinCycleInterval time.Duration
@@ -317,7 +322,7 @@ func (m *Main) Run(ctx context.Context) error {
 		if oidcCfg.Enabled() && oidcCfg.RedirectURL == "" {
 			oidcCfg.RedirectURL = m.URL() + "/oidc/callback"
 		}
-		srv := web.New(web.Config{SlurmEnv: m.SlurmEnv, SlurmOverBudgetFile: m.SlurmOverBudgetFile, OIDC: oidcCfg, SecureCookies: strings.HasPrefix(oidcCfg.RedirectURL, "https://"),
+		srv := web.New(web.Config{Serve: m.Serve, SlurmEnv: m.SlurmEnv, SlurmOverBudgetFile: m.SlurmOverBudgetFile, OIDC: oidcCfg, SecureCookies: strings.HasPrefix(oidcCfg.RedirectURL, "https://"),
 			Store: m.Store, Logger: m.Logger, Registry: m.Registry, DevMode: m.DevMode, Burst: m.Burst,
 			OnJobEvent: m.Trigger, HeartbeatInterval: m.HeartbeatInterval, APITokenTTL: m.APITokenTTL, MetricsToken: m.MetricsToken,
 			AgentStore: m.AgentStore, HeartbeatStore: heartbeatStore, ExportStore: exportStore, RateLimits: m.RateLimits, BodyReadTimeout: limits.BodyTimeout, ExportStallTimeout: limits.ExportStallTimeout,
@@ -326,7 +331,10 @@ func (m *Main) Run(ctx context.Context) error {
 		bg, stop := context.WithCancel(context.Background())
 		m.stopBg, m.bgDone = stop, make(chan struct{})
 		m.serverID = fmt.Sprintf("%s-%d-%d", hostname(), os.Getpid(), time.Now().UnixNano())
-		if err := m.Store.AnnounceServer(ctx, m.serverID); err != nil {
+		hearsAgents := m.Serve != web.ServeUsers
+		if !hearsAgents {
+			m.serverID = ""
+		} else if err := m.Store.AnnounceServer(ctx, m.serverID); err != nil {
 			stop()
 			m.ln.Close()
 			return err
@@ -347,8 +355,10 @@ func (m *Main) Run(ctx context.Context) error {
 				case <-bg.Done():
 					return
 				case <-t.C:
-					if err := m.Store.AnnounceServer(bg, m.serverID); err != nil && bg.Err() == nil {
-						m.Logger.Warn("announcing server", "err", err)
+					if hearsAgents {
+						if err := m.Store.AnnounceServer(bg, m.serverID); err != nil && bg.Err() == nil {
+							m.Logger.Warn("announcing server", "err", err)
+						}
 					}
 					rctx, cancel := context.WithTimeout(bg, every)
 					if err := srv.RecordContacts(rctx); err != nil && bg.Err() == nil {
@@ -409,7 +419,9 @@ func (m *Main) Close() error {
 	if m.stopBg != nil {
 		m.stopBg()
 		<-m.bgDone
-		errs = append(errs, m.Store.RetireServer(ctx, m.serverID))
+		if m.serverID != "" {
+			errs = append(errs, m.Store.RetireServer(ctx, m.serverID))
+		}
 	}
 	if m.working {
 		errs = append(errs, m.river.Stop(ctx))

@@ -68,6 +68,8 @@ func cmdLoadtest(args []string, stdout, stderr io.Writer) int {
 	metricsURLs := fs.String("metrics-url", "", "with --url: the server's and worker's /metrics (comma-separated; --token is sent as the bearer),\nread before and after the window for the server's time per route, admission refusals and the cycle phases")
 	dbURL := fs.String("database-url", "", "PostgreSQL: where to create the fresh database (alone), or the running server's database (with --url)")
 	keepDB := fs.Bool("keep-db", false, "keep the fresh database after the run")
+	processes := fs.Bool("processes", false, "run the booted server and worker as processes of their own, as production does: allot server --serve users,\nallot server --serve agents (the agents' address) and allot worker, started from this binary")
+	agentNice := fs.Int("agent-server-nice", 0, "with --processes: the agent API server's nice value (-20..19; negative needs root): its priority on shared cores")
 	minCycle := fs.Duration("min-cycle-interval", 0, "a booted worker's least time between two cycles (as `allot worker --min-cycle-interval`; 0: none)")
 	agentConns := fs.Int("agent-conns", 0, "a booted server's agent API pool (default: `allot server`'s, "+fmt.Sprint(DefaultHTTPLimits.AgentConns)+")")
 	admission := admissionFlags(fs, apf.Default) // a booted server's, as `allot server`'s
@@ -120,6 +122,18 @@ func cmdLoadtest(args []string, stdout, stderr io.Writer) int {
 	}
 	if !selfHosted && (*keepDB || *agentConns != 0 || *minCycle != 0) {
 		return bad("--keep-db, --agent-conns and --min-cycle-interval are for a booted server (no --url)")
+	}
+	if !selfHosted && *processes {
+		return bad("--processes is for a booted server (no --url)")
+	}
+	if *agentNice != 0 && !*processes {
+		return bad("--agent-server-nice needs --processes")
+	}
+	if *agentNice < -20 || *agentNice > 19 {
+		return bad("--agent-server-nice must be -20..19, not %d", *agentNice)
+	}
+	if *processes && cfg.Heartbeat > 10*time.Second {
+		return bad("--processes: the processes tell agents to heartbeat every 10s (allot server's); --heartbeat must be at most that, not %s", cfg.Heartbeat)
 	}
 	if *minCycle < 0 || *minCycle > 10*time.Second {
 		return bad("--min-cycle-interval must be 0 (none) to 10s, not %s", *minCycle)
@@ -175,7 +189,11 @@ func cmdLoadtest(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	var rep *loadtest.Report
 	if selfHosted {
-		rep, err = loadtestSelfHosted(ctx, *dbURL, *keepDB, *agentConns, *minCycle, adm, cfg, logger, stderr)
+		if *processes {
+			rep, err = loadtestProcesses(ctx, *dbURL, *keepDB, procOptions{agentConns: *agentConns, minCycle: *minCycle, agentNice: *agentNice, admission: adm}, cfg, logger, stderr)
+		} else {
+			rep, err = loadtestSelfHosted(ctx, *dbURL, *keepDB, *agentConns, *minCycle, adm, cfg, logger, stderr)
+		}
 	} else {
 		if *dbURL != "" {
 			pool, perr := store.Open(ctx, *dbURL)
@@ -215,27 +233,11 @@ func cmdLoadtest(args []string, stdout, stderr io.Writer) int {
 // organisation with its queued jobs cancelled (the run's own load is all
 // there is), makes the admin an API token and runs cfg against it.
 func loadtestSelfHosted(ctx context.Context, adminURL string, keep bool, agentConns int, minCycle time.Duration, admission apf.Config, cfg loadtest.Config, logger *slog.Logger, stderr io.Writer) (*loadtest.Report, error) {
-	name := fmt.Sprintf("allot_loadtest_%d_%d", time.Now().Unix(), os.Getpid())
-	dbURL, err := devdb.EnsureDatabase(ctx, adminURL, name)
+	dbURL, drop, err := loadtestDatabase(ctx, adminURL, keep, stderr)
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		if keep {
-			fmt.Fprintf(stderr, "allot loadtest: kept database %s\n", name)
-			return
-		}
-		dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(dctx, adminURL)
-		if err == nil {
-			_, err = conn.Exec(dctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
-			conn.Close(dctx) //nolint:errcheck
-		}
-		if err != nil {
-			fmt.Fprintf(stderr, "allot loadtest: dropping database %s: %v\n", name, err)
-		}
-	}()
+	defer drop()
 	checkpoints, err := os.MkdirTemp("", "allot-loadtest-")
 	if err != nil {
 		return nil, err
@@ -252,25 +254,59 @@ func loadtestSelfHosted(ctx context.Context, adminURL string, keep bool, agentCo
 			logger.Warn("closing the booted server", "err", err)
 		}
 	}()
-	if err := demo.Seed(ctx, m.Store); err != nil {
-		return nil, fmt.Errorf("seeding the demo: %w", err)
-	}
-	admin, err := m.Store.UserByEmail(ctx, demo.PersonaEmail[demo.Admin])
-	if err != nil {
-		return nil, err
-	}
-	queued, err := m.Store.ListJobs(ctx, store.JobFilter{State: allot.JobPending, Limit: -1})
-	if err != nil {
-		return nil, err
-	}
-	for _, j := range queued {
-		if _, err := m.Store.CancelJob(ctx, &admin, j.ID); err != nil {
-			return nil, err
-		}
-	}
-	if cfg.Token, _, err = m.Store.CreateAPIToken(ctx, admin.ID, "loadtest"); err != nil {
+	if cfg.Token, err = loadtestSeed(ctx, m.Store); err != nil {
 		return nil, err
 	}
 	cfg.URL, cfg.DB, cfg.Store, cfg.Gather = m.URL(), m.Pool, m.Store, m.Registry
 	return loadtest.Run(ctx, cfg)
+}
+
+// loadtestDatabase creates a fresh database on the PostgreSQL of adminURL
+// and returns its URL and what drops it (unless keep: then it says so).
+func loadtestDatabase(ctx context.Context, adminURL string, keep bool, stderr io.Writer) (string, func(), error) {
+	name := fmt.Sprintf("allot_loadtest_%d_%d", time.Now().Unix(), os.Getpid())
+	dbURL, err := devdb.EnsureDatabase(ctx, adminURL, name)
+	if err != nil {
+		return "", nil, err
+	}
+	return dbURL, func() {
+		if keep {
+			fmt.Fprintf(stderr, "allot loadtest: kept database %s\n", name)
+			return
+		}
+		dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(dctx, adminURL)
+		if err == nil {
+			_, err = conn.Exec(dctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+			conn.Close(dctx) //nolint:errcheck
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "allot loadtest: dropping database %s: %v\n", name, err)
+		}
+	}, nil
+}
+
+// loadtestSeed seeds the demo organisation with its queued jobs cancelled
+// (the run's own load is all there is) and returns an API token of its
+// admin.
+func loadtestSeed(ctx context.Context, st *store.Store) (string, error) {
+	if err := demo.Seed(ctx, st); err != nil {
+		return "", fmt.Errorf("seeding the demo: %w", err)
+	}
+	admin, err := st.UserByEmail(ctx, demo.PersonaEmail[demo.Admin])
+	if err != nil {
+		return "", err
+	}
+	queued, err := st.ListJobs(ctx, store.JobFilter{State: allot.JobPending, Limit: -1})
+	if err != nil {
+		return "", err
+	}
+	for _, j := range queued {
+		if _, err := st.CancelJob(ctx, &admin, j.ID); err != nil {
+			return "", err
+		}
+	}
+	tok, _, err := st.CreateAPIToken(ctx, admin.ID, "loadtest")
+	return tok, err
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -223,4 +224,53 @@ func loadtestNeedsDB(t *testing.T) {
 		t.Skipf("skipping: no PostgreSQL at %s: %v", storetest.AdminURL(), err)
 	}
 	c.Close(ctx) //nolint:errcheck
+}
+
+// TestLoadtestProcesses: --processes runs the control plane as production
+// does, in processes of its own (allot server --serve users, allot server
+// --serve agents, allot worker: here the test binary standing in for
+// allot): submissions go to the users server, the simulated agents to the
+// agent server, jobs run through the worker's cycles, the server-side
+// figures come from both servers' /metrics and the cycle phases from the
+// worker's. Every process has ended when the tool returns. Again no speed
+// is checked.
+func TestLoadtestProcesses(t *testing.T) {
+	loadtestNeedsDB(t)
+	var started []*exec.Cmd
+	loadtestChild = func(args ...string) (*exec.Cmd, error) {
+		b, _ := json.Marshal(args)
+		cmd := exec.Command(os.Args[0])
+		cmd.Env = append(os.Environ(), cliArgsEnv+"="+string(b))
+		started = append(started, cmd)
+		return cmd, nil
+	}
+	t.Cleanup(func() { loadtestChild = defaultLoadtestChild })
+	var out, errb bytes.Buffer
+	code := cmdLoadtest([]string{"--database-url", storetest.AdminURL(), "--processes", "--duration", "3s", "--submitters", "2", "--submit-rate", "20",
+		"--agents", "3", "--heartbeat", "300ms", "--job-runtime", "300ms", "--json"}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d; stderr:\n%s", code, errb.String())
+	}
+	var rep loadtest.Report
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("report: %v\n%s", err, out.String())
+	}
+	served := map[string]int{}
+	for _, o := range rep.Server {
+		served[o.Route] = o.Count
+	}
+	if n := rep.Errors(); n != 0 || rep.Op("submit job").Count < 20 || rep.Op("agent heartbeat").Count < 10 || rep.Cycles == nil ||
+		rep.Jobs["completed"] == 0 || served["POST /api/v1/jobs"] < 20 || served["POST /api/agent/v1/heartbeat"] < 10 || len(rep.Cycles.Phases) == 0 {
+		var b strings.Builder
+		rep.WriteText(&b) //nolint:errcheck
+		t.Errorf("%d errors, or too little done, or figures missing:\n%s", n, b.String())
+	}
+	if len(started) != 3 {
+		t.Fatalf("%d processes started, want 3", len(started))
+	}
+	for _, c := range started {
+		if c.ProcessState == nil {
+			t.Errorf("%v: still running (never waited for)", c.Args)
+		}
+	}
 }

@@ -174,9 +174,11 @@ func cmdServe(name string, args []string, stderr io.Writer) int {
 	tokenTTL := noAPITokenTTL
 	requireAccount := new(bool)
 	applyLimits := func(*Config) error { return nil }
+	serve := new(string)
 	if name == "server" {
 		applyLimits = limitFlags(fs)
 		fs.StringVar(&addr, "addr", ":8080", "listen address")
+		serve = fs.String("serve", web.ServeAll, "what this server answers: all, agents (the agent API only, with health and metrics) or users (the portal and API, no agent API): replicas of each role keep node agents and user traffic in processes of their own")
 		oidcConfig = oidcFlags(fs)
 		tokenTTL = apiTokenTTLFlag(fs)
 		requireAccount = fs.Bool("require-posix-account", os.Getenv("ALLOT_REQUIRE_POSIX_ACCOUNT") == "true",
@@ -249,7 +251,11 @@ func cmdServe(name string, args []string, stderr io.Writer) int {
 	}
 	cfg.SlurmOverBudgetFile = sf.overBudgetFile
 	if name == "server" {
-		cfg.Addr, cfg.APITokenTTL = addr, tokenTTL()
+		if err := web.CheckServe(*serve); err != nil {
+			fmt.Fprintf(stderr, "allot %s: %v\n", name, err)
+			return 2
+		}
+		cfg.Addr, cfg.APITokenTTL, cfg.Serve = addr, tokenTTL(), *serve
 		if cfg.OIDC, err = oidcConfig(); err != nil {
 			fmt.Fprintf(stderr, "allot %s: %v\n", name, err)
 			return 2

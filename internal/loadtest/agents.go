@@ -42,7 +42,11 @@ type simAgent struct {
 }
 
 func newSimAgent(r *runner, name, token string, hc *http.Client) *simAgent {
-	c := agentproto.NewClient(r.cfg.URL, token)
+	url := r.cfg.URL
+	if r.cfg.AgentURL != "" {
+		url = r.cfg.AgentURL
+	}
+	c := agentproto.NewClient(url, token)
 	c.HTTP = hc
 	c.Timeout = r.cfg.RequestTimeout
 	return &simAgent{name: name, gpus: r.cfg.GPUsPerAgent, c: c, r: r, jobs: map[agentproto.LeaseRef]int{}, pid: 1000}

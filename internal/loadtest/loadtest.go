@@ -38,6 +38,9 @@ import (
 // Config is one load run.
 type Config struct {
 	URL   string // the server, e.g. http://127.0.0.1:8080
+	// AgentURL is where the simulated agents go: a server of its own for
+	// the agent API (`allot server --serve agents`); "": URL.
+	AgentURL string
 	Token string // a personal API token that may submit to Teams (and read the pages)
 	// DB and Store reach the server's database; they are needed to seed
 	// (Agents, Nodes, Pending, Pages) and to read the cycles the worker
@@ -91,6 +94,9 @@ func (c *Config) Validate() error {
 		add("no server URL")
 	} else if !strings.HasPrefix(c.URL, "http://") && !strings.HasPrefix(c.URL, "https://") {
 		add("--url must start with http:// or https://, not %q", c.URL)
+	}
+	if c.AgentURL != "" && !strings.HasPrefix(c.AgentURL, "http://") && !strings.HasPrefix(c.AgentURL, "https://") {
+		add("--agent-url must start with http:// or https://, not %q", c.AgentURL)
 	}
 	if c.Duration <= 0 {
 		add("--duration must be positive, not %v", c.Duration)
