@@ -327,15 +327,9 @@ func (s *Server) agentTakeLease(c echo.Context) error {
 // agentTakeBatch takes several leases in one request and transaction
 // (store.TakeLeases): each lease's result, and the start orders now due.
 func (s *Server) agentTakeBatch(c echo.Context) error {
-	node, err := s.agentNode(c)
-	if err != nil {
-		return err
-	}
-	var b agentproto.TakeBatch
-	if err := decodeStrict(c.Request().Body, &b); err != nil {
-		return err
-	}
-	refs, err := batchRefs(len(b.Leases), "leases", func(i int) (int64, int) { return b.Leases[i].JobID, b.Leases[i].Segment })
+	node, _, refs, err := batchReport(s, c, "leases", func(b *agentproto.TakeBatch) (int, func(int) (int64, int)) {
+		return len(b.Leases), func(i int) (int64, int) { return b.Leases[i].JobID, b.Leases[i].Segment }
+	})
 	if err != nil {
 		return err
 	}
@@ -353,15 +347,9 @@ func (s *Server) agentTakeBatch(c echo.Context) error {
 // agentStartedBatch records several starts in one request and
 // transaction (store.LeasesStarted), each as agentStarted does.
 func (s *Server) agentStartedBatch(c echo.Context) error {
-	node, err := s.agentNode(c)
-	if err != nil {
-		return err
-	}
-	var b agentproto.StartedBatch
-	if err := decodeStrict(c.Request().Body, &b); err != nil {
-		return err
-	}
-	refs, err := batchRefs(len(b.Started), "started", func(i int) (int64, int) { return b.Started[i].JobID, b.Started[i].Segment })
+	node, b, refs, err := batchReport(s, c, "started", func(b *agentproto.StartedBatch) (int, func(int) (int64, int)) {
+		return len(b.Started), func(i int) (int64, int) { return b.Started[i].JobID, b.Started[i].Segment }
+	})
 	if err != nil {
 		return err
 	}
@@ -374,6 +362,23 @@ func (s *Server) agentStartedBatch(c echo.Context) error {
 		return err
 	}
 	return writeJSON(c, http.StatusOK, agentproto.BatchReply{Results: s.batchResults(c, node, refs, results)})
+}
+
+// batchReport authenticates the node, decodes a batched report into body
+// and checks its leases (batchRefs): the batched take and start reports go
+// through it, as the single ones go through leaseReport.
+func batchReport[T any](s *Server, c echo.Context, field string, list func(*T) (int, func(int) (int64, int))) (string, *T, []store.LeaseRef, error) {
+	node, err := s.agentNode(c)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	body := new(T)
+	if err := decodeStrict(c.Request().Body, body); err != nil {
+		return "", nil, nil, err
+	}
+	n, ref := list(body)
+	refs, err := batchRefs(n, field, ref)
+	return node, body, refs, err
 }
 
 // batchRefs checks a batched report's leases: 1 to MaxLeaseBatch, each a
