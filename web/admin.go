@@ -839,6 +839,7 @@ var policyGroups = []struct {
 		{"cycle_s", "Scheduling cycle", "", "duration", nil},
 		{"heartbeat_missed_after_s", "Node down after silence of", "", "duration", nil},
 		{"auto_undrain_after_s", "Auto-undrain after healthy for", "0 = never", "duration", nil},
+		{"max_loss_requeues", "Requeues after a lost node or process", "a checkpointable job's; the next such loss fails it (0 = no limit)", "int", nil},
 	}},
 	{"Budgets", []policyFieldSpec{
 		{"budget_warn_pct", "Warn leads at (% of budget)", "", "int", nil},

@@ -66,7 +66,8 @@ func (s *Server) docs(c echo.Context) (views.Docs, error) {
 		GracePeriod: allot.FormatDuration(p.GracePeriod), MinRuntime: allot.FormatDuration(p.MinRuntime), Cycle: allot.FormatDuration(p.Cycle),
 		Weights: views.DocWeights{Order: p.QueueOrder, Tier1FIFO: p.Tier1FIFO, FairShare: p.WeightFairShare, Size: p.WeightSize, Age: p.WeightAge,
 			HalfLife: allot.FormatDuration(p.HalfLife), MaxAge: allot.FormatDuration(p.MaxAge)},
-		BudgetWarnPct: p.BudgetWarnPct, BudgetDemotePct: p.BudgetDemotePct, HeartbeatMissedAfter: allot.FormatDuration(p.LostAfter(s.cfg.HeartbeatInterval))}
+		BudgetWarnPct: p.BudgetWarnPct, BudgetDemotePct: p.BudgetDemotePct, HeartbeatMissedAfter: allot.FormatDuration(p.LostAfter(s.cfg.HeartbeatInterval)),
+		MaxLossRequeues: p.MaxLossRequeues}
 	if p.AutoUndrainAfter > 0 {
 		d.AutoUndrainAfter = allot.FormatDuration(p.AutoUndrainAfter)
 	}

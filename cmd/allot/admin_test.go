@@ -114,6 +114,7 @@ func TestAdminAPIEdits(t *testing.T) {
 		{"PUT", "/api/v1/teams/nlp", `{"webhook_url":"ftp://example.com"}`, 422, "webhook_url", false},
 		{"PUT", "/api/v1/teams/ghost", `{"fair_share_weight":2}`, 404, "", false},
 
+		{"PUT", "/api/v1/policy", `{"max_loss_requeues":2,"note":"fewer requeues after losses"}`, 200, "", true},
 		{"PUT", "/api/v1/policy", `{"grace_period_s":300,"burst_monthly_budget":"5000.00","note":"longer grace"}`, 200, "", true},
 		{"PUT", "/api/v1/policy", `{"grace_period_s":300}`, 200, "", false},
 		{"PUT", "/api/v1/policy", `{"budget_warn_pct":150}`, 422, "budget_warn_pct", false},
@@ -124,6 +125,9 @@ func TestAdminAPIEdits(t *testing.T) {
 		{"PUT", "/api/v1/policy", `{"half_life_s":9223372036854775807}`, 422, "half_life_s", false},
 		{"PUT", "/api/v1/policy", `{"burst_monthly_budget":"a lot"}`, 422, "burst_monthly_budget", false},
 		{"PUT", "/api/v1/policy", `{"health_rules":[]}`, 422, "health_rules", false},
+		{"PUT", "/api/v1/policy", `{"max_loss_requeues":-1}`, 422, "max_loss_requeues", false},
+		{"PUT", "/api/v1/policy", `{"max_loss_requeues":1001}`, 422, "max_loss_requeues", false},
+		{"PUT", "/api/v1/policy", `{"max_loss_requeues":"many"}`, 422, "max_loss_requeues", false},
 	} {
 		status, _, body := e.api(c.method, c.path, demo.Admin, c.body)
 		if status != c.status {

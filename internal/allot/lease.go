@@ -182,6 +182,11 @@ type Segment struct {
 	// Leases are every lease of the segment (one per node of the gang),
 	// in the order ends are reported (exit time, then rank).
 	Leases []SegmentLease
+	// LossRequeues is how many of the job's earlier segments ended by a
+	// lost node or process (and so went back to the queue), and
+	// MaxLossRequeues the policy's bound on them (0: none). The store
+	// loads them only when a settlement is such a requeue (Settlement.Loss).
+	LossRequeues, MaxLossRequeues int
 }
 
 // JobOutcome is what settling does to the job.
@@ -211,6 +216,9 @@ type Settlement struct {
 	// stop with this reason and grace (leases not started end at once).
 	StopOthers LeaseReason
 	StopGrace  time.Duration
+	// Loss: the job is requeued because its node or process was lost
+	// (bounded by Segment.MaxLossRequeues).
+	Loss bool
 }
 
 // Pending reasons of requeued jobs.
@@ -233,6 +241,12 @@ func PendingAfterLostProcess(node string, why LeaseReason) string {
 	return "requeued: the agent on node " + node + " restarted without it"
 }
 
+// lossRequeuesSpent: the job has gone back to the queue after a lost node
+// or process as often as the policy allows.
+func (s Segment) lossRequeuesSpent() bool {
+	return s.MaxLossRequeues > 0 && s.LossRequeues >= s.MaxLossRequeues
+}
+
 // SettleSegment decides what a lease's end means for its job:
 //
 //   - the job is no longer running this segment (cancelled, lost, already
@@ -244,6 +258,9 @@ func PendingAfterLostProcess(node string, why LeaseReason) string {
 //     agent_shutdown) of a checkpointable job, not preempted or drained:
 //     back to the queue at once, the rest of the gang stopped; any other
 //     job fails as below;
+//   - either loss of a checkpointable job that has already gone back to the
+//     queue after MaxLossRequeues losses (when set) fails it as it would
+//     fail any other job;
 //   - some leases still run: when one ended badly by itself (not in a
 //     preemption or drain, which stop the whole gang anyway), the others
 //     are stopped (gang_member_failed); else nothing yet;
@@ -279,8 +296,8 @@ func SettleSegment(s Segment) Settlement {
 	}
 	if lost != "" {
 		out := Settlement{Outcome: OutcomeFail, EndReason: string(ReasonNodeLost)}
-		if s.Checkpointable {
-			out = Settlement{Outcome: OutcomeRequeue, PendingReason: PendingAfterLostNode(lost)}
+		if s.Checkpointable && !s.lossRequeuesSpent() {
+			out = Settlement{Outcome: OutcomeRequeue, PendingReason: PendingAfterLostNode(lost), Loss: true}
 		}
 		if open {
 			out.StopOthers, out.StopGrace = ReasonNodeLost, LostNodeStopGrace
@@ -298,8 +315,8 @@ func SettleSegment(s Segment) Settlement {
 	// failed by itself, and whose others were being stopped for it, still
 	// fails.
 	if lp := firstFailed; lp != nil && (lp.ExitReason == ReasonAgentRestarted || lp.ExitReason == ReasonAgentShutdown) &&
-		s.Checkpointable && !preempted && !drained && (lp.StopReason == "" || lp.StopReason == lp.ExitReason) {
-		out := Settlement{Outcome: OutcomeRequeue, PendingReason: PendingAfterLostProcess(lp.Node, lp.ExitReason)}
+		s.Checkpointable && !preempted && !drained && (lp.StopReason == "" || lp.StopReason == lp.ExitReason) && !s.lossRequeuesSpent() {
+		out := Settlement{Outcome: OutcomeRequeue, PendingReason: PendingAfterLostProcess(lp.Node, lp.ExitReason), Loss: true}
 		if open {
 			out.StopOthers, out.StopGrace = ReasonGangMemberFailed, GangStopGrace
 		}

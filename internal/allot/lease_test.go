@@ -117,6 +117,7 @@ func TestSettleSegment(t *testing.T) {
 	}
 	withState := func(s allot.Segment, st allot.JobState) allot.Segment { s.JobState = st; return s }
 	ckpt := func(s allot.Segment) allot.Segment { s.Checkpointable = true; return s }
+	lossRequeues := func(s allot.Segment, n, max int) allot.Segment { s.LossRequeues, s.MaxLossRequeues = n, max; return s }
 	old := seg(exited("a", 1, "", "", 1))
 	old.JobSegment = 3
 
@@ -133,15 +134,15 @@ func TestSettleSegment(t *testing.T) {
 		{"a reason with exit 0 still fails", seg(exited("a", 0, allot.ReasonAgentShutdown, "", 1)), allot.Settlement{Outcome: allot.OutcomeFail, ExitCode: intp(0), EndReason: "agent_shutdown"}},
 		{"agent restarted without it", seg(exited("a", -1, allot.ReasonAgentRestarted, "", 1)), allot.Settlement{Outcome: allot.OutcomeFail, ExitCode: intp(-1), EndReason: "agent_restarted"}},
 		{"agent restarted without it, checkpointable: requeued", ckpt(seg(exited("a", -1, allot.ReasonAgentRestarted, "", 1))),
-			allot.Settlement{Outcome: allot.OutcomeRequeue, PendingReason: "requeued: the agent on node a restarted without it"}},
+			allot.Settlement{Outcome: allot.OutcomeRequeue, PendingReason: "requeued: the agent on node a restarted without it", Loss: true}},
 		{"agent shut down, checkpointable, exit 0 in its grace: requeued", ckpt(seg(exited("a", 0, allot.ReasonAgentShutdown, "", 1))),
-			allot.Settlement{Outcome: allot.OutcomeRequeue, PendingReason: "requeued: the agent on node a stopped it while shutting down"}},
+			allot.Settlement{Outcome: allot.OutcomeRequeue, PendingReason: "requeued: the agent on node a stopped it while shutting down", Loss: true}},
 		{"agent restarted without a gang member, checkpointable: requeued, the others stopped", ckpt(seg(exited("b", -1, allot.ReasonAgentRestarted, "", 1), running("a", ""))),
-			allot.Settlement{Outcome: allot.OutcomeRequeue, PendingReason: allot.PendingAfterLostProcess("b", allot.ReasonAgentRestarted), StopOthers: allot.ReasonGangMemberFailed, StopGrace: allot.GangStopGrace}},
+			allot.Settlement{Outcome: allot.OutcomeRequeue, PendingReason: allot.PendingAfterLostProcess("b", allot.ReasonAgentRestarted), StopOthers: allot.ReasonGangMemberFailed, StopGrace: allot.GangStopGrace, Loss: true}},
 		{"agent restarted without it, checkpointable, preempted: a preemption", ckpt(seg(exited("a", -1, allot.ReasonAgentRestarted, allot.ReasonPreempted, 1))),
 			allot.Settlement{Outcome: allot.OutcomeRequeue, PendingReason: allot.PendingAfterPreemption, Preemption: true}},
 		{"the agent restarted as the server asked (agent_restarted stop), checkpointable: requeued", ckpt(seg(exited("a", -1, allot.ReasonAgentRestarted, allot.ReasonAgentRestarted, 1))),
-			allot.Settlement{Outcome: allot.OutcomeRequeue, PendingReason: allot.PendingAfterLostProcess("a", allot.ReasonAgentRestarted)}},
+			allot.Settlement{Outcome: allot.OutcomeRequeue, PendingReason: allot.PendingAfterLostProcess("a", allot.ReasonAgentRestarted), Loss: true}},
 		{"gang member failed first, another's agent shut down during its stop, checkpointable: fails", ckpt(seg(exited("a", 3, "", "", 1), exited("b", 0, allot.ReasonAgentShutdown, allot.ReasonGangMemberFailed, 2))),
 			allot.Settlement{Outcome: allot.OutcomeFail, ExitCode: intp(3), EndReason: "exit code 3"}},
 		{"gang member failed first, another's agent shut down on its own later, checkpointable: fails", ckpt(seg(exited("a", 3, "", "", 1), exited("b", -1, allot.ReasonAgentShutdown, "", 2))),
@@ -169,9 +170,17 @@ func TestSettleSegment(t *testing.T) {
 		{"node lost, not checkpointable: fails at once and stops the gang", seg(exited("a", -1, allot.ReasonNodeLost, "", 1), running("b", "")),
 			allot.Settlement{Outcome: allot.OutcomeFail, EndReason: "node_lost", StopOthers: allot.ReasonNodeLost, StopGrace: allot.LostNodeStopGrace}},
 		{"node lost, checkpointable: requeued", ckpt(seg(exited("a", -1, allot.ReasonNodeLost, "", 1))),
-			allot.Settlement{Outcome: allot.OutcomeRequeue, PendingReason: allot.PendingAfterLostNode("a")}},
+			allot.Settlement{Outcome: allot.OutcomeRequeue, PendingReason: allot.PendingAfterLostNode("a"), Loss: true}},
 		{"node lost while preempted: still lost", ckpt(seg(exited("a", -1, allot.ReasonNodeLost, allot.ReasonPreempted, 1), running("b", allot.ReasonPreempted))),
-			allot.Settlement{Outcome: allot.OutcomeRequeue, PendingReason: allot.PendingAfterLostNode("a"), StopOthers: allot.ReasonNodeLost, StopGrace: allot.LostNodeStopGrace}},
+			allot.Settlement{Outcome: allot.OutcomeRequeue, PendingReason: allot.PendingAfterLostNode("a"), StopOthers: allot.ReasonNodeLost, StopGrace: allot.LostNodeStopGrace, Loss: true}},
+		{"node lost, checkpointable, below the requeue bound: requeued", lossRequeues(ckpt(seg(exited("a", -1, allot.ReasonNodeLost, "", 1))), 1, 2),
+			allot.Settlement{Outcome: allot.OutcomeRequeue, PendingReason: allot.PendingAfterLostNode("a"), Loss: true}},
+		{"node lost, checkpointable, requeued as often as the policy allows: fails", lossRequeues(ckpt(seg(exited("a", -1, allot.ReasonNodeLost, "", 1), running("b", ""))), 2, 2),
+			allot.Settlement{Outcome: allot.OutcomeFail, EndReason: "node_lost", StopOthers: allot.ReasonNodeLost, StopGrace: allot.LostNodeStopGrace}},
+		{"node lost, checkpointable, no bound (0): requeued however often", lossRequeues(ckpt(seg(exited("a", -1, allot.ReasonNodeLost, "", 1))), 100, 0),
+			allot.Settlement{Outcome: allot.OutcomeRequeue, PendingReason: allot.PendingAfterLostNode("a"), Loss: true}},
+		{"agent restarted without it, checkpointable, requeues spent: fails as any job", lossRequeues(ckpt(seg(exited("a", -1, allot.ReasonAgentRestarted, "", 1))), 3, 3),
+			allot.Settlement{Outcome: allot.OutcomeFail, ExitCode: intp(-1), EndReason: "agent_restarted"}},
 		{"cancelled job: only the GPUs mattered", withState(seg(exited("a", -1, allot.ReasonCancelled, allot.ReasonCancelled, 1)), allot.JobCancelled), allot.Settlement{}},
 		{"already requeued", withState(seg(exited("a", -1, allot.ReasonNodeLost, "", 1)), allot.JobPending), allot.Settlement{}},
 		{"failed job", withState(seg(exited("a", 1, "", "", 1), running("b", "")), allot.JobFailed), allot.Settlement{}},

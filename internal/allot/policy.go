@@ -54,7 +54,15 @@ type Policy struct {
 	// AutoUndrainAfter undrains a node drained by a health rule once it has
 	// passed its checks this long (0 = never: an admin undrains).
 	AutoUndrainAfter time.Duration
+	// MaxLossRequeues is how many times a checkpointable job goes back to
+	// the queue after losing its node or its process before the next such
+	// loss fails it (0: no limit). JSON (store.PolicyValues):
+	// max_loss_requeues.
+	MaxLossRequeues int
 }
+
+// MaxLossRequeuesLimit bounds Policy.MaxLossRequeues.
+const MaxLossRequeuesLimit = 1000
 
 // DefaultPolicy returns DESIGN.md's defaults as version 0 (not yet stored).
 func DefaultPolicy() Policy {
@@ -77,6 +85,7 @@ func DefaultPolicy() Policy {
 		BurstMeanWait:        2 * time.Hour,
 		BurstReleaseGPUHours: 20,
 		HeartbeatMissedAfter: 60 * time.Second,
+		MaxLossRequeues:      5,
 		BurstMaxNodes:        4,
 		HealthRules:          DefaultHealthRules(),
 	}
@@ -149,6 +158,9 @@ func (p *Policy) Validate() error {
 	}
 	if p.AutoUndrainAfter < 0 {
 		f.Add("auto_undrain_after_s", "must not be negative")
+	}
+	if p.MaxLossRequeues < 0 || p.MaxLossRequeues > MaxLossRequeuesLimit {
+		f.Add("max_loss_requeues", "must be between 0 (no limit) and %d", MaxLossRequeuesLimit)
 	}
 	if p.BurstReleaseGPUHours < 0 || p.BurstReleaseGPUHours >= p.BurstPendingGPUHours {
 		f.Add("burst_release_gpu_hours", "must be at least 0 and below the burst threshold")

@@ -393,6 +393,7 @@ type PolicyValues struct {
 	BurstMonthlyBudget    string `json:"burst_monthly_budget"` // decimal; 0 = no cap
 	HeartbeatMissedAfterS int64  `json:"heartbeat_missed_after_s"`
 	AutoUndrainAfterS     int64  `json:"auto_undrain_after_s"`
+	MaxLossRequeues       int    `json:"max_loss_requeues"` // 0: no limit
 }
 
 func wholeSecs(d time.Duration) int64 { return int64(d / time.Second) }
@@ -404,7 +405,7 @@ func PolicyValuesOf(p allot.Policy) PolicyValues {
 		CycleS: wholeSecs(p.Cycle), BudgetWarnPct: p.BudgetWarnPct, BudgetDemotePct: p.BudgetDemotePct,
 		BurstPendingGPUHours: p.BurstPendingGPUHours, BurstMeanWaitS: wholeSecs(p.BurstMeanWait), BurstReleaseGPUHours: p.BurstReleaseGPUHours,
 		BurstMaxNodes: p.BurstMaxNodes, BurstMonthlyBudget: allot.Money{Micros: p.BurstMonthlyBudget.Micros}.Decimal(),
-		HeartbeatMissedAfterS: wholeSecs(p.HeartbeatMissedAfter), AutoUndrainAfterS: wholeSecs(p.AutoUndrainAfter)}
+		HeartbeatMissedAfterS: wholeSecs(p.HeartbeatMissedAfter), AutoUndrainAfterS: wholeSecs(p.AutoUndrainAfter), MaxLossRequeues: p.MaxLossRequeues}
 }
 
 // MaxDurationSecs is the most seconds any duration setting accepts (ten
@@ -463,6 +464,7 @@ func (v PolicyValues) applyTo(p *allot.Policy) error {
 	p.BurstPendingGPUHours, p.BurstMeanWait, p.BurstReleaseGPUHours = v.BurstPendingGPUHours, meanWait, v.BurstReleaseGPUHours
 	p.BurstMaxNodes, p.BurstMonthlyBudget.Micros = v.BurstMaxNodes, m.Micros
 	p.HeartbeatMissedAfter, p.AutoUndrainAfter = missed, undrain
+	p.MaxLossRequeues = v.MaxLossRequeues
 	return nil
 }
 

@@ -857,7 +857,20 @@ func (s *Store) finishSegment(ctx context.Context, r LeaseRef) (bool, error) {
 	if err != nil {
 		return false, mapErr("settling job", err)
 	}
-	return s.applySettlement(ctx, r, allot.SettleSegment(seg))
+	d := allot.SettleSegment(seg)
+	if d.Loss {
+		// A requeue after a lost node or process: within the policy's
+		// bound? (Loaded only now: most ends are no such requeue.)
+		if err := s.db.QueryRow(ctx, `
+			SELECT (SELECT count(DISTINCT segment) FROM leases WHERE job_id = $1 AND segment < $2
+					AND exit_reason IN ('node_lost', 'agent_restarted', 'agent_shutdown')),
+				(SELECT max_loss_requeues FROM policy_versions ORDER BY version DESC LIMIT 1)`, r.JobID, r.Segment).
+			Scan(&seg.LossRequeues, &seg.MaxLossRequeues); err != nil {
+			return false, mapErr("settling job", err)
+		}
+		d = allot.SettleSegment(seg)
+	}
+	return s.applySettlement(ctx, r, d)
 }
 
 // applySettlement writes a settlement of a job's running segment: the

@@ -311,27 +311,27 @@ func (s *Store) InsertPolicy(ctx context.Context, p *allot.Policy) error {
 		INSERT INTO policy_versions (created_by, comment, weight_fair_share, weight_size, weight_age, max_age_s, half_life_s,
 			grace_period_s, min_runtime_s, cycle_s, budget_warn_pct, budget_demote_pct, burst_pending_gpu_hours,
 			burst_mean_wait_s, burst_release_gpu_hours, heartbeat_missed_after_s, burst_max_nodes,
-			burst_monthly_budget_micros, health_rules, auto_undrain_after_s, created_at, queue_order, tier1_fifo)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23)
+			burst_monthly_budget_micros, health_rules, auto_undrain_after_s, created_at, queue_order, tier1_fifo, max_loss_requeues)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24)
 		RETURNING version, created_at`,
 		p.CreatedBy, p.Comment, p.WeightFairShare, p.WeightSize, p.WeightAge, sec(p.MaxAge), sec(p.HalfLife),
 		sec(p.GracePeriod), sec(p.MinRuntime), sec(p.Cycle), p.BudgetWarnPct, p.BudgetDemotePct, p.BurstPendingGPUHours,
 		sec(p.BurstMeanWait), p.BurstReleaseGPUHours, sec(p.HeartbeatMissedAfter), p.BurstMaxNodes,
-		p.BurstMonthlyBudget.Micros, rules, sec(p.AutoUndrainAfter), s.Now(), p.QueueOrder, p.Tier1FIFO).Scan(&p.Version, &p.CreatedAt)
+		p.BurstMonthlyBudget.Micros, rules, sec(p.AutoUndrainAfter), s.Now(), p.QueueOrder, p.Tier1FIFO, p.MaxLossRequeues).Scan(&p.Version, &p.CreatedAt)
 	return mapErr("saving policy", err)
 }
 
 const policyCols = `version, created_at, created_by, comment, weight_fair_share, weight_size, weight_age, max_age_s, half_life_s,
 	grace_period_s, min_runtime_s, cycle_s, budget_warn_pct, budget_demote_pct, burst_pending_gpu_hours,
 	burst_mean_wait_s, burst_release_gpu_hours, heartbeat_missed_after_s, burst_max_nodes,
-	burst_monthly_budget_micros, health_rules, auto_undrain_after_s, queue_order, tier1_fifo`
+	burst_monthly_budget_micros, health_rules, auto_undrain_after_s, queue_order, tier1_fifo, max_loss_requeues`
 
 func scanPolicy(r pgx.Row) (allot.Policy, error) {
 	var p allot.Policy
 	var maxAge, half, grace, minRun, cycle, burstWait, hb, undrain int64
 	err := r.Scan(&p.Version, &p.CreatedAt, &p.CreatedBy, &p.Comment, &p.WeightFairShare, &p.WeightSize, &p.WeightAge,
 		&maxAge, &half, &grace, &minRun, &cycle, &p.BudgetWarnPct, &p.BudgetDemotePct, &p.BurstPendingGPUHours,
-		&burstWait, &p.BurstReleaseGPUHours, &hb, &p.BurstMaxNodes, &p.BurstMonthlyBudget.Micros, &p.HealthRules, &undrain, &p.QueueOrder, &p.Tier1FIFO)
+		&burstWait, &p.BurstReleaseGPUHours, &hb, &p.BurstMaxNodes, &p.BurstMonthlyBudget.Micros, &p.HealthRules, &undrain, &p.QueueOrder, &p.Tier1FIFO, &p.MaxLossRequeues)
 	d := func(s int64) time.Duration { return time.Duration(s) * time.Second }
 	p.MaxAge, p.HalfLife, p.GracePeriod, p.MinRuntime, p.Cycle, p.BurstMeanWait, p.HeartbeatMissedAfter, p.AutoUndrainAfter =
 		d(maxAge), d(half), d(grace), d(minRun), d(cycle), d(burstWait), d(hb), d(undrain)
