@@ -15,7 +15,7 @@ const (
 
 // preemptRight returns the last victim group pj may take, or -1.
 func (st *state) preemptRight(pj *pjob) int {
-	pj.reclaim = false
+	pj.reclaim, pj.starvedTeam = false, false
 	if r := st.p.Reserved[pj.class]; r > 0 && pj.class.Production() && st.classGPUs(pj.class)+pj.j.GPUs <= r {
 		pj.reclaim = true
 		return vgAnyResearch
@@ -32,6 +32,10 @@ func (st *state) preemptRight(pj *pjob) int {
 		if pj.team >= 0 && -pj.submit >= int64(st.p.GuaranteePatience) {
 			t := &st.teams[pj.team]
 			if t.alloc+pj.j.GPUs <= t.guarantee {
+				return vgAboveGuarantee
+			}
+			if st.p.StarvedTeamPreempt && t.boost >= starvedTeamRatio {
+				pj.starvedTeam = true
 				return vgAboveGuarantee
 			}
 		}

@@ -79,6 +79,11 @@ func (st *state) priority(pj *pjob) Priority {
 	}
 	if p.Order == OrderResponse {
 		pr.Total = st.responseRatio(pj) * max(2*pr.FairShare, 1.0/32)
+		if p.TeamWaitBoost && pj.team >= 0 && (pj.class == Tier3 || pj.class == Tier4) {
+			if b := st.teams[pj.team].boost; b > 1 {
+				pr.Total *= b
+			}
+		}
 		return pr
 	}
 	pr.Total = p.WeightFairShare*pr.FairShare + p.WeightSize*pr.Size + p.WeightAge*pr.Age
@@ -101,3 +106,35 @@ func (st *state) responseRatio(pj *pjob) float64 {
 	wait := float64(max(-pj.submit, 0))
 	return (wait + t) / t
 }
+
+// teamWaitBoosts sets each team's boost (Policy.TeamWaitBoost): the mean
+// wait of its pending tier 3-4 jobs over that of all teams' pending tier
+// 3-4 jobs, when above 1, at most maxTeamWaitBoost.
+func (st *state) teamWaitBoosts() {
+	var sum float64
+	n := 0
+	for i := range st.teams {
+		sum += st.teams[i].waitSum
+		n += st.teams[i].waitN
+	}
+	if n == 0 || sum <= 0 {
+		return
+	}
+	mean := sum / float64(n)
+	for i := range st.teams {
+		t := &st.teams[i]
+		if t.waitN == 0 {
+			continue
+		}
+		t.boost = min(max(t.waitSum/float64(t.waitN)/mean, 1), maxTeamWaitBoost)
+	}
+}
+
+// maxTeamWaitBoost bounds Policy.TeamWaitBoost's factor: at most it undoes
+// the fair-share floor (1/32) of a team far above its share.
+const maxTeamWaitBoost = 64
+
+// starvedTeamRatio: under Policy.StarvedTeamPreempt a team whose pending
+// research jobs' mean wait is at least this many times all teams' may
+// preempt like a team under its guarantee.
+const starvedTeamRatio = 3

@@ -59,6 +59,7 @@ func (st *state) preparePendingAll() {
 	st.order = resize(st.order, len(s.Pending))
 	lastTeam, ti, t := "", -1, (*Team)(nil)
 	pred := st.predicted()
+	waitBoost := st.p.Mode == ModeAllot && st.p.Order == OrderResponse && (st.p.TeamWaitBoost || st.p.StarvedTeamPreempt)
 	for i := range s.Pending {
 		j := &s.Pending[i]
 		pj := &st.pend[i]
@@ -87,17 +88,22 @@ func (st *state) preparePendingAll() {
 			}
 		}
 		st.preparePending(pj, owner)
-		if st.p.Mode == ModeAllot {
-			pj.prio = st.priority(pj) // baselines compute it only for output
+		if waitBoost && ti >= 0 && !pj.never && (pj.class == Tier3 || pj.class == Tier4) {
+			st.teams[ti].waitSum += float64(-pj.submit)
+			st.teams[ti].waitN++
 		}
 		st.order[i] = pj
 	}
 	if st.p.Mode == ModeAllot {
+		if waitBoost {
+			st.teamWaitBoosts()
+		}
 		// Class, then priority, then submit time, then id. Sorting compact
 		// keys by value is several times faster than chasing pointers.
 		keys := make([]orderKey, len(st.pend))
 		for i := range st.pend {
 			pj := &st.pend[i]
+			pj.prio = st.priority(pj) // baselines compute it only for output
 			keys[i] = orderKey{class: st.classRank(pj.class), prio: pj.prio.Total, submit: pj.submit, id: pj.j.ID, idx: i}
 			if pj.class == Tier1 && st.p.Tier1FIFO {
 				keys[i].prio = 0 // oldest first
@@ -401,7 +407,7 @@ func (st *state) tryPreempt(pj *pjob, attempts *int) bool {
 	// by then. Production classes come first anyway.
 	st.victimAfter = noVictimLimit
 	if !pj.class.Production() {
-		if pj.starving {
+		if pj.starving || pj.starvedTeam {
 			st.victimAfter = pj.submit
 		} else if w := int64(st.p.StarvationWait); w > 0 {
 			st.victimAfter = grace - w

@@ -143,8 +143,11 @@ type pjob struct {
 	early     bool // served among the in-flight preemptors, before the queue
 	reclaim   bool // it takes its class's reserved GPUs back (Policy.Reserved)
 	starving  bool // served by the starvation guard this cycle
-	fcPreempt bool // its forecast start comes from preemption
-	blocker   string
+	// starvedTeam: it may preempt because its team is starved
+	// (Policy.StarvedTeamPreempt); it then takes only younger work.
+	starvedTeam bool
+	fcPreempt   bool // its forecast start comes from preemption
+	blocker     string
 }
 
 // started is a job started this cycle.
@@ -171,6 +174,11 @@ type teamState struct {
 	guarantee int
 	alloc     int // GPUs of non-terminating running + started jobs (+ preemption reservations)
 	share     TeamShare
+	// Policy.TeamWaitBoost: the summed wait (ns) and count of the team's
+	// pending tier 3-4 jobs, and the boost they give its priority.
+	waitSum float64
+	waitN   int
+	boost   float64
 }
 
 // state is the working state of one cycle.

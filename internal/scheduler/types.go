@@ -28,7 +28,10 @@
 //     continuous aging instead of the starvation guard (a fresh job is at
 //     ratio 1, so every waiting job passes it once it has waited long
 //     enough for its length), and teams above their share wait longer.
-//     (Policy.WideAging, off by default, ages multi-node gangs per node.)
+//     (Policy.WideAging, off by default, ages multi-node gangs per node;
+//     Policy.TeamWaitBoost, off, raises the priority of teams whose
+//     pending jobs waited longer than the cluster's on average, and
+//     Policy.StarvedTeamPreempt, off, lets a team at 3× that preempt.)
 //     With it StarvationWait defaults to 0 (the guard serves jobs older
 //     than 20 minutes FIFO, which on a loaded cluster is almost the whole
 //     queue: allot became FIFO + EASY with worse backfill).
@@ -370,6 +373,22 @@ type Policy struct {
 	// reclaim may lose), the packing score and EstStartLimits keep time
 	// limits. See sim/RESULTS.md for what it did on the suite.
 	PredictedBackfill bool
+	// TeamWaitBoost (OrderResponse; off by default): a team whose
+	// pending tier 3-4 jobs have waited longer on average than all
+	// teams' pending tier 3-4 jobs has their priority multiplied by that
+	// ratio (at most maxTeamWaitBoost): fair share on waiting. On the
+	// suite it lowered the worst team's ratio mostly by raising the mean
+	// wait (see sim/RESULTS.md).
+	TeamWaitBoost bool
+	// StarvedTeamPreempt (OrderResponse; off by default): a tier 3-4 job
+	// of a team whose pending tier 3-4 jobs have waited at least 3 times
+	// as long on average as all teams' may preempt like a team under its
+	// guarantee (after GuaranteePatience, within the lost-work bound),
+	// and only jobs submitted after it, so that preemptions always go
+	// from older to younger jobs and cannot come back round. On the
+	// suite it lowered mean waits at 1.5× the GPU-hours lost (see
+	// sim/RESULTS.md).
+	StarvedTeamPreempt bool
 }
 
 // ETAMethod is how the start of a pending job is estimated.

@@ -63,6 +63,9 @@ type options struct {
 	minRuntime     time.Duration
 	wideAging      bool
 	tier1FIFO      bool
+	teamWait       bool
+	starvedPreempt bool
+	resvDepth      int
 	predBackfill   bool
 	learnedOrder   bool
 	// --burst: replay allot once more with cloud burst ("allot+burst").
@@ -268,6 +271,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.learnedOrder, "allot-learned-order", false, "allot: the response order's T is the learned run time (as --allot-predicted-backfill's) instead of the time limit")
 	fs.Var(secondsOrDuration{&o.minRuntime}, "allot-min-runtime", "allot: no preemption before this much run time (default: the policy's)")
 	fs.BoolVar(&o.allotRawGuar, "allot-raw-guarantees", false, "allot: keep oversubscribed guarantees unscaled")
+	fs.BoolVar(&o.teamWait, "allot-team-wait", scheduler.DefaultPolicy().TeamWaitBoost, "allot: a team whose pending tier 3-4 jobs waited longer on average than all teams' gets its priority raised by that ratio")
+	fs.IntVar(&o.resvDepth, "allot-resv-depth", scheduler.DefaultPolicy().ReservationDepth, "allot: blocked jobs per class that get a backfill reservation")
+	fs.BoolVar(&o.starvedPreempt, "allot-starved-preempt", scheduler.DefaultPolicy().StarvedTeamPreempt, "allot: a team whose pending tier 3-4 jobs waited 3× all teams' mean may preempt like a team under its guarantee")
 	fs.BoolVar(&o.allotHold, "allot-hold", false, "allot: a job reserved in the last cycle keeps the head of its class")
 	fs.Var(secondsOrDuration{&o.starvationWait}, "starvation-wait", "allot's starvation guard (0 = off; default: the policy's)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the replays to this file (for developers)")
@@ -432,6 +438,9 @@ func (st *setup) config(o *options, m scheduler.Mode) Config {
 	p.RawGuarantees = o.allotRawGuar
 	p.WideAging = o.wideAging
 	p.Tier1FIFO = o.tier1FIFO
+	p.TeamWaitBoost = o.teamWait
+	p.StarvedTeamPreempt = o.starvedPreempt
+	p.ReservationDepth = o.resvDepth
 	p.PredictedBackfill = o.predBackfill
 	if o.minRuntime >= 0 {
 		p.MinRuntime = o.minRuntime
