@@ -223,8 +223,8 @@ type Docs struct {
 	HeartbeatMissedAfter string
 	// MaxLossRequeues bounds a checkpointable job's requeues after a lost
 	// node or process (the policy's max_loss_requeues; 0: no limit).
-	MaxLossRequeues int
-	AutoUndrainAfter     string // "" = admins undrain by hand
+	MaxLossRequeues  int
+	AutoUndrainAfter string // "" = admins undrain by hand
 	// Slurm is the configuration rendered for a Slurm cluster.
 	Slurm SlurmFiles
 }

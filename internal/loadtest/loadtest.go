@@ -37,11 +37,11 @@ import (
 
 // Config is one load run.
 type Config struct {
-	URL   string // the server, e.g. http://127.0.0.1:8080
+	URL string // the server, e.g. http://127.0.0.1:8080
 	// AgentURL is where the simulated agents go: a server of its own for
 	// the agent API (`allot server --serve agents`); "": URL.
 	AgentURL string
-	Token string // a personal API token that may submit to Teams (and read the pages)
+	Token    string // a personal API token that may submit to Teams (and read the pages)
 	// DB and Store reach the server's database; they are needed to seed
 	// (Agents, Nodes, Pending, Pages) and to read the cycles the worker
 	// ran (scheduling_cycles). Without them only Submitters can run.
