@@ -71,7 +71,7 @@ func (r *Report) WriteText(w io.Writer) error {
 		}
 	}
 	if len(r.Server) > 0 {
-		fmt.Fprintln(w, "\ninside the server (allot_http_request_duration_seconds, from the first middleware to the answer; interpolated in its buckets):")
+		fmt.Fprintln(w, "\ninside the server (allot_http_request_duration_seconds, from admission to the answer; allot_admission_wait_seconds, an admitted request's wait for a slot; interpolated in the buckets):")
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "route\tcount\tp50 ms\tp99 ms\tover 5 s\t")
 		for _, o := range r.Server {

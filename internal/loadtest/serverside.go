@@ -9,11 +9,12 @@ import (
 )
 
 // ServerOp is one route's time inside the server over the window, from its
-// allot_http_request_duration_seconds histogram: from the first middleware
-// (admission control's wait included) to the answer written. What the
-// tool's own figures add to it is the network, the kernel's accept queue
-// and this process's own wait for a core (on one machine with the server,
-// the simulated agents and clients share its cores).
+// allot_http_request_duration_seconds histogram: from when admission
+// control let the request in to the answer written (the wait for a slot is
+// apart: AdmissionWait). What the tool's own figures add to both is the
+// network, the kernel's accept queue and this process's own wait for a
+// core (on one machine with the server, the simulated agents and clients
+// share its cores).
 type ServerOp struct {
 	Route string  `json:"route"` // "POST /api/agent/v1/heartbeat"
 	Count int     `json:"count"`
@@ -30,21 +31,25 @@ type serverHist struct {
 	total  float64
 }
 
-// serverTimesOf reads the server's per-route latency histograms.
+// serverTimesOf reads the server's per-route latency histograms, keyed
+// "METHOD route", and admission control's wait per level, keyed
+// "admission wait: LEVEL".
 func serverTimesOf(fams []*dto.MetricFamily) map[string]serverHist {
 	out := map[string]serverHist{}
 	for _, f := range fams {
-		if f.GetName() != "allot_http_request_duration_seconds" {
+		if f.GetName() != "allot_http_request_duration_seconds" && f.GetName() != "allot_admission_wait_seconds" {
 			continue
 		}
 		for _, m := range f.GetMetric() {
-			var route, method string
+			var route, method, level string
 			for _, l := range m.GetLabel() {
 				switch l.GetName() {
 				case "route":
 					route = l.GetValue()
 				case "method":
 					method = l.GetValue()
+				case "level":
+					level = l.GetValue()
 				}
 			}
 			h := m.GetHistogram()
@@ -57,7 +62,11 @@ func serverTimesOf(fams []*dto.MetricFamily) map[string]serverHist {
 				sh.counts = append(sh.counts, float64(b.GetCumulativeCount()))
 			}
 			sh.total = float64(h.GetSampleCount())
-			out[method+" "+route] = sh
+			key := method + " " + route
+			if level != "" {
+				key = admissionKey + level
+			}
+			out[key] = sh
 		}
 	}
 	return out
@@ -69,7 +78,7 @@ func serverTimesOf(fams []*dto.MetricFamily) map[string]serverHist {
 func serverOpsIn(before, after map[string]serverHist) []ServerOp {
 	var out []ServerOp
 	for key, a := range after {
-		if !strings.Contains(key, "/api/agent/v1/") && key != "POST /api/v1/jobs" || strings.HasSuffix(key, "/orders") {
+		if !strings.HasPrefix(key, admissionKey) && (!strings.Contains(key, "/api/agent/v1/") && key != "POST /api/v1/jobs" || strings.HasSuffix(key, "/orders")) {
 			continue // a long poll's time is how long the server had nothing to say
 		}
 		b := before[key]
@@ -92,6 +101,10 @@ func serverOpsIn(before, after map[string]serverHist) []ServerOp {
 	slices.SortFunc(out, func(x, y ServerOp) int { return strings.Compare(x.Route, y.Route) })
 	return out
 }
+
+// admissionKey prefixes the levels of admission control's wait
+// (allot_admission_wait_seconds: the admitted requests' wait for a slot).
+const admissionKey = "admission wait: "
 
 // quantile interpolates linearly inside the bucket the quantile falls in,
 // as Prometheus' histogram_quantile does; past the largest finite bucket

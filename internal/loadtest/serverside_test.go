@@ -42,3 +42,15 @@ func TestServerOpsIn(t *testing.T) {
 		t.Errorf("got %+v", o)
 	}
 }
+
+// TestAdmissionWaitIn: admission control's wait per level is reported
+// beside the routes, keyed by level.
+func TestAdmissionWaitIn(t *testing.T) {
+	f := histFamily("", []float64{0.01, 0.1}, []uint64{9, 10}, 10)
+	f.Name = proto.String("allot_admission_wait_seconds")
+	f.Metric[0].Label = []*dto.LabelPair{{Name: proto.String("level"), Value: proto.String("heartbeat")}}
+	ops := serverOpsIn(nil, serverTimesOf([]*dto.MetricFamily{f}))
+	if len(ops) != 1 || ops[0].Route != "admission wait: heartbeat" || ops[0].Count != 10 || ops[0].P99 <= 10 {
+		t.Errorf("got %+v", ops)
+	}
+}
