@@ -14,8 +14,8 @@ import (
 // single-node job's at once, a gang's only when its last member is taken
 // (and the gang's other nodes then get theirs from their poll). The starts
 // it answered are not sent again by a poll. A batched start report
-// records each start as a single one would, refusing alone a lease never
-// taken; the commit of takes alone does not wait for the disk.
+// records each start as a single one would, refusing alone a lease whose
+// state forbids it, and a repeated one only fills in the pid.
 func TestBatchedTakesAndStarts(t *testing.T) {
 	b := setup(t)
 	b.register(t, "gpu13", "GPU-a", "GPU-b")
