@@ -15,7 +15,7 @@ import (
 // (and the gang's other nodes then get theirs from their poll). The starts
 // it answered are not sent again by a poll. A batched start report
 // records each start as a single one would, refusing alone a lease whose
-// state forbids it, and a repeated one only fills in the pid.
+// state forbids it; a repeated one changes nothing.
 func TestBatchedTakesAndStarts(t *testing.T) {
 	b := setup(t)
 	b.register(t, "gpu13", "GPU-a", "GPU-b")
@@ -119,6 +119,12 @@ func TestBatchedTakesAndStarts(t *testing.T) {
 		if l := b.lease(t, c.ref, c.node); l.State != "running" || l.PID == nil || *l.PID != c.pid || l.StartedAt == nil {
 			t.Errorf("%v on %s: %+v, want running with pid %d", c.ref, c.node, l, c.pid)
 		}
+	}
+	if res, err := b.st.LeasesStarted(b.ctx, "gpu13", []store.StartReport{{LeaseRef: one, PID: 99}}); err != nil || res[0] != nil {
+		t.Errorf("a repeated start report: %v (%v)", res, err)
+	}
+	if l := b.lease(t, one, "gpu13"); l.State != "running" || *l.PID != 11 {
+		t.Errorf("after a repeated start report: %+v, want running with pid 11 still", l)
 	}
 	if l := b.lease(t, gone, "gpu14"); l.State != "exited" {
 		t.Errorf("the ended lease: %+v, want exited still", l)
