@@ -243,7 +243,7 @@ func TestStalledClientsCannotStallTheControlPlane(t *testing.T) {
 	t.Logf("quiet server, p99 of %d: %s", samples, report(measure("quiet", 0)))
 
 	// 40 clients that never read (beyond the status line).
-	start := time.Now()
+	start := time.Now() // stopwatch: how long the stall lasts
 	conns := make([]net.Conn, stalled)
 	for i := range conns {
 		c, err := net.Dial("tcp", addr)
