@@ -169,7 +169,7 @@ func TestNodeTokensAPI(t *testing.T) {
 		polled <- resp.StatusCode
 	}()
 	time.Sleep(300 * time.Millisecond) // the poll is waiting
-	start := time.Now() // stopwatch: from the rotation to the poll's end
+	start := time.Now()                // stopwatch: from the rotation to the poll's end
 	var rot web.NodeTokenRotated
 	e.adminJSON("POST", "/api/v1/nodes/gpu01/rotate-token", "", http.StatusCreated, &rot)
 	select {
