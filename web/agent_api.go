@@ -327,9 +327,7 @@ func (s *Server) agentTakeLease(c echo.Context) error {
 // agentTakeBatch takes several leases in one request and transaction
 // (store.TakeLeases): each lease's result, and the start orders now due.
 func (s *Server) agentTakeBatch(c echo.Context) error {
-	node, _, refs, err := batchReport(s, c, "leases", func(b *agentproto.TakeBatch) (int, func(int) (int64, int)) {
-		return len(b.Leases), func(i int) (int64, int) { return b.Leases[i].JobID, b.Leases[i].Segment }
-	})
+	node, _, refs, err := batchReport(s, c, "leases", func(b *agentproto.TakeBatch) []agentproto.LeaseRef { return b.Leases })
 	if err != nil {
 		return err
 	}
@@ -347,8 +345,12 @@ func (s *Server) agentTakeBatch(c echo.Context) error {
 // agentStartedBatch records several starts in one request and
 // transaction (store.LeasesStarted), each as agentStarted does.
 func (s *Server) agentStartedBatch(c echo.Context) error {
-	node, b, refs, err := batchReport(s, c, "started", func(b *agentproto.StartedBatch) (int, func(int) (int64, int)) {
-		return len(b.Started), func(i int) (int64, int) { return b.Started[i].JobID, b.Started[i].Segment }
+	node, b, refs, err := batchReport(s, c, "started", func(b *agentproto.StartedBatch) []agentproto.LeaseRef {
+		refs := make([]agentproto.LeaseRef, len(b.Started))
+		for i, st := range b.Started {
+			refs[i] = agentproto.LeaseRef{JobID: st.JobID, Segment: st.Segment}
+		}
+		return refs
 	})
 	if err != nil {
 		return err
@@ -367,7 +369,7 @@ func (s *Server) agentStartedBatch(c echo.Context) error {
 // batchReport authenticates the node, decodes a batched report into body
 // and checks its leases (batchRefs): the batched take and start reports go
 // through it, as the single ones go through leaseReport.
-func batchReport[T any](s *Server, c echo.Context, field string, list func(*T) (int, func(int) (int64, int))) (string, *T, []store.LeaseRef, error) {
+func batchReport[T any](s *Server, c echo.Context, field string, list func(*T) []agentproto.LeaseRef) (string, *T, []store.LeaseRef, error) {
 	node, err := s.agentNode(c)
 	if err != nil {
 		return "", nil, nil, err
@@ -376,22 +378,23 @@ func batchReport[T any](s *Server, c echo.Context, field string, list func(*T) (
 	if err := decodeStrict(c.Request().Body, body); err != nil {
 		return "", nil, nil, err
 	}
-	n, ref := list(body)
-	refs, err := batchRefs(n, field, ref)
+	refs, err := batchRefs(list(body), field)
 	return node, body, refs, err
 }
 
-// batchRefs checks a batched report's leases: 1 to MaxLeaseBatch, each a
-// lease reference, none twice. Any fault refuses the whole request (a
-// field error naming the list) and changes nothing.
-func batchRefs(n int, field string, ref func(int) (int64, int)) ([]store.LeaseRef, error) {
-	if n == 0 || n > store.MaxLeaseBatch {
-		return nil, allot.FieldErrors{field: fmt.Sprintf("must list 1 to %d leases, not %d", store.MaxLeaseBatch, n)}.Err()
+// batchRefs checks a batched report's leases: 1 to agentproto.MaxBatch
+// (the agent splits its batches by the same bound), each a lease
+// reference, none twice. Any fault refuses the whole request (a field
+// error naming the list) and changes nothing.
+func batchRefs(list []agentproto.LeaseRef, field string) ([]store.LeaseRef, error) {
+	n := len(list)
+	if n == 0 || n > agentproto.MaxBatch {
+		return nil, allot.FieldErrors{field: fmt.Sprintf("must list 1 to %d leases, not %d", agentproto.MaxBatch, n)}.Err()
 	}
 	refs := make([]store.LeaseRef, n)
 	seen := make(map[store.LeaseRef]bool, n)
-	for i := range n {
-		r, err := leaseRef(ref(i))
+	for i, l := range list {
+		r, err := leaseRef(l.JobID, l.Segment)
 		if err != nil {
 			return nil, allot.FieldErrors{field: fmt.Sprintf("entry %d: %s", i, allot.ErrorMessage(err))}.Err()
 		}

@@ -181,7 +181,7 @@ func (s *Server) routes() {
 	r(anyMethod, api+"/*", s.apiNotFound, RulePublic)
 
 	// Node agents (node tokens, checked by the handlers).
-	const ag = "/api/agent/v1"
+	const ag = agentAPIPrefix
 	r(post, ag+"/register", s.agentRegister, RuleNode)
 	r(post, ag+"/heartbeat", s.agentHeartbeat, RuleNode)
 	r(get, ag+"/orders", s.agentOrders, RuleNode)

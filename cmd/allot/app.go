@@ -330,14 +330,13 @@ func (m *Main) Run(ctx context.Context) error {
 		m.Server = srv
 		bg, stop := context.WithCancel(context.Background())
 		m.stopBg, m.bgDone = stop, make(chan struct{})
-		m.serverID = fmt.Sprintf("%s-%d-%d", hostname(), os.Getpid(), time.Now().UnixNano())
-		hearsAgents := m.Serve != web.ServeUsers
-		if !hearsAgents {
-			m.serverID = ""
-		} else if err := m.Store.AnnounceServer(ctx, m.serverID); err != nil {
-			stop()
-			m.ln.Close()
-			return err
+		if m.Serve != web.ServeUsers { // it hears agents: their silence counts while it is up
+			m.serverID = fmt.Sprintf("%s-%d-%d", hostname(), os.Getpid(), time.Now().UnixNano())
+			if err := m.Store.AnnounceServer(ctx, m.serverID); err != nil {
+				stop()
+				m.ln.Close()
+				return err
+			}
 		}
 		m.triggers = make(chan struct{}, 1)
 		go func() {
@@ -355,7 +354,7 @@ func (m *Main) Run(ctx context.Context) error {
 				case <-bg.Done():
 					return
 				case <-t.C:
-					if hearsAgents {
+					if m.serverID != "" {
 						if err := m.Store.AnnounceServer(bg, m.serverID); err != nil && bg.Err() == nil {
 							m.Logger.Warn("announcing server", "err", err)
 						}

@@ -514,5 +514,8 @@ func devSecretKey(dir string) (string, error) {
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
+	if err != nil {
+		os.Remove(path) //nolint:errcheck // a partial key file would be taken as made at the next start
+	}
 	return path, err
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/allotlabs/allot/internal/cliflag"
 	"github.com/allotlabs/allot/internal/demo"
 	"github.com/allotlabs/allot/internal/devdb"
+	"github.com/allotlabs/allot/internal/jobs"
 	"github.com/allotlabs/allot/internal/loadtest"
 	"github.com/allotlabs/allot/internal/store"
 	"github.com/jackc/pgx/v5"
@@ -135,8 +136,8 @@ func cmdLoadtest(args []string, stdout, stderr io.Writer) int {
 	if *processes && cfg.Heartbeat > 10*time.Second {
 		return bad("--processes: the processes tell agents to heartbeat every 10s (allot server's); --heartbeat must be at most that, not %s", cfg.Heartbeat)
 	}
-	if *minCycle < 0 || *minCycle > 10*time.Second {
-		return bad("--min-cycle-interval must be 0 (none) to 10s, not %s", *minCycle)
+	if *minCycle < 0 || *minCycle > jobs.MaxMinCycleInterval {
+		return bad("--min-cycle-interval must be 0 (none) to %s, not %s", jobs.MaxMinCycleInterval, *minCycle)
 	}
 	if *agentConns < 0 || *agentConns > 1000 {
 		return bad("--agent-conns must be 0..1000, not %d", *agentConns)
@@ -189,10 +190,11 @@ func cmdLoadtest(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	var rep *loadtest.Report
 	if selfHosted {
+		o := procOptions{agentConns: *agentConns, minCycle: *minCycle, agentNice: *agentNice, admission: adm}
 		if *processes {
-			rep, err = loadtestProcesses(ctx, *dbURL, *keepDB, procOptions{agentConns: *agentConns, minCycle: *minCycle, agentNice: *agentNice, admission: adm}, cfg, logger, stderr)
+			rep, err = loadtestProcesses(ctx, *dbURL, *keepDB, o, cfg, logger, stderr)
 		} else {
-			rep, err = loadtestSelfHosted(ctx, *dbURL, *keepDB, *agentConns, *minCycle, adm, cfg, logger, stderr)
+			rep, err = loadtestSelfHosted(ctx, *dbURL, *keepDB, o, cfg, logger, stderr)
 		}
 	} else {
 		if *dbURL != "" {
@@ -232,7 +234,7 @@ func cmdLoadtest(args []string, stdout, stderr io.Writer) int {
 // `allot server` + `allot worker` would, on one pool), seeds the demo
 // organisation with its queued jobs cancelled (the run's own load is all
 // there is), makes the admin an API token and runs cfg against it.
-func loadtestSelfHosted(ctx context.Context, adminURL string, keep bool, agentConns int, minCycle time.Duration, admission apf.Config, cfg loadtest.Config, logger *slog.Logger, stderr io.Writer) (*loadtest.Report, error) {
+func loadtestSelfHosted(ctx context.Context, adminURL string, keep bool, o procOptions, cfg loadtest.Config, logger *slog.Logger, stderr io.Writer) (*loadtest.Report, error) {
 	dbURL, drop, err := loadtestDatabase(ctx, adminURL, keep, stderr)
 	if err != nil {
 		return nil, err
@@ -244,7 +246,7 @@ func loadtestSelfHosted(ctx context.Context, adminURL string, keep bool, agentCo
 	}
 	defer os.RemoveAll(checkpoints)
 	m := &Main{Config: Config{DatabaseURL: dbURL, Addr: "127.0.0.1:0", Worker: true, Migrate: true, Logger: logger,
-		HeartbeatInterval: cfg.Heartbeat, CheckpointRoot: checkpoints, HTTP: HTTPLimits{AgentConns: agentConns}, Admission: admission, MinCycleInterval: minCycle}}
+		HeartbeatInterval: cfg.Heartbeat, CheckpointRoot: checkpoints, HTTP: HTTPLimits{AgentConns: o.agentConns}, Admission: o.admission, MinCycleInterval: o.minCycle}}
 	if err := m.Run(ctx); err != nil {
 		m.Close() //nolint:errcheck
 		return nil, err

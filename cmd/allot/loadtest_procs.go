@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/allotlabs/allot/internal/apf"
+	"github.com/allotlabs/allot/internal/devdb"
 	"github.com/allotlabs/allot/internal/loadtest"
 	"github.com/allotlabs/allot/internal/store"
 	"github.com/allotlabs/allot/web"
@@ -34,7 +35,8 @@ func defaultLoadtestChild(args ...string) (*exec.Cmd, error) {
 	return exec.Command(exe, args...), nil
 }
 
-// procOptions are what `allot loadtest --processes` gives its processes.
+// procOptions are what `allot loadtest` gives the server and worker it
+// boots (in its own process, or as processes with --processes).
 type procOptions struct {
 	agentConns int
 	minCycle   time.Duration
@@ -81,12 +83,9 @@ func loadtestProcesses(ctx context.Context, adminURL string, keep bool, o procOp
 			return nil, err
 		}
 	}
-	a := o.admission
-	common := []string{"--database-url", dbURL, "--log-level", "error",
-		"--api-rate", "0", "--ip-rate", "0", "--agent-rate", "0", // one token and one address load it all
-		"--api-max-inflight", strconv.Itoa(a.Write.MaxInFlight), "--api-read-max-inflight", strconv.Itoa(a.Read.MaxInFlight),
-		"--agent-max-inflight", strconv.Itoa(a.Agent.MaxInFlight), "--api-queue", strconv.Itoa(a.Write.QueueLength),
-		"--agent-queue", strconv.Itoa(a.Agent.QueueLength), "--api-queue-wait", a.Write.QueueWait.String()}
+	common := append([]string{"--database-url", dbURL, "--log-level", "error",
+		"--api-rate", "0", "--ip-rate", "0", "--agent-rate", "0"}, // one token and one address load it all
+		admissionArgs(o.admission)...)
 	if o.agentConns > 0 {
 		common = append(common, "--agent-db-conns", strconv.Itoa(o.agentConns))
 	}
@@ -101,10 +100,14 @@ func loadtestProcesses(ctx context.Context, adminURL string, keep bool, o procOp
 		{"worker", []string{"worker", "--database-url", dbURL, "--log-level", "error", "--metrics-addr", addrs[2], "--min-cycle-interval", o.minCycle.String()},
 			0, "http://" + addrs[2] + "/metrics"},
 	}
-	var running []*exec.Cmd
+	var running []*child
 	defer func() {
+		// SIGTERM to all first, then wait for each: they stop together.
 		for _, c := range running {
-			stopChild(c, logger)
+			_ = c.cmd.Process.Signal(syscall.SIGTERM)
+		}
+		for _, c := range running {
+			c.stop(logger)
 		}
 	}()
 	for _, p := range procs {
@@ -131,10 +134,11 @@ func loadtestProcesses(ctx context.Context, adminURL string, keep bool, o procOp
 		if err != nil {
 			return nil, fmt.Errorf("starting allot %s: %w", p.args[0], err)
 		}
-		running = append(running, cmd)
-		if err := waitAnswers(ctx, p.url, 60*time.Second); err != nil {
-			b, _ := os.ReadFile(logPath)
-			return nil, fmt.Errorf("allot %s (%s): %w\n%s", p.args[0], p.name, err, tail(b, 2000))
+		c := &child{cmd: cmd, exited: make(chan error, 1)}
+		go func() { c.exited <- cmd.Wait() }()
+		running = append(running, c)
+		if err := c.waitAnswers(ctx, p.url, 60*time.Second); err != nil {
+			return nil, fmt.Errorf("allot %s (%s): %w\n%s", p.args[0], p.name, err, devdb.LogTail(logPath, 30))
 		}
 	}
 	cfg.URL, cfg.AgentURL = "http://"+addrs[0], "http://"+addrs[1]
@@ -155,50 +159,55 @@ func freeLoopbackAddr() (string, error) {
 	return l.Addr().String(), nil
 }
 
-// waitAnswers waits until url answers 200, at most d.
-func waitAnswers(ctx context.Context, url string, d time.Duration) error {
+// child is one of the processes, with its end.
+type child struct {
+	cmd    *exec.Cmd
+	exited chan error // its Wait's result, once it has ended
+}
+
+// waitAnswers waits until url answers 200, at most d; a process that
+// ends meanwhile fails it at once.
+func (c *child) waitAnswers(ctx context.Context, url string, d time.Duration) error {
 	deadline := time.Now().Add(d) // deadline
 	var last error
 	for time.Now().Before(deadline) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		req, err := http.NewRequestWithContext(tctx, http.MethodGet, url, nil)
 		if err != nil {
+			cancel()
 			return err
 		}
 		resp, err := http.DefaultClient.Do(req)
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
+				cancel()
 				return nil
 			}
 			err = errors.New(resp.Status)
 		}
+		cancel()
 		last = err
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case err := <-c.exited:
+			c.exited <- err // for stop
+			return fmt.Errorf("it ended before it answered: %v", err)
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
 	return fmt.Errorf("%s did not answer within %v: %v", url, d, last)
 }
 
-// stopChild ends one of the processes: SIGTERM, then SIGKILL after 20 s.
-func stopChild(c *exec.Cmd, logger *slog.Logger) {
-	_ = c.Process.Signal(syscall.SIGTERM)
-	done := make(chan error, 1)
-	go func() { done <- c.Wait() }()
+// stop waits for the process to end after its SIGTERM; after 20 s it is
+// killed.
+func (c *child) stop(logger *slog.Logger) {
 	select {
-	case <-done:
+	case <-c.exited:
 	case <-time.After(20 * time.Second):
-		logger.Warn("a process did not stop on SIGTERM; killing it", "pid", c.Process.Pid)
-		_ = c.Process.Kill()
-		<-done
+		logger.Warn("a process did not stop on SIGTERM; killing it", "pid", c.cmd.Process.Pid)
+		_ = c.cmd.Process.Kill()
+		<-c.exited
 	}
-}
-
-func tail(b []byte, n int) string {
-	if len(b) > n {
-		b = b[len(b)-n:]
-	}
-	return string(b)
 }

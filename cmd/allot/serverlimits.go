@@ -48,6 +48,14 @@ func limitFlags(fs *flag.FlagSet) func(*Config) error {
 // and user reads) to fs, with
 // d's values as defaults; the function it returns checks them. `allot
 // server` and `allot loadtest`'s booted server share them.
+// admissionArgs are the flags of admissionFlags that give a server a (a
+// child process `allot loadtest --processes` starts).
+func admissionArgs(a apf.Config) []string {
+	return []string{"--api-max-inflight", strconv.Itoa(a.Write.MaxInFlight), "--api-read-max-inflight", strconv.Itoa(a.Read.MaxInFlight),
+		"--agent-max-inflight", strconv.Itoa(a.Agent.MaxInFlight), "--api-queue", strconv.Itoa(a.Write.QueueLength),
+		"--agent-queue", strconv.Itoa(a.Agent.QueueLength), "--api-queue-wait", a.Write.QueueWait.String()}
+}
+
 func admissionFlags(fs *flag.FlagSet, d apf.Config) func() (apf.Config, error) {
 	a := d
 	fs.IntVar(&a.Write.MaxInFlight, "api-max-inflight", d.Write.MaxInFlight,

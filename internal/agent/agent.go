@@ -195,7 +195,9 @@ type Agent struct {
 
 	sess    session
 	hbEvery atomic.Int64 // heartbeat interval in ns
-	// noBatch: the server takes no batched takes (it predates them).
+	// noBatch: the server takes no batched takes or start reports (it
+	// predates them); learnt at the first 404, forgotten at each
+	// registration (the server may have been upgraded meanwhile).
 	noBatch  atomic.Bool
 	out      *outbox
 	jobsDone sync.WaitGroup
@@ -424,6 +426,7 @@ func (a *Agent) register(ctx context.Context, first bool) error {
 		}
 		reg, err := a.client.Register(ctx, inv)
 		if err == nil {
+			a.noBatch.Store(false)
 			if reg.HeartbeatInterval > 0 {
 				a.hbEvery.Store(int64(reg.HeartbeatInterval))
 			}

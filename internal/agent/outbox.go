@@ -23,9 +23,6 @@ type outbox struct {
 	items  []*report
 	notify chan struct{}
 	empty  chan struct{} // closed and replaced when the queue drains
-	// noBatch: the server takes no batched start reports (it predates
-	// them); each goes alone.
-	noBatch bool
 }
 
 type report struct {
@@ -204,8 +201,8 @@ func (o *outbox) run(ctx context.Context) {
 			if errors.Is(err, agentproto.ErrNoBatch) {
 				// An older server: one by one from now on, at once.
 				o.a.log.Info("the server takes no batched reports; reporting starts one by one", "err", err)
+				o.a.noBatch.Store(true)
 				o.mu.Lock()
-				o.noBatch = true
 				for _, g := range group {
 					g.sending = false
 				}
@@ -302,7 +299,7 @@ func (o *outbox) next() []*report {
 		return nil
 	}
 	group := o.items[:1:1]
-	if o.items[0].started != nil && !o.noBatch {
+	if o.items[0].started != nil && !o.a.noBatch.Load() {
 		for _, r := range o.items[1:] {
 			if r.started == nil || len(group) == agentproto.MaxBatch {
 				break

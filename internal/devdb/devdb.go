@@ -741,7 +741,7 @@ func startServer(ctx context.Context, bin *binDir, who *runAs, dataDir, logFile 
 	cmd := who.command(ctx, dataDir, bin.pgCtl(),
 		"-D", dataDir, "-o", opts, "-l", logFile, "-w", "-t", strconv.Itoa(int(startTimeout/time.Second)), "start")
 	if err := run(cmd); err != nil {
-		return fmt.Errorf("devdb: start PostgreSQL: %w\n%s", err, logTail(logFile, 20))
+		return fmt.Errorf("devdb: start PostgreSQL: %w\n%s", err, LogTail(logFile, 20))
 	}
 	return nil
 }
@@ -779,8 +779,8 @@ func waitReadyFor(ctx context.Context, connURL string, d time.Duration) error {
 	}
 }
 
-// logTail returns the last n lines of file, for error messages.
-func logTail(file string, n int) string {
+// LogTail returns the last n lines of file, for error messages.
+func LogTail(file string, n int) string {
 	b, err := os.ReadFile(file)
 	if err != nil {
 		return ""

@@ -69,7 +69,8 @@ type Config struct {
 	DecayPeriod time.Duration
 	// MinCycleInterval is the least time between the starts of two of
 	// this worker's cycles (ScheduleWorker.MinInterval; 0: none, cycles
-	// run back to back while requests keep coming).
+	// run back to back while requests keep coming), at most
+	// MaxMinCycleInterval.
 	MinCycleInterval time.Duration
 	// CycleTick is how often the worker looks whether the policy's Cycle
 	// (the scheduling period, which admins edit) has passed since the last
@@ -163,6 +164,10 @@ func (w *LostNodesWorker) Work(ctx context.Context, _ *river.Job[LostNodesArgs])
 	}
 	return nil
 }
+
+// MaxMinCycleInterval bounds Config.MinCycleInterval (the flags refuse
+// more): a start waits at most this much longer.
+const MaxMinCycleInterval = 10 * time.Second
 
 // Inserter is the part of a River client that inserts jobs.
 type Inserter interface {

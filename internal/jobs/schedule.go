@@ -770,8 +770,9 @@ func (w *ScheduleWorker) Work(ctx context.Context, job *river.Job[ScheduleArgs])
 			w.Scheduler.Logger.Warn("policy changed, but its follow-up work was not queued; it runs at its next period", "err", err)
 		}
 		if res.Deferred > 0 && res.Started > 0 {
-			// More starts are ready: the next cycle runs at once, and does
-			// not count against the requests' bound below.
+			// More starts are ready: the next cycle runs at once (once
+			// MinInterval has passed, when set), and does not count
+			// against the requests' bound below.
 			tries--
 			continue
 		}

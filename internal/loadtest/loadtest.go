@@ -15,6 +15,7 @@ package loadtest
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -47,8 +48,9 @@ type Config struct {
 	// ran (scheduling_cycles). Without them only Submitters can run.
 	DB    *pgxpool.Pool
 	Store *store.Store
-	// Gather, when set, is the worker's metric registry (self-hosted
-	// runs): per-phase cycle histograms found there are reported.
+	// Gather, when set, reads the server's and worker's metrics (a booted
+	// server's registry, or Scrapes of running processes): the window's
+	// cycle phases, admission refusals and server-side times come from it.
 	Gather prometheus.Gatherer
 
 	Duration time.Duration
@@ -96,7 +98,7 @@ func (c *Config) Validate() error {
 		add("--url must start with http:// or https://, not %q", c.URL)
 	}
 	if c.AgentURL != "" && !strings.HasPrefix(c.AgentURL, "http://") && !strings.HasPrefix(c.AgentURL, "https://") {
-		add("--agent-url must start with http:// or https://, not %q", c.AgentURL)
+		add("the agents' server URL must start with http:// or https://, not %q", c.AgentURL)
 	}
 	if c.Duration <= 0 {
 		add("--duration must be positive, not %v", c.Duration)
@@ -440,6 +442,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		rep.Ops = append(rep.Ops, o)
 	}
 	after := r.readMetrics()
+	if err := cmp.Or(before.err, after.err); err != nil {
+		// A failed reading would pass totals since the start for the window's.
+		rep.Notes = append(rep.Notes, "the metrics were not read before and after the window, so no server-side times, refusals or cycle phases: "+err.Error())
+		before, after = metricsReading{}, metricsReading{}
+	}
 	rep.Refused = refusalsIn(before.refused, after.refused)
 	rep.Server = serverOpsIn(before.served, after.served)
 	if cfg.DB != nil {
@@ -684,6 +691,7 @@ type metricsReading struct {
 	phases  phaseSums
 	refused map[string]float64
 	served  map[string]serverHist
+	err     error // the reading failed: it says nothing
 }
 
 // readMetrics gathers the registry once (nothing without one).
@@ -693,7 +701,7 @@ func (r *runner) readMetrics() metricsReading {
 	}
 	fams, err := r.cfg.Gather.Gather()
 	if err != nil {
-		return metricsReading{}
+		return metricsReading{err: err}
 	}
 	return metricsReading{phases: phasesOf(fams), refused: refusalsOf(fams), served: serverTimesOf(fams)}
 }

@@ -19,7 +19,6 @@ import (
 // server's time per route, admission refusals, the worker's cycle phases.
 type Scrape struct {
 	URL, Token string
-	Client     *http.Client
 }
 
 // Gather fetches and parses the exposition.
@@ -34,11 +33,7 @@ func (s Scrape) Gather() ([]*dto.MetricFamily, error) {
 	if s.Token != "" {
 		req.Header.Set("Authorization", "Bearer "+s.Token)
 	}
-	c := s.Client
-	if c == nil {
-		c = http.DefaultClient
-	}
-	resp, err := c.Do(req)
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("scraping %s: %w", s.URL, err)
 	}

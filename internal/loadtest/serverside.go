@@ -66,6 +66,14 @@ func serverTimesOf(fams []*dto.MetricFamily) map[string]serverHist {
 			if level != "" {
 				key = admissionKey + level
 			}
+			if prev, ok := out[key]; ok && len(prev.counts) == len(sh.counts) {
+				// Another process's series of the same route or level
+				// (two servers of one role): the same buckets, summed.
+				for i := range sh.counts {
+					sh.counts[i] += prev.counts[i]
+				}
+				sh.total += prev.total
+			}
 			out[key] = sh
 		}
 	}

@@ -79,7 +79,7 @@ func (st *state) priority(pj *pjob) Priority {
 	}
 	if p.Order == OrderResponse {
 		pr.Total = st.responseRatio(pj) * max(2*pr.FairShare, 1.0/32)
-		if p.TeamWaitBoost && pj.team >= 0 && (pj.class == Tier3 || pj.class == Tier4) {
+		if p.TeamWaitBoost && pj.team >= 0 && pj.class.Research() {
 			if b := st.teams[pj.team].boost; b > 1 {
 				pr.Total *= b
 			}

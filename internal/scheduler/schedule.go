@@ -88,7 +88,7 @@ func (st *state) preparePendingAll() {
 			}
 		}
 		st.preparePending(pj, owner)
-		if waitBoost && ti >= 0 && !pj.never && (pj.class == Tier3 || pj.class == Tier4) {
+		if waitBoost && ti >= 0 && !pj.never && pj.class.Research() {
 			st.teams[ti].waitSum += float64(-pj.submit)
 			st.teams[ti].waitN++
 		}
@@ -252,7 +252,7 @@ func (st *state) runAllot() {
 		}
 		var keys []fifoKey
 		for _, pj := range st.order {
-			if pj.never || pj.inflight || pj.class < Tier3 || pj.class > Tier4 || -pj.submit < int64(st.p.StarvationWait) {
+			if pj.never || pj.inflight || !pj.class.Research() || -pj.submit < int64(st.p.StarvationWait) {
 				continue
 			}
 			keys = append(keys, fifoKey{pj.submit, pj.j.ID, pj})

@@ -278,7 +278,7 @@ func effClass(j *Job, t *Team) Tier {
 	if j.Preemptible {
 		return TierPreemptible
 	}
-	if t != nil && t.OverBudget && (c == Tier3 || c == Tier4) {
+	if t != nil && t.OverBudget && c.Research() {
 		return TierPreemptible
 	}
 	return c

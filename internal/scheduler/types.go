@@ -164,6 +164,9 @@ const (
 // on-premise nodes, never a preemption victim, never demoted.
 func (t Tier) Production() bool { return t == Tier1 || t == Tier2 }
 
+// Research reports whether t is a research tier (3 or 4).
+func (t Tier) Research() bool { return t == Tier3 || t == Tier4 }
+
 // NodeState mirrors the node states of the domain.
 type NodeState string
 

@@ -863,8 +863,9 @@ func (s *Store) finishSegment(ctx context.Context, r LeaseRef) (bool, error) {
 		// bound? (Loaded only now: most ends are no such requeue.)
 		if err := s.db.QueryRow(ctx, `
 			SELECT (SELECT count(DISTINCT segment) FROM leases WHERE job_id = $1 AND segment < $2
-					AND exit_reason IN ('node_lost', 'agent_restarted', 'agent_shutdown')),
-				(SELECT max_loss_requeues FROM policy_versions ORDER BY version DESC LIMIT 1)`, r.JobID, r.Segment).
+					AND exit_reason = ANY($3)),
+				(SELECT max_loss_requeues FROM policy_versions ORDER BY version DESC LIMIT 1)`, r.JobID, r.Segment,
+			[]string{string(allot.ReasonNodeLost), string(allot.ReasonAgentRestarted), string(allot.ReasonAgentShutdown)}).
 			Scan(&seg.LossRequeues, &seg.MaxLossRequeues); err != nil {
 			return false, mapErr("settling job", err)
 		}

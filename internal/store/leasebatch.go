@@ -3,12 +3,10 @@ package store
 import (
 	"cmp"
 	"context"
-	"errors"
 	"slices"
 
 	"github.com/allotlabs/allot/internal/allot"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // startOrdersSQL marks node's taken leases whose whole gang is taken as
@@ -19,10 +17,6 @@ const startOrdersSQL = `
 	WHERE l.node = $1 AND l.state = 'taken' AND l.start_sent_at IS NULL AND l.stop_requested_at IS NULL
 		AND NOT EXISTS (SELECT 1 FROM leases o WHERE o.job_id = l.job_id AND o.segment = l.segment AND o.state = 'offered')
 	RETURNING l.job_id, l.segment`
-
-// MaxLeaseBatch is the most leases one batched take or start report may
-// name: a node holds at most one lease per job segment and GPU.
-const MaxLeaseBatch = 64
 
 // TakeLeases takes several of node's leases in one transaction, as
 // TakeLease does each (idempotent; an ended lease or one the node does not
@@ -41,7 +35,6 @@ func (s *Store) TakeLeases(ctx context.Context, node string, refs []LeaseRef) ([
 	results := make([]error, len(refs))
 	var starts []LeaseRef
 	err := s.InTx(ctx, func(tx *Store) error {
-		clear(results)
 		ids := make([]int64, len(refs))
 		for i, r := range refs {
 			ids[i] = r.JobID
@@ -96,7 +89,6 @@ func (s *Store) LeasesStarted(ctx context.Context, node string, starts []StartRe
 		refs[i] = st.LeaseRef
 	}
 	err := s.InTx(ctx, func(tx *Store) error {
-		clear(results)
 		if _, err := tx.db.Exec(ctx, `SET LOCAL synchronous_commit = off`); err != nil {
 			return mapErr("recording starts", err)
 		}
@@ -128,13 +120,11 @@ func leaseOrder(refs []LeaseRef) []int {
 
 // isRefusal reports whether err refuses one lease of a batch (the node
 // does not hold it, or its state forbids the report) without failing the
-// transaction: a database error (even one mapped to a conflict) aborts it,
-// and with it the whole batch.
+// transaction. Those refusals are the state checks' own *allot.Error,
+// returned as they are; a database error, even one mapErr turns into a
+// conflict (wrapped, with its action), aborts the transaction and with it
+// the whole batch.
 func isRefusal(err error) bool {
-	var pe *pgconn.PgError
-	if errors.As(err, &pe) {
-		return false
-	}
-	code := allot.ErrorCode(err)
-	return code == allot.ENotFound || code == allot.EConflict
+	e, ok := err.(*allot.Error)
+	return ok && (e.Code == allot.ENotFound || e.Code == allot.EConflict)
 }

@@ -140,22 +140,18 @@ func splitSealed(stored string) (keyID, b64 string, ok bool) {
 	return strings.Cut(rest, ":")
 }
 
-// Open decrypts stored, the variable name's value as stored (k may be
-// nil: no keys); a value stored in clear is returned as it is.
-func (k *SecretKeys) Open(name, stored string) (string, error) { return openSecret(k, name, stored) }
-
-// openSecret decrypts stored, the variable name's value as stored, with
-// keys (nil: none configured). A value stored before encryption was
-// configured is returned as it is.
-func openSecret(keys *SecretKeys, name, stored string) (string, error) {
+// Open decrypts stored, the variable name's value as stored, with k's
+// keys (k nil: none configured). A value stored in clear (before encryption was
+// configured) is returned as it is.
+func (k *SecretKeys) Open(name, stored string) (string, error) {
 	id, b64, ok := splitSealed(stored)
 	if !ok {
 		return stored, nil
 	}
-	if keys == nil {
+	if k == nil {
 		return "", fmt.Errorf("secret %s is encrypted (key %s), and this process has no --secret-key-file", name, id)
 	}
-	aead := keys.aead[id]
+	aead := k.aead[id]
 	if aead == nil {
 		return "", fmt.Errorf("secret %s is encrypted with key %s, which is not in the secret key file", name, id)
 	}
@@ -185,7 +181,7 @@ func sealSecrets(keys *SecretKeys, env map[string]string) map[string]string {
 // openSecrets decrypts every value of env in place.
 func openSecrets(keys *SecretKeys, env map[string]string) error {
 	for name, v := range env {
-		pt, err := openSecret(keys, name, v)
+		pt, err := keys.Open(name, v)
 		if err != nil {
 			return err
 		}
