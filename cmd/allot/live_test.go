@@ -313,6 +313,14 @@ func TestLivePreemption(t *testing.T) {
 		b, _ := os.ReadFile(filepath.Join(dir, "runs"))
 		return strings.Contains(string(b), "run 1")
 	})
+	// And its start reached the server: on a loaded machine the report
+	// can arrive after a preemption that came quickly, and the lease's
+	// start then postdates the checkpoint its process wrote.
+	l.eventually(10*time.Second, "victim's start reported", func() bool {
+		var started *time.Time
+		l.m.Pool.QueryRow(context.Background(), `SELECT started_at FROM leases WHERE job_id = $1 AND segment = 1`, victim.ID).Scan(&started) //nolint:errcheck
+		return started != nil
+	})
 	urgent := l.submit(demo.Admin, `{"team":"fraud","tier":1,"gpus":8,"gpu_type":"T4","time_limit":"5m","command":`+jsonCmd("sh", "-c", "sleep 1")+`}`)
 	got := l.waitJob(urgent.ID, 30*time.Second, func(j web.JobJSON) bool { return j.State == "completed" }, "completed")
 	v := l.waitJob(victim.ID, 30*time.Second, func(j web.JobJSON) bool { return j.Segment == 2 && j.State == "running" }, "running again")
