@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -137,6 +138,69 @@ func TestCachedLoadMatchesFullLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	cycle("after a policy edit", 10*time.Second)
+
+	// The jobs are kept by row version: a load with no write between reads
+	// no job row whole; one after writes reads exactly the rows written
+	// (a pending and a running job edited), not one whose write rolled
+	// back, and a changed email shows without its jobs' rows.
+	jobRows := func() int {
+		s.cacheMu.Lock()
+		defer s.cacheMu.Unlock()
+		return s.cache.JobRows
+	}
+	idOf := func(state string, offset int) int64 {
+		t.Helper()
+		var id int64
+		if err := pool.QueryRow(ctx, `SELECT id FROM jobs WHERE state = $1 AND backend = 'native' ORDER BY id LIMIT 1 OFFSET $2`, state, offset).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	loadOnly := func() store.SchedState {
+		t.Helper()
+		var x store.SchedState
+		if err := st.InTx(ctx, func(tx *store.Store) (err error) { x, err = s.load(ctx, tx); return err }); err != nil {
+			t.Fatal(err)
+		}
+		return x
+	}
+	submit("cache-edited", "nlp", allot.Tier4, 1)
+	submit("cache-rolled-back", "fraud", allot.Tier4, 1)
+	loadOnly()
+	n = jobRows()
+	loadOnly()
+	if got := jobRows() - n; got != 0 {
+		t.Errorf("a load with nothing written read %d job rows whole, want 0", got)
+	}
+	pendingEdited, runningEdited, rolledBack := idOf("pending", 0), idOf("running", 0), idOf("pending", 1)
+	exec(`UPDATE jobs SET gpus = gpus + 1, name = 'edited' WHERE id = $1`, pendingEdited)
+	exec(`UPDATE jobs SET time_limit_s = time_limit_s + 60 WHERE id = $1`, runningEdited)
+	exec(`UPDATE users SET email = 'renamed-' || email WHERE id = (SELECT user_id FROM jobs WHERE id = $1)`, rolledBack)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE jobs SET gpus = 7 WHERE id = $1`, rolledBack); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	n = jobRows()
+	check("after a pending and a running job were edited and an email changed")
+	if got := jobRows() - n; got != 2 {
+		t.Errorf("the load after two jobs were edited read %d job rows whole, want 2", got)
+	}
+	x := loadOnly()
+	for _, j := range x.Pending {
+		if j.ID == pendingEdited && j.Name != "edited" {
+			t.Errorf("edited pending job %d loaded as %q", j.ID, j.Name)
+		}
+		if j.ID == rolledBack && !strings.HasPrefix(j.User, "renamed-") {
+			t.Errorf("job %d loaded with its user's old email %q", j.ID, j.User)
+		}
+	}
+	cycle("after the edits", 10*time.Second)
 
 	// A budget that the running jobs' seconds cross between two quiet
 	// cycles: the carried sums must see it as a fresh sum does.

@@ -92,7 +92,8 @@ func (s *Store) LoadSchedState(ctx context.Context) (SchedState, error) {
 // SchedCache is what a scheduler keeps between its cycles so that a cycle
 // does not re-read what cannot have changed (LoadSchedStateCached): the
 // open allocations and this month's usage of every team, kept with the
-// allocations epoch they were read at. The zero value is empty. A cache
+// allocations epoch they were read at, and the pending and running jobs,
+// kept with their rows' versions. The zero value is empty. A cache
 // serves one database, and one load at a time.
 type SchedCache struct {
 	// epoch is the allocations epoch of what is kept; settled says that
@@ -104,10 +105,13 @@ type SchedCache struct {
 	allocOK bool
 	// pending and running are how many jobs the last load read.
 	pending, running int
+	// pendingRows and runningRows are the jobs as read, by row version
+	// (jobsForCycle).
+	pendingRows, runningRows jobCache
 	// MonthSums and AllocReads count the loads that summed this month's
 	// usage, and read the open allocations, from the database (the others
-	// carried the kept ones on).
-	MonthSums, AllocReads int
+	// carried the kept ones on); JobRows counts the job rows read whole.
+	MonthSums, AllocReads, JobRows int
 }
 
 // settle reads the allocations epoch. When it moved since c's, what c
@@ -252,15 +256,20 @@ func (s *Store) LoadSchedStateCached(ctx context.Context, c *SchedCache) (SchedS
 	if c != nil {
 		hint = *c
 	}
-	if st.Pending, err = s.jobsForCycle(ctx, allot.JobPending, hint.pending+hint.pending/16); err != nil {
+	var pendingRows, runningRows *jobCache
+	if c != nil {
+		pendingRows, runningRows = &c.pendingRows, &c.runningRows
+	}
+	if st.Pending, err = s.jobsForCycle(ctx, allot.JobPending, hint.pending+hint.pending/16, pendingRows); err != nil {
 		return st, err
 	}
-	running, err := s.jobsForCycle(ctx, allot.JobRunning, hint.running+hint.running/16)
+	running, err := s.jobsForCycle(ctx, allot.JobRunning, hint.running+hint.running/16, runningRows)
 	if err != nil {
 		return st, err
 	}
 	if c != nil {
 		c.pending, c.running = len(st.Pending), len(running)
+		c.JobRows = c.pendingRows.reads + c.runningRows.reads
 	}
 	byID := make(map[int64]int, len(running))
 	st.Running = make([]RunningJob, len(running))
@@ -536,46 +545,174 @@ const pendingToJobRows = true
 // cycle's load phase, and reading them in ListJobs' order (an index scan
 // with a join per row) several times sorting them here. hint is how many
 // there may be.
-func (s *Store) jobsForCycle(ctx context.Context, state allot.JobState, hint int) ([]allot.Job, error) {
+//
+// With a cache (kept by a scheduler between its cycles), only the rows
+// that changed since the last load are read whole: first every job's id
+// and row version (its xmin, the transaction that wrote the visible
+// version: any write to the row, committed since, gives it another), then
+// the rows whose version the cache does not hold. The users' emails are
+// read apart (a small table), so a changed email shows at once. A job
+// that left the state between the two reads is left out (the next cycle
+// sees it as it is then); one that entered it is seen by the next cycle,
+// as a full read just after this one would.
+func (s *Store) jobsForCycle(ctx context.Context, state allot.JobState, hint int, c *jobCache) ([]allot.Job, error) {
+	const where = `j.state = $1 AND j.backend = 'native'`
+	if c == nil || c.rows == nil || c.loads >= jobCacheFullEvery {
+		jobs, vers, err := s.readJobRows(ctx, where, hint, string(state))
+		if err != nil {
+			return nil, err
+		}
+		out := make([]*allot.Job, len(jobs))
+		for i := range jobs {
+			out[i] = &jobs[i]
+		}
+		if c != nil {
+			c.rows = make(map[int64]*cachedJob, len(jobs))
+			for i := range jobs {
+				c.rows[jobs[i].ID] = &cachedJob{ver: vers[i], job: jobs[i]}
+			}
+			c.loads, c.reads = 1, c.reads+len(jobs)
+		}
+		return sortForCycle(out), nil
+	}
+	c.loads++
+	c.gen++
 	what := "listing " + string(state) + " jobs"
-	rows, err := s.db.Query(ctx, `
-		SELECT j.id, j.name, j.team, j.user_id, u.email, j.tier, j.gpus, coalesce(j.gpu_type, ''), coalesce(j.gpus_per_node, 0),
-			j.time_limit_s, j.checkpointable, j.preemptible, j.demoted, j.submitted_at, j.priority, j.run_as, j.segment
-		FROM jobs j JOIN users u ON u.id = j.user_id
-		WHERE j.state = $1 AND j.backend = 'native'`, string(state))
+	rows, err := s.db.Query(ctx, `SELECT j.id, j.xmin FROM jobs j WHERE `+where, string(state))
 	if err != nil {
 		return nil, mapErr(what, err)
 	}
-	// Read into a slice as large as the last load's (a job is 552 bytes:
-	// growing and sorting a slice of 50,000 by value moved and cleared
-	// tens of megabytes), sorted by key, then laid out once in order.
-	read, err := pgx.AppendRows(make([]allot.Job, 0, hint), rows, func(r pgx.CollectableRow) (allot.Job, error) {
-		j := allot.Job{State: state, Backend: allot.BackendNative}
-		var tier, runAs string
-		var limit int64
-		err := r.Scan(&j.ID, &j.Name, &j.Team, &j.UserID, &j.User, &tier, &j.GPUs, &j.GPUType, &j.GPUsPerNode,
-			&limit, &j.Checkpointable, &j.Preemptible, &j.Demoted, &j.SubmittedAt, &j.Priority, &runAs, &j.Segment)
-		j.Tier, j.RunAs, j.TimeLimit = allot.TierID(tier), allot.TierID(runAs), time.Duration(limit)*time.Second
-		return j, err
+	type idVer struct {
+		id  int64
+		ver uint32
+	}
+	list, err := pgx.AppendRows(make([]idVer, 0, hint), rows, func(r pgx.CollectableRow) (idVer, error) {
+		var v idVer
+		return v, r.Scan(&v.id, &v.ver)
 	})
 	if err != nil {
 		return nil, mapErr(what, err)
 	}
-	type sortKey struct {
-		at time.Time
-		id int64
-		i  int
+	var stale []int64
+	for _, v := range list {
+		if k, ok := c.rows[v.id]; !ok || k.ver != v.ver {
+			stale = append(stale, v.id)
+		}
 	}
-	keys := make([]sortKey, len(read))
-	for i := range read {
-		keys[i] = sortKey{read[i].SubmittedAt, read[i].ID, i}
+	if len(stale) > 0 {
+		read, vers, err := s.readJobRows(ctx, `j.id = ANY($2) AND `+where, len(stale), string(state), stale)
+		if err != nil {
+			return nil, err
+		}
+		for i := range read {
+			c.rows[read[i].ID] = &cachedJob{ver: vers[i], job: read[i], gen: c.gen}
+		}
+		c.reads += len(read)
 	}
-	slices.SortFunc(keys, func(a, b sortKey) int { return cmp.Or(b.at.Compare(a.at), cmp.Compare(b.id, a.id)) })
-	jobs := make([]allot.Job, len(read))
-	for i, k := range keys {
-		jobs[i] = read[k.i]
+	emails, err := s.userEmails(ctx)
+	if err != nil {
+		return nil, err
 	}
-	return jobs, nil
+	out := make([]*allot.Job, 0, len(list))
+	for _, v := range list {
+		k, ok := c.rows[v.id]
+		// A row read again is as fresh as that read (its version may be
+		// newer still); one that was not found there left the state.
+		if !ok || k.ver != v.ver && k.gen != c.gen {
+			continue
+		}
+		k.gen = c.gen
+		k.job.User = emails[k.job.UserID]
+		out = append(out, &k.job)
+	}
+	for id, k := range c.rows {
+		if k.gen != c.gen {
+			delete(c.rows, id)
+		}
+	}
+	return sortForCycle(out), nil
+}
+
+// jobCache is what jobsForCycle keeps of one state's jobs between loads:
+// each job as read, with the version of its row it was read from.
+type jobCache struct {
+	rows  map[int64]*cachedJob
+	gen   uint64 // the current load's number
+	loads int    // loads since the last full read
+	reads int    // rows read whole, all loads together
+}
+
+// cachedJob is a job as jobsForCycle read it, from the row version ver
+// (the row's xmin), listed by load gen last.
+type cachedJob struct {
+	ver uint32
+	gen uint64
+	job allot.Job
+}
+
+// jobCacheFullEvery is how many loads a jobCache serves before a full read
+// replaces it: a row version is a 32-bit transaction id, which comes round
+// again after four billion transactions; a full read now and then bounds
+// what a version seen again by chance could hide.
+const jobCacheFullEvery = 500
+
+// readJobRows reads the native jobs jobsForCycle lists that match where
+// (over j, with args), in no order, with their row versions.
+func (s *Store) readJobRows(ctx context.Context, where string, hint int, args ...any) ([]allot.Job, []uint32, error) {
+	what := "listing jobs for the scheduling cycle"
+	rows, err := s.db.Query(ctx, `
+		SELECT j.id, j.name, j.team, j.user_id, u.email, j.tier, j.gpus, coalesce(j.gpu_type, ''), coalesce(j.gpus_per_node, 0),
+			j.time_limit_s, j.checkpointable, j.preemptible, j.demoted, j.submitted_at, j.priority, j.run_as, j.segment, j.state, j.xmin
+		FROM jobs j JOIN users u ON u.id = j.user_id
+		WHERE `+where, args...)
+	if err != nil {
+		return nil, nil, mapErr(what, err)
+	}
+	// Read into a slice as large as the last load's (a job is 552 bytes:
+	// growing and sorting a slice of 50,000 by value moved and cleared
+	// tens of megabytes).
+	vers := make([]uint32, 0, hint)
+	jobs, err := pgx.AppendRows(make([]allot.Job, 0, hint), rows, func(r pgx.CollectableRow) (allot.Job, error) {
+		j := allot.Job{Backend: allot.BackendNative}
+		var tier, runAs, state string
+		var limit int64
+		var ver uint32
+		err := r.Scan(&j.ID, &j.Name, &j.Team, &j.UserID, &j.User, &tier, &j.GPUs, &j.GPUType, &j.GPUsPerNode,
+			&limit, &j.Checkpointable, &j.Preemptible, &j.Demoted, &j.SubmittedAt, &j.Priority, &runAs, &j.Segment, &state, &ver)
+		j.Tier, j.RunAs, j.TimeLimit, j.State = allot.TierID(tier), allot.TierID(runAs), time.Duration(limit)*time.Second, allot.JobState(state)
+		vers = append(vers, ver)
+		return j, err
+	})
+	if err != nil {
+		return nil, nil, mapErr(what, err)
+	}
+	return jobs, vers, nil
+}
+
+// userEmails returns every user's email by id.
+func (s *Store) userEmails(ctx context.Context) (map[int64]string, error) {
+	rows, err := s.db.Query(ctx, `SELECT id, email FROM users`)
+	if err != nil {
+		return nil, mapErr("loading users' emails", err)
+	}
+	out := map[int64]string{}
+	var id int64
+	var email string
+	_, err = pgx.ForEachRow(rows, []any{&id, &email}, func() error { out[id] = email; return nil })
+	return out, mapErr("loading users' emails", err)
+}
+
+// sortForCycle lays jobs out in ListJobs' order (newest submission
+// first), copying each job once.
+func sortForCycle(jobs []*allot.Job) []allot.Job {
+	slices.SortFunc(jobs, func(a, b *allot.Job) int {
+		return cmp.Or(b.SubmittedAt.Compare(a.SubmittedAt), cmp.Compare(b.ID, a.ID))
+	})
+	out := make([]allot.Job, len(jobs))
+	for i, j := range jobs {
+		out[i] = *j
+	}
+	return out
 }
 
 // PendingEnvs returns the env of the jobs ids (a cycle's starts).
