@@ -187,18 +187,20 @@ func (s *Store) nodeLeases(ctx context.Context, node string, reported []LeaseRef
 }
 
 // nodeLeasesSQL is nodeLeases' query: $1 the node, $2 and $3 the jobs and
-// segments reported.
+// segments reported. It gathers the keys first (the open leases, the
+// reported ones, those with open allocations on the node) and reads each
+// lease once: a union of whole lease rows hashed every column.
 const nodeLeasesSQL = `
-		WITH l AS (
-			SELECT * FROM leases WHERE node = $1 AND state <> 'exited'
+		WITH k AS (
+			SELECT job_id, segment FROM leases WHERE node = $1 AND state <> 'exited'
 			UNION
-			SELECT l.* FROM leases l JOIN unnest($2::bigint[], $3::int[]) AS r(j, s) ON l.job_id = r.j AND l.segment = r.s WHERE l.node = $1
+			SELECT j, s FROM unnest($2::bigint[], $3::int[]) AS r(j, s)
 			UNION
-			SELECT l.* FROM leases l JOIN (SELECT DISTINCT job_id, segment FROM allocations WHERE node = $1 AND released_at IS NULL) a
-				ON l.job_id = a.job_id AND l.segment = a.segment WHERE l.node = $1)
-		SELECT job_id, segment, state, stop_requested_at IS NOT NULL,
-			state = 'exited' AND EXISTS (SELECT 1 FROM allocations a WHERE a.node = $1 AND a.job_id = l.job_id AND a.segment = l.segment AND a.released_at IS NULL)
-		FROM l ORDER BY job_id, segment`
+			SELECT job_id, segment FROM allocations WHERE node = $1 AND released_at IS NULL)
+		SELECT l.job_id, l.segment, l.state, l.stop_requested_at IS NOT NULL,
+			l.state = 'exited' AND EXISTS (SELECT 1 FROM allocations a WHERE a.node = $1 AND a.job_id = l.job_id AND a.segment = l.segment AND a.released_at IS NULL)
+		FROM k JOIN leases l ON l.job_id = k.job_id AND l.segment = k.segment AND l.node = $1
+		ORDER BY l.job_id, l.segment`
 
 // collectNodeLeases reads nodeLeasesSQL's rows.
 func collectNodeLeases(rows pgx.Rows, err error) ([]allot.NodeLease, error) {
