@@ -649,20 +649,25 @@ type ScheduleWorker struct {
 
 	mu        sync.Mutex
 	policy    *allot.Policy // the policy of this worker's last cycle
-	lastCycle time.Time     // when this worker's last cycle started (real time)
+	lastCycle time.Time     // when this worker's last cycle started, or is to start (spaceOut reserves it; real time)
 }
 
 // spaceOut waits until MinInterval has passed since this worker's last
-// cycle started, and records the cycle about to start. It is false when
-// ctx ended first.
+// cycle started, and records the cycle about to start. Each caller
+// reserves its start under the lock before it waits (the later of now and
+// the last reserved start plus MinInterval), so two that ask at once (a
+// periodic job and a requested one) start MinInterval apart, not together.
+// It is false when ctx ended first.
 func (w *ScheduleWorker) spaceOut(ctx context.Context) bool {
+	now := time.Now() // real time: a pause, not business time
 	w.mu.Lock()
-	wait := time.Duration(0)
+	start := now
 	if w.MinInterval > 0 && !w.lastCycle.IsZero() {
-		wait = w.MinInterval - time.Since(w.lastCycle) // real time: a pause, not business time
+		start = later(now, w.lastCycle.Add(w.MinInterval))
 	}
+	w.lastCycle = start
 	w.mu.Unlock()
-	if wait > 0 {
+	if wait := start.Sub(now); wait > 0 {
 		t := time.NewTimer(wait)
 		defer t.Stop()
 		select {
@@ -671,10 +676,15 @@ func (w *ScheduleWorker) spaceOut(ctx context.Context) bool {
 		case <-t.C:
 		}
 	}
-	w.mu.Lock()
-	w.lastCycle = time.Now()
-	w.mu.Unlock()
 	return true
+}
+
+// later is the later of a and b.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // due says whether a periodic cycle should run now: the current policy's
