@@ -499,15 +499,22 @@ func (s *Store) TakeOrders(ctx context.Context, node string) (Orders, error) {
 		if err != nil {
 			return mapErr("loading offers", err)
 		}
-		held := map[LeaseRef]bool{}
-		for _, u := range o.Unreadable {
-			held[u.LeaseRef] = true
-			if _, err := tx.db.Exec(ctx, `UPDATE leases SET offer_sent_at = NULL WHERE job_id = $1 AND segment = $2 AND node = $3`,
-				u.JobID, u.Segment, node); err != nil {
-				return mapErr("holding back an offer", err)
+		if len(o.Unreadable) > 0 {
+			// Held back, all in one statement: unsent again, for a poll
+			// after the keys are mended.
+			held := map[LeaseRef]bool{}
+			jobs, segs := make([]int64, len(o.Unreadable)), make([]int32, len(o.Unreadable))
+			for i, u := range o.Unreadable {
+				held[u.LeaseRef] = true
+				jobs[i], segs[i] = u.JobID, int32(u.Segment)
 			}
+			if _, err := tx.db.Exec(ctx, `
+				UPDATE leases l SET offer_sent_at = NULL FROM unnest($2::bigint[], $3::int[]) AS h(j, s)
+				WHERE l.job_id = h.j AND l.segment = h.s AND l.node = $1`, node, jobs, segs); err != nil {
+				return mapErr("holding back offers", err)
+			}
+			o.Offer = slices.DeleteFunc(o.Offer, func(l Lease) bool { return held[LeaseRef{JobID: l.JobID, Segment: l.Segment}] })
 		}
-		o.Offer = slices.DeleteFunc(o.Offer, func(l Lease) bool { return held[LeaseRef{JobID: l.JobID, Segment: l.Segment}] })
 		rows, err = tx.db.Query(ctx, startOrdersSQL, node, now)
 		if err != nil {
 			return mapErr("loading starts", err)
