@@ -11,7 +11,9 @@ import (
 )
 
 // contactTokenTTL is how long a node token that authenticated here is
-// recognised in an agent request refused before authentication. Past it
+// recognised in an agent request refused before authentication (counted
+// from a time learn keeps up to contactRelearn old: 9 to 10 minutes after
+// its last authentication). Past it
 // (or once the token fails to authenticate) a refused request with it is
 // no sign of life: a revoked token keeps no node alive for longer.
 const contactTokenTTL = 10 * time.Minute
@@ -46,9 +48,17 @@ func (c *contacts) learn(r *http.Request, node string, id int64, now time.Time) 
 		return
 	}
 	c.mu.Lock()
-	c.known[key] = knownToken{node: node, id: id, at: now}
+	// Rewritten only when it changed or is a minute old: an agent's every
+	// request learns its token again.
+	if t, ok := c.known[key]; !ok || t.node != node || t.id != id || now.Sub(t.at) >= contactRelearn || now.Before(t.at) {
+		c.known[key] = knownToken{node: node, id: id, at: now}
+	}
 	c.mu.Unlock()
 }
+
+// contactRelearn is how old a known token's time may grow before learn
+// writes it again (far inside contactTokenTTL).
+const contactRelearn = time.Minute
 
 // forgetToken drops r's bearer token (it failed to authenticate).
 func (c *contacts) forgetToken(r *http.Request) {
