@@ -673,18 +673,33 @@ func splitReconciled(leases []allot.NodeLease, listed []LeaseRef, byRef map[Leas
 // the node runs, and that they were seen now, in one statement that
 // commits asynchronously by itself.
 func (s *Store) confirmSeen(ctx context.Context, node string, seen []JobStat) error {
-	n := len(seen)
-	jobs, segs, cpu, rss, ckpt := make([]int64, n), make([]int32, n), make([]float64, n), make([]int64, n), make([]*time.Time, n)
-	for i, st := range seen {
-		jobs[i], segs[i], cpu[i], rss[i], ckpt[i] = st.JobID, int32(st.Segment), st.CPUSeconds, st.RSSBytes, st.LastCheckpoint
-	}
-	_, err := s.db.Exec(ctx, `
-		WITH `+asyncCommitSQL+`
+	_, err := s.db.Exec(ctx, seenSQL, seenArgs(node, s.Now(), seen)...)
+	return mapErr("recording job stats", err)
+}
+
+// seenSQL is confirmSeen's statement: $1 the node, $2 now, $3 to $7 each
+// lease's job, segment, CPU seconds, RSS and newest checkpoint. It updates
+// only the leases that a heartbeat's reconciliation finds seen alive
+// (offered or running: allot.ActSeen), and only while the node is
+// registered and not down, so RecordHeartbeatRound can send it with the
+// heartbeat itself, before the reconciliation (which redoes it, the same
+// values, on the transactional path).
+const seenSQL = `
+		WITH ` + asyncCommitSQL + `
 		UPDATE leases l SET cpu_seconds = u.cpu, rss_bytes = u.rss, seen_at = $2,
 			last_checkpoint = CASE WHEN u.ckpt <= $2 THEN greatest(l.last_checkpoint, u.ckpt) ELSE l.last_checkpoint END
 		FROM ac, unnest($3::bigint[], $4::int[], $5::float8[], $6::bigint[], $7::timestamptz[]) AS u(j, s, cpu, rss, ckpt)
-		WHERE l.job_id = u.j AND l.segment = u.s AND l.node = $1 AND l.state <> 'exited'`, node, s.Now(), jobs, segs, cpu, rss, ckpt)
-	return mapErr("recording job stats", err)
+		WHERE l.job_id = u.j AND l.segment = u.s AND l.node = $1 AND l.state IN ('offered', 'running')
+			AND EXISTS (SELECT 1 FROM nodes n WHERE n.name = $1 AND n.state <> 'down' AND n.registered_at IS NOT NULL)`
+
+// seenArgs are seenSQL's arguments for the statistics stats.
+func seenArgs(node string, now time.Time, stats []JobStat) []any {
+	n := len(stats)
+	jobs, segs, cpu, rss, ckpt := make([]int64, n), make([]int32, n), make([]float64, n), make([]int64, n), make([]*time.Time, n)
+	for i, st := range stats {
+		jobs[i], segs[i], cpu[i], rss[i], ckpt[i] = st.JobID, int32(st.Segment), st.CPUSeconds, st.RSSBytes, st.LastCheckpoint
+	}
+	return []any{node, now, jobs, segs, cpu, rss, ckpt}
 }
 
 // heartbeatJobsTx is HeartbeatJobs in a transaction that commits
@@ -827,11 +842,17 @@ func (s *Store) RecordHeartbeatRound(ctx context.Context, node string, samples [
 	for i, st := range stats {
 		jobs[i], segs[i] = st.JobID, int32(st.Segment)
 	}
-	sql, args := heartbeatSQL(node, s.Now(), samples)
+	now := s.Now()
+	sql, args := heartbeatSQL(node, now, samples)
 	b := &pgx.Batch{}
 	b.Queue(sql, args...)
 	b.Queue(nodeLeasesSQL, node, jobs, segs)
 	b.Queue(nodeHealthSQL, node)
+	if len(stats) > 0 {
+		// The listed leases seen alive, in the same round trip: what the
+		// reconciliation below would confirm in one more.
+		b.Queue(seenSQL, seenArgs(node, now, stats)...)
+	}
 	br := pool.SendBatch(ctx, b)
 	var err error
 	var leases []allot.NodeLease
@@ -839,6 +860,12 @@ func (s *Store) RecordHeartbeatRound(ctx context.Context, node string, samples [
 	if r.Beat, err = scanHeartbeat(node, br.QueryRow()); err == nil {
 		if leases, err = collectNodeLeases(br.Query()); err == nil {
 			r.Health, healthErr = s.evaluateHealth(ctx, node, gpus, check, "", healthRead, br.QueryRow())
+			if healthErr == nil || healthErr == errHealthWrite {
+				if len(stats) > 0 {
+					_, err = br.Exec()
+					err = mapErr("recording job stats", err)
+				}
+			}
 		}
 	}
 	if cerr := br.Close(); err == nil && cerr != nil {
@@ -847,7 +874,8 @@ func (s *Store) RecordHeartbeatRound(ctx context.Context, node string, samples [
 	if err != nil {
 		return r, err
 	}
-	seen, orphans, needTx := splitReconciled(leases, listed, byRef)
+	// The leases seen alive were confirmed in the batch.
+	_, orphans, needTx := splitReconciled(leases, listed, byRef)
 	if needTx {
 		// An orphan to hold or release: the transaction, then the
 		// health evaluation after it, as before.
@@ -858,11 +886,6 @@ func (s *Store) RecordHeartbeatRound(ctx context.Context, node string, samples [
 		return r, err
 	}
 	r.Orphans = append(r.Orphans, orphans...)
-	if len(seen) > 0 {
-		if err := s.confirmSeen(ctx, node, seen); err != nil {
-			return r, err
-		}
-	}
 	switch healthErr {
 	case nil:
 	case errHealthWrite:

@@ -58,8 +58,9 @@ func TestRecordHeartbeatAsync(t *testing.T) {
 // node's last heartbeat and one sample per GPU, confirms the leases it
 // lists (seen now, their statistics), kills what the node does not run,
 // evaluates health on what it read (a double-bit ECC error drains the
-// node in the same heartbeat), refuses an unregistered node the same way
-// as RecordHeartbeat, and leaves the pool's connections committing
+// node in the same heartbeat), refuses a node marked down (its leases
+// untouched) and an unregistered node the same way as RecordHeartbeat,
+// and leaves the pool's connections committing
 // synchronously.
 func TestRecordHeartbeatRound(t *testing.T) {
 	b := setup(t)
@@ -110,6 +111,18 @@ func TestRecordHeartbeatRound(t *testing.T) {
 		if err := b.pool.QueryRow(b.ctx, `SHOW synchronous_commit`).Scan(&sc); err != nil || sc != "on" {
 			t.Errorf("synchronous_commit is %q afterwards (%v), want on", sc, err)
 		}
+	}
+	// A node marked down is refused, and the leases its heartbeat lists
+	// (confirmed in the same batch) are left as they were.
+	if _, err := b.pool.Exec(b.ctx, `UPDATE nodes SET state = 'down' WHERE name = 'gpu13'`); err != nil {
+		t.Fatal(err)
+	}
+	late := []store.JobStat{{JobID: order.JobID, Segment: 1, CPUSeconds: 99}}
+	if _, err := b.st.RecordHeartbeatRound(b.ctx, "gpu13", samples, late, []health.GPU{{Index: 0}, {Index: 1}}, ""); allot.ErrorCode(err) != allot.ENotFound {
+		t.Errorf("node marked down: %v, want not found", err)
+	}
+	if err := b.pool.QueryRow(b.ctx, `SELECT cpu_seconds FROM leases WHERE job_id = $1`, order.JobID).Scan(&cpu); err != nil || cpu != 12.5 {
+		t.Errorf("a down node's heartbeat recorded its lease's CPU: %v s (%v), want 12.5 kept", cpu, err)
 	}
 	if _, err := b.st.RecordHeartbeatRound(b.ctx, "gpu14", samples, nil, nil, ""); allot.ErrorCode(err) != allot.ENotFound {
 		t.Errorf("unregistered node: %v, want not found", err)
