@@ -78,7 +78,9 @@ func TestLivePolicyCycleAndHeartbeat(t *testing.T) {
 	if c := l.docsText("docs-cycle"); c != "1h" {
 		t.Errorf("/docs after the change: cycle %q", c)
 	}
-	l.eventually(10*time.Second, "the cycle the save asked for", func() bool {
+	// A deadline, not a speed: with the whole suite on 2 cores a cycle
+	// can wait seconds for River and the cycle lock (10 s was once short).
+	l.eventually(30*time.Second, "the cycle the save asked for", func() bool {
 		var v int64
 		l.m.Pool.QueryRow(context.Background(), `SELECT count(*) FROM scheduling_cycles WHERE started_at >= (SELECT max(created_at) FROM policy_versions)`).Scan(&v) //nolint:errcheck
 		return v > 0
