@@ -192,13 +192,23 @@ func TestCachedLoadMatchesFullLoad(t *testing.T) {
 		t.Errorf("the load after two jobs were edited read %d job rows whole, want 2", got)
 	}
 	x := loadOnly()
+	found := 0
 	for _, j := range x.Pending {
-		if j.ID == pendingEdited && j.Name != "edited" {
-			t.Errorf("edited pending job %d loaded as %q", j.ID, j.Name)
+		if j.ID == pendingEdited {
+			found++
+			if j.Name != "edited" {
+				t.Errorf("edited pending job %d loaded as %q", j.ID, j.Name)
+			}
 		}
-		if j.ID == rolledBack && !strings.HasPrefix(j.User, "renamed-") {
-			t.Errorf("job %d loaded with its user's old email %q", j.ID, j.User)
+		if j.ID == rolledBack {
+			found++
+			if !strings.HasPrefix(j.User, "renamed-") || j.GPUs == 7 {
+				t.Errorf("job %d loaded with its user's old email %q or its rolled-back GPUs (%d)", j.ID, j.User, j.GPUs)
+			}
 		}
+	}
+	if found != 2 {
+		t.Errorf("found %d of the edited pending job %d and job %d among the pending, want both", found, pendingEdited, rolledBack)
 	}
 	cycle("after the edits", 10*time.Second)
 

@@ -644,7 +644,8 @@ type ScheduleWorker struct {
 	// keep asking for cycles, one runs at most every MinInterval and each
 	// takes all the requests that came meanwhile, instead of cycles over a
 	// large queue running back to back and taking a core from heartbeats
-	// and submissions. A start waits at most that long more. 0: none.
+	// and submissions. Starts asked for at once are spaced out one after
+	// the other (spaceOut). 0: none.
 	MinInterval time.Duration
 
 	mu        sync.Mutex
@@ -661,9 +662,9 @@ type ScheduleWorker struct {
 func (w *ScheduleWorker) spaceOut(ctx context.Context) bool {
 	now := time.Now() // real time: a pause, not business time
 	w.mu.Lock()
-	start := now
-	if w.MinInterval > 0 && !w.lastCycle.IsZero() {
-		start = later(now, w.lastCycle.Add(w.MinInterval))
+	prev, start := w.lastCycle, now
+	if w.MinInterval > 0 && !prev.IsZero() {
+		start = later(now, prev.Add(w.MinInterval))
 	}
 	w.lastCycle = start
 	w.mu.Unlock()
@@ -672,6 +673,12 @@ func (w *ScheduleWorker) spaceOut(ctx context.Context) bool {
 		defer t.Stop()
 		select {
 		case <-ctx.Done():
+			// Give the slot back unless a later caller reserved after it.
+			w.mu.Lock()
+			if w.lastCycle.Equal(start) {
+				w.lastCycle = prev
+			}
+			w.mu.Unlock()
 			return false
 		case <-t.C:
 		}

@@ -17,6 +17,7 @@ func TestSpaceOutSpacesConcurrentCycles(t *testing.T) {
 	const interval = 40 * time.Millisecond
 	w := &ScheduleWorker{MinInterval: interval}
 	ctx := context.Background()
+	t0 := time.Now() // real clock: the waits are real pauses
 	var mu sync.Mutex
 	var starts []time.Time
 	var wg sync.WaitGroup
@@ -26,25 +27,36 @@ func TestSpaceOutSpacesConcurrentCycles(t *testing.T) {
 				t.Error("spaceOut refused with a live context")
 			}
 			mu.Lock()
-			starts = append(starts, time.Now()) // real clock: the waits are real pauses
+			starts = append(starts, time.Now()) // real clock, as t0
 			mu.Unlock()
 		})
 	}
 	wg.Wait()
 	slices.SortFunc(starts, func(a, b time.Time) int { return a.Compare(b) })
-	// Timers never fire early: each start is at least an interval after
-	// the one before (the first may go at once).
-	for i := 1; i < len(starts); i++ {
-		if d := starts[i].Sub(starts[i-1]); d < interval-time.Millisecond {
-			t.Errorf("cycles %d and %d started %v apart, want at least %v", i-1, i, d, interval)
+	// Timers never fire early: the i-th start (from 0) is at least i
+	// intervals after the calls, however late a goroutine woke.
+	for i, at := range starts {
+		if d := at.Sub(t0); d < time.Duration(i)*interval {
+			t.Errorf("cycle %d started %v after the calls, want at least %v", i, d, time.Duration(i)*interval)
 		}
 	}
 
+	// A caller whose context ends while it waits does not start, and gives
+	// its slot back.
+	w.mu.Lock()
+	reserved := time.Now().Add(time.Hour) // real clock: a slot far ahead
+	w.lastCycle = reserved
+	w.mu.Unlock()
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
 	if w.spaceOut(cancelled) {
 		t.Error("spaceOut started a cycle whose context had ended while it waited")
 	}
+	w.mu.Lock()
+	if !w.lastCycle.Equal(reserved) {
+		t.Errorf("after the cancelled wait the last start is %v, want the one before it (%v)", w.lastCycle, reserved)
+	}
+	w.mu.Unlock()
 
 	// Without MinInterval nothing waits: even a caller whose context has
 	// ended starts (it never waits on it).

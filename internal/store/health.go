@@ -682,8 +682,11 @@ func (s *Store) confirmSeen(ctx context.Context, node string, seen []JobStat) er
 // only the leases that a heartbeat's reconciliation finds seen alive
 // (offered or running: allot.ActSeen), and only while the node is
 // registered and not down, so RecordHeartbeatRound can send it with the
-// heartbeat itself, before the reconciliation (which redoes it, the same
-// values, on the transactional path).
+// heartbeat itself, before the reconciliation (whose transactional path
+// writes them again, with its own now). It runs in the heartbeat's
+// implicit transaction: if it fails, the node row and samples are rolled
+// back with it and the heartbeat fails as a whole, for the agent to send
+// again.
 const seenSQL = `
 		WITH ` + asyncCommitSQL + `
 		UPDATE leases l SET cpu_seconds = u.cpu, rss_bytes = u.rss, seen_at = $2,
@@ -810,14 +813,16 @@ type HeartbeatRound struct {
 // RecordHeartbeatRound is, for a heartbeat that read its GPUs (no metrics
 // error), RecordHeartbeatAsync, HeartbeatJobsAsync and
 // EvaluateHeartbeatHealth in one round trip: the node row and samples,
-// the read of the node's leases and the read of its health go to
-// PostgreSQL as one batch, which runs as one implicit transaction that
-// commits asynchronously (the samples' set_config; the rest only reads).
-// What is left is written after it, as those do: the leases it lists
-// confirmed (one asynchronous statement; an orphan takes the transaction),
-// and any health write (its own synchronous transaction). Under load
-// every round trip waits for a core twice; an idle node's heartbeat made
-// four of them, in three transactions, and now makes one.
+// the read of the node's leases, the read of its health and the listed
+// leases that are offered or running confirmed (seen now, their
+// statistics: seenSQL) go to PostgreSQL as one batch, which runs as one
+// implicit transaction that commits asynchronously (the samples'
+// set_config). What is left is written after it, as those do: the leases
+// the reconciliation finds need more (an orphan held or released, a taken
+// lease adopted) in the transaction, and any health write (its own
+// synchronous transaction). Under load every round trip waits for a core
+// twice; an idle node's heartbeat made four of them, in three
+// transactions, and now makes one, a busy node's two.
 func (s *Store) RecordHeartbeatRound(ctx context.Context, node string, samples []GPUSample, stats []JobStat, gpus []health.GPU, check string) (HeartbeatRound, error) {
 	var r HeartbeatRound
 	pool, ok := s.db.(*pgxpool.Pool)

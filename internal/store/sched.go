@@ -260,10 +260,14 @@ func (s *Store) LoadSchedStateCached(ctx context.Context, c *SchedCache) (SchedS
 	if c != nil {
 		pendingRows, runningRows = &c.pendingRows, &c.runningRows
 	}
-	if st.Pending, err = s.jobsForCycle(ctx, allot.JobPending, hint.pending+hint.pending/16, pendingRows); err != nil {
+	emails, err := s.userEmails(ctx)
+	if err != nil {
 		return st, err
 	}
-	running, err := s.jobsForCycle(ctx, allot.JobRunning, hint.running+hint.running/16, runningRows)
+	if st.Pending, err = s.jobsForCycle(ctx, allot.JobPending, hint.pending+hint.pending/16, pendingRows, emails); err != nil {
+		return st, err
+	}
+	running, err := s.jobsForCycle(ctx, allot.JobRunning, hint.running+hint.running/16, runningRows, emails)
 	if err != nil {
 		return st, err
 	}
@@ -551,16 +555,15 @@ const pendingToJobRows = true
 // and row version (its xmin, the transaction that wrote the visible
 // version: any write to the row, committed since, gives it another), then
 // the rows whose version the cache does not hold. The users' emails are
-// read apart (a small table), so a changed email shows at once. A job
+// read apart (emails, by user id: a small table), so a changed email
+// shows at once. A row version identifies what a transaction wrote last
+// only once it committed: a transaction that loads with a cache must not
+// have written the jobs before (a cycle writes them after its load). A job
 // that left the state between the two reads is left out (the next cycle
 // sees it as it is then); one that entered it is seen by the next cycle,
 // as a full read just after this one would.
-func (s *Store) jobsForCycle(ctx context.Context, state allot.JobState, hint int, c *jobCache) ([]allot.Job, error) {
+func (s *Store) jobsForCycle(ctx context.Context, state allot.JobState, hint int, c *jobCache, emails map[int64]string) ([]allot.Job, error) {
 	const where = `j.state = $1 AND j.backend = 'native'`
-	emails, err := s.userEmails(ctx)
-	if err != nil {
-		return nil, err
-	}
 	if c == nil || c.rows == nil || c.loads >= jobCacheFullEvery {
 		jobs, vers, err := s.readJobRows(ctx, emails, where, hint, string(state))
 		if err != nil {
