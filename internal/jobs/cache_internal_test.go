@@ -139,6 +139,16 @@ func TestCachedLoadMatchesFullLoad(t *testing.T) {
 	}
 	cycle("after a policy edit", 10*time.Second)
 
+	// loaded is the scheduler's cached load, with no cycle.
+	loaded := func() store.SchedState {
+		t.Helper()
+		var x store.SchedState
+		if err := st.InTx(ctx, func(tx *store.Store) (err error) { x, err = s.load(ctx, tx); return err }); err != nil {
+			t.Fatal(err)
+		}
+		return x
+	}
+
 	// The jobs are kept by row version: a load with no write between reads
 	// no job row whole; one after writes reads exactly the rows written
 	// (a pending and a running job edited), not one whose write rolled
@@ -156,19 +166,11 @@ func TestCachedLoadMatchesFullLoad(t *testing.T) {
 		}
 		return id
 	}
-	loadOnly := func() store.SchedState {
-		t.Helper()
-		var x store.SchedState
-		if err := st.InTx(ctx, func(tx *store.Store) (err error) { x, err = s.load(ctx, tx); return err }); err != nil {
-			t.Fatal(err)
-		}
-		return x
-	}
 	submit("cache-edited", "nlp", allot.Tier4, 1)
 	submit("cache-rolled-back", "fraud", allot.Tier4, 1)
-	loadOnly()
+	loaded()
 	n = jobRows()
-	loadOnly()
+	loaded()
 	if got := jobRows() - n; got != 0 {
 		t.Errorf("a load with nothing written read %d job rows whole, want 0", got)
 	}
@@ -191,7 +193,7 @@ func TestCachedLoadMatchesFullLoad(t *testing.T) {
 	if got := jobRows() - n; got != 2 {
 		t.Errorf("the load after two jobs were edited read %d job rows whole, want 2", got)
 	}
-	x := loadOnly()
+	x := loaded()
 	found := 0
 	for _, j := range x.Pending {
 		if j.ID == pendingEdited {
@@ -214,14 +216,6 @@ func TestCachedLoadMatchesFullLoad(t *testing.T) {
 
 	// A budget that the running jobs' seconds cross between two quiet
 	// cycles: the carried sums must see it as a fresh sum does.
-	loaded := func() store.SchedState {
-		t.Helper()
-		var x store.SchedState
-		if err := st.InTx(ctx, func(tx *store.Store) (err error) { x, err = s.load(ctx, tx); return err }); err != nil {
-			t.Fatal(err)
-		}
-		return x
-	}
 	var team string
 	for _, r := range loaded().Running {
 		if len(r.Parts) > 0 {
