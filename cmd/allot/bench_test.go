@@ -207,6 +207,7 @@ func (e *benchEnv) firstOutputLatencies(n int, budget time.Duration, quiet bool)
 	b, ctx := e.b, context.Background()
 	lat := make([]time.Duration, 0, n)
 	stop := time.Now().Add(budget) // a deadline: the benchmark's time budget
+	// The deadline above, on the real clock.
 	for i := 0; i < n && time.Now().Before(stop); i++ {
 		id, err := e.submit(jobBody("fraud", "sh", "-c", fmt.Sprintf("echo first %d", i)))
 		if err != nil {

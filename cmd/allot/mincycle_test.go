@@ -46,7 +46,7 @@ func TestMinCycleIntervalSpacesCycles(t *testing.T) {
 		if ranked == len(ids) {
 			break
 		}
-		if time.Now().After(deadline) {
+		if time.Now().After(deadline) { // the deadline above, on the real clock
 			t.Fatalf("%d of %d submitted jobs ranked by a cycle after 30 s", ranked, len(ids))
 		}
 		time.Sleep(100 * time.Millisecond)

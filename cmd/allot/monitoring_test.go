@@ -365,7 +365,7 @@ scrape_configs:
 		}
 	})
 	p := &promServer{url: "http://" + addr}
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(15 * time.Second) // a deadline for Prometheus to start: real clock
 	for {
 		resp, err := http.Get(p.url + "/-/ready")
 		if err == nil {
