@@ -330,7 +330,8 @@ func (m *Main) Run(ctx context.Context) error {
 		m.Server = srv
 		bg, stop := context.WithCancel(context.Background())
 		m.stopBg, m.bgDone = stop, make(chan struct{})
-		if m.Serve != web.ServeUsers { // it hears agents: their silence counts while it is up
+		hearsAgents := m.Serve != web.ServeUsers
+		if hearsAgents { // their silence counts while it is up
 			m.serverID = fmt.Sprintf("%s-%d-%d", hostname(), os.Getpid(), time.Now().UnixNano())
 			if err := m.Store.AnnounceServer(ctx, m.serverID); err != nil {
 				stop()
@@ -341,7 +342,11 @@ func (m *Main) Run(ctx context.Context) error {
 		m.triggers = make(chan struct{}, 1)
 		go func() {
 			defer close(m.bgDone)
-			go srv.Notifier().Listen(bg, pool)
+			if hearsAgents {
+				// The agents' orders long polls are its only listeners: a
+				// users-only server holds no connection for them.
+				go srv.Notifier().Listen(bg, pool)
+			}
 			go m.triggerLoop(bg)
 			every := m.HeartbeatInterval
 			if every == 0 {

@@ -136,8 +136,8 @@ func cmdLoadtest(args []string, stdout, stderr io.Writer) int {
 	if *processes && cfg.Heartbeat > 10*time.Second {
 		return bad("--processes: the processes tell agents to heartbeat every 10s (allot server's); --heartbeat must be at most that, not %s", cfg.Heartbeat)
 	}
-	if *minCycle < 0 || *minCycle > jobs.MaxMinCycleInterval {
-		return bad("--min-cycle-interval must be 0 (none) to %s, not %s", jobs.MaxMinCycleInterval, *minCycle)
+	if err := jobs.CheckMinCycleInterval(*minCycle); err != nil {
+		return bad("%v", err)
 	}
 	if *agentConns < 0 || *agentConns > 1000 {
 		return bad("--agent-conns must be 0..1000, not %d", *agentConns)

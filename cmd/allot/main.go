@@ -204,8 +204,8 @@ func cmdServe(name string, args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "allot %s: --max-starts-per-cycle must be a positive number of jobs, or -1 for no limit\n", name)
 		return 2
 	}
-	if *minCycle < 0 || *minCycle > jobs.MaxMinCycleInterval {
-		fmt.Fprintf(stderr, "allot %s: --min-cycle-interval must be 0 (none) to %s, not %s\n", name, jobs.MaxMinCycleInterval, *minCycle)
+	if err := jobs.CheckMinCycleInterval(*minCycle); err != nil {
+		fmt.Fprintf(stderr, "allot %s: %v\n", name, err)
 		return 2
 	}
 	if *decay < 0 {

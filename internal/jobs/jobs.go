@@ -169,6 +169,14 @@ func (w *LostNodesWorker) Work(ctx context.Context, _ *river.Job[LostNodesArgs])
 // more): a start waits at most this much longer.
 const MaxMinCycleInterval = 10 * time.Second
 
+// CheckMinCycleInterval is the flags' check of a --min-cycle-interval.
+func CheckMinCycleInterval(d time.Duration) error {
+	if d < 0 || d > MaxMinCycleInterval {
+		return fmt.Errorf("--min-cycle-interval must be 0 (none) to %s, not %s", MaxMinCycleInterval, d)
+	}
+	return nil
+}
+
 // Inserter is the part of a River client that inserts jobs.
 type Inserter interface {
 	Insert(ctx context.Context, args river.JobArgs, opts *river.InsertOpts) (*rivertype.JobInsertResult, error)

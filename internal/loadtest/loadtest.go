@@ -732,16 +732,24 @@ func phasesOf(fams []*dto.MetricFamily) phaseSums {
 			continue
 		}
 		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "phase" {
-					h := m.GetHistogram()
-					v := out[l.GetValue()]
-					out[l.GetValue()] = [2]float64{v[0] + h.GetSampleSum(), v[1] + float64(h.GetSampleCount())}
-				}
+			if phase, ok := labelOf(m, "phase"); ok {
+				h := m.GetHistogram()
+				v := out[phase]
+				out[phase] = [2]float64{v[0] + h.GetSampleSum(), v[1] + float64(h.GetSampleCount())}
 			}
 		}
 	}
 	return out
+}
+
+// labelOf is metric m's value of label name, and whether m has it.
+func labelOf(m *dto.Metric, name string) (string, bool) {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue(), true
+		}
+	}
+	return "", false
 }
 
 // refusedCounted is Report.Refused's key for the refused agent requests the
@@ -756,15 +764,8 @@ func refusalsOf(fams []*dto.MetricFamily) map[string]float64 {
 		switch f.GetName() {
 		case "allot_admission_rejected_total":
 			for _, m := range f.GetMetric() {
-				var level, reason string
-				for _, l := range m.GetLabel() {
-					switch l.GetName() {
-					case "level":
-						level = l.GetValue()
-					case "reason":
-						reason = l.GetValue()
-					}
-				}
+				level, _ := labelOf(m, "level")
+				reason, _ := labelOf(m, "reason")
 				out[level+"/"+reason] += m.GetCounter().GetValue()
 			}
 		case "allot_refused_agent_requests_counted_total":

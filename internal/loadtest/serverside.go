@@ -41,17 +41,9 @@ func serverTimesOf(fams []*dto.MetricFamily) map[string]serverHist {
 			continue
 		}
 		for _, m := range f.GetMetric() {
-			var route, method, level string
-			for _, l := range m.GetLabel() {
-				switch l.GetName() {
-				case "route":
-					route = l.GetValue()
-				case "method":
-					method = l.GetValue()
-				case "level":
-					level = l.GetValue()
-				}
-			}
+			route, _ := labelOf(m, "route")
+			method, _ := labelOf(m, "method")
+			level, _ := labelOf(m, "level")
 			h := m.GetHistogram()
 			var sh serverHist
 			for _, b := range h.GetBucket() {

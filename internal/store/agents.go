@@ -515,23 +515,8 @@ func (s *Store) TakeOrders(ctx context.Context, node string) (Orders, error) {
 			}
 			o.Offer = slices.DeleteFunc(o.Offer, func(l Lease) bool { return held[LeaseRef{JobID: l.JobID, Segment: l.Segment}] })
 		}
-		rows, err = tx.db.Query(ctx, startOrdersSQL, node, now)
-		if err != nil {
-			return mapErr("loading starts", err)
-		}
-		o.Start, err = pgx.CollectRows(rows, scanLeaseRef)
-		if err != nil {
-			return mapErr("loading starts", err)
-		}
-		if len(o.Start) == 0 {
-			// Only offers and stops: their sent marks, lost with a
-			// PostgreSQL crash, send them again (the agent takes and stops
-			// idempotently), so they need not wait for the disk. A start
-			// order waits: its commit makes the takes it saw durable
-			// before the agent runs anything (see TakeLease).
-			if _, err := tx.db.Exec(ctx, `SET LOCAL synchronous_commit = off`); err != nil {
-				return mapErr("loading orders", err)
-			}
+		if o.Start, err = tx.sendStarts(ctx, node, now); err != nil {
+			return err
 		}
 		rows, err = tx.db.Query(ctx, `
 			UPDATE leases SET stop_sent_at = $2
@@ -1181,16 +1166,11 @@ func (s *Store) HeartbeatJobs(ctx context.Context, node string, stats []JobStat)
 		if len(seen) == 0 {
 			return nil
 		}
-		n := len(seen)
-		jobs, segs, cpu, rss, ckpt := make([]int64, n), make([]int32, n), make([]float64, n), make([]int64, n), make([]*time.Time, n)
-		for i, st := range seen {
-			jobs[i], segs[i], cpu[i], rss[i], ckpt[i] = st.JobID, int32(st.Segment), st.CPUSeconds, st.RSSBytes, st.LastCheckpoint
-		}
 		_, err = tx.db.Exec(ctx, `
 			UPDATE leases l SET cpu_seconds = u.cpu, rss_bytes = u.rss, seen_at = $2,
 				last_checkpoint = CASE WHEN u.ckpt <= $2 THEN greatest(l.last_checkpoint, u.ckpt) ELSE l.last_checkpoint END
 			FROM unnest($3::bigint[], $4::int[], $5::float8[], $6::bigint[], $7::timestamptz[]) AS u(j, s, cpu, rss, ckpt)
-			WHERE l.job_id = u.j AND l.segment = u.s AND l.node = $1 AND l.state <> 'exited'`, node, now, jobs, segs, cpu, rss, ckpt)
+			WHERE l.job_id = u.j AND l.segment = u.s AND l.node = $1 AND l.state <> 'exited'`, seenArgs(node, now, seen)...)
 		return mapErr("recording job stats", err)
 	})
 	return orphans, err

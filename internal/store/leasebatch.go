@@ -4,19 +4,39 @@ import (
 	"cmp"
 	"context"
 	"slices"
+	"time"
 
 	"github.com/allotlabs/allot/internal/allot"
 	"github.com/jackc/pgx/v5"
 )
 
-// startOrdersSQL marks node's taken leases whose whole gang is taken as
-// sent a start order and returns them ($1 node, $2 now). TakeOrders and
-// TakeLeases send start orders through it alone.
-const startOrdersSQL = `
-	UPDATE leases l SET start_sent_at = $2
-	WHERE l.node = $1 AND l.state = 'taken' AND l.start_sent_at IS NULL AND l.stop_requested_at IS NULL
-		AND NOT EXISTS (SELECT 1 FROM leases o WHERE o.job_id = l.job_id AND o.segment = l.segment AND o.state = 'offered')
-	RETURNING l.job_id, l.segment`
+// sendStarts marks node's taken leases whose whole gang is taken as sent a
+// start order and returns them; TakeOrders and TakeLeases send start
+// orders through it alone. With none due it turns the transaction's
+// synchronous commit off: what else it wrote (offers, takes, stops sent),
+// lost with a PostgreSQL crash, is sent or taken again idempotently. A
+// start order waits for the disk: its commit makes the takes it saw
+// durable before the agent runs anything (see TakeLease).
+func (s *Store) sendStarts(ctx context.Context, node string, now time.Time) ([]LeaseRef, error) {
+	rows, err := s.db.Query(ctx, `
+		UPDATE leases l SET start_sent_at = $2
+		WHERE l.node = $1 AND l.state = 'taken' AND l.start_sent_at IS NULL AND l.stop_requested_at IS NULL
+			AND NOT EXISTS (SELECT 1 FROM leases o WHERE o.job_id = l.job_id AND o.segment = l.segment AND o.state = 'offered')
+		RETURNING l.job_id, l.segment`, node, now)
+	if err != nil {
+		return nil, mapErr("loading starts", err)
+	}
+	starts, err := pgx.CollectRows(rows, scanLeaseRef)
+	if err != nil {
+		return nil, mapErr("loading starts", err)
+	}
+	if len(starts) == 0 {
+		if _, err := s.db.Exec(ctx, `SET LOCAL synchronous_commit = off`); err != nil {
+			return nil, mapErr("loading starts", err)
+		}
+	}
+	return starts, nil
+}
 
 // TakeLeases takes several of node's leases in one transaction, as
 // TakeLease does each (idempotent; an ended lease or one the node does not
@@ -54,18 +74,9 @@ func (s *Store) TakeLeases(ctx context.Context, node string, refs []LeaseRef) ([
 			}
 			wake = append(wake, others...)
 		}
-		rows, err := tx.db.Query(ctx, startOrdersSQL, node, tx.Now())
-		if err != nil {
-			return mapErr("loading starts", err)
-		}
-		if starts, err = pgx.CollectRows(rows, scanLeaseRef); err != nil {
-			return mapErr("loading starts", err)
-		}
-		if len(starts) == 0 {
-			// Takes only: see TakeLease for why they need not wait.
-			if _, err := tx.db.Exec(ctx, `SET LOCAL synchronous_commit = off`); err != nil {
-				return mapErr("taking leases", err)
-			}
+		var err error
+		if starts, err = tx.sendStarts(ctx, node, tx.Now()); err != nil {
+			return err
 		}
 		slices.Sort(wake)
 		return notify(ctx, tx.db, slices.Compact(wake)...)
