@@ -582,7 +582,7 @@ func progressBar(w io.Writer, modes []scheduler.Mode, counters []*atomic.Int64, 
 
 func writeTable(w io.Writer, st *setup, rs []*Result) {
 	fmt.Fprintf(w, "trace: %d jobs, %d nodes × %d GPUs = %d GPUs\n\n", len(st.trace), st.nodes, rs[0].TotalGPUs/max(1, st.nodes), rs[0].TotalGPUs)
-	rows := [][]string{{"policy", "jobs", "dropped", "util", "load", "util_span", "load_span",
+	rows := [][]string{{"policy", "jobs", "dropped", "util", "load", "util_span", "load_span", "idle_pend", "idle_held",
 		"wait_mean_s", "wait_p50_s", "wait_p95_s", "wait_p99_s", "jct_mean_s", "bsld", "preempt", "lost_gpu_h",
 		"jain", "worst_team_wait_s", "cycles", "cycle_mean_us", "cycle_p99_us", "wall_s"}}
 	for i, r := range rs {
@@ -591,7 +591,7 @@ func writeTable(w io.Writer, st *setup, rs []*Result) {
 			worst = max(worst, g.WaitMeanS)
 		}
 		rows = append(rows, []string{string(st.modes[i]), strconv.Itoa(r.Jobs), strconv.Itoa(r.Dropped),
-			f3(r.Utilization), f3(r.OfferedLoad), f3(r.UtilizationSpan), f3(r.OfferedLoadSpan),
+			f3(r.Utilization), f3(r.OfferedLoad), f3(r.UtilizationSpan), f3(r.OfferedLoadSpan), f3(r.IdlePendingSpan), f3(r.IdleHeldSpan),
 			f0(r.WaitMeanS), f0(r.WaitP50S), f0(r.WaitP95S), f0(r.WaitP99S), f0(r.JCTMeanS),
 			f2(r.BoundedSlowdownMean), strconv.Itoa(r.Preemptions), f0(r.GPUSLostToPreemption / 3600),
 			f3(r.JainFairness), f0(worst), strconv.Itoa(r.Cycles), f0(r.CycleMeanUS), f0(r.CycleP99US), f2(r.SimWallS)})

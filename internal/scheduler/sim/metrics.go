@@ -83,6 +83,8 @@ func (s *state) result() *Result {
 	if span := (s.spanB - s.spanA).Seconds(); span > 0 {
 		r.UtilizationSpan = s.usefulSpan / (float64(s.total) * span)
 		r.OfferedLoadSpan = offeredSpan / (float64(s.total) * span)
+		r.IdlePendingSpan = s.idlePend / (float64(s.total) * span)
+		r.IdleHeldSpan = s.idleHeld / (float64(s.total) * span)
 	}
 	slices.Sort(waits)
 	r.Waits = waits

@@ -87,14 +87,23 @@ type Group struct {
 
 // Result is one policy's replay metrics; the JSON keys are the issue's.
 type Result struct {
-	Jobs                  int              `json:"jobs"`
-	Dropped               int              `json:"dropped"`
-	TotalGPUs             int              `json:"total_gpus"`
-	MakespanS             float64          `json:"makespan_s"`
-	Utilization           float64          `json:"utilization"`
-	OfferedLoad           float64          `json:"offered_load"`
-	UtilizationSpan       float64          `json:"utilization_span"`
-	OfferedLoadSpan       float64          `json:"offered_load_span"`
+	Jobs            int     `json:"jobs"`
+	Dropped         int     `json:"dropped"`
+	TotalGPUs       int     `json:"total_gpus"`
+	MakespanS       float64 `json:"makespan_s"`
+	Utilization     float64 `json:"utilization"`
+	OfferedLoad     float64 `json:"offered_load"`
+	UtilizationSpan float64 `json:"utilization_span"`
+	OfferedLoadSpan float64 `json:"offered_load_span"`
+	// IdlePendingSpan is the share of the span's GPU-time (on-premise
+	// nodes) that was idle while jobs were pending; IdleHeldSpan is the
+	// part of it during which the smallest pending job would have fitted
+	// on the free GPUs (one node, or enough wholly free nodes), ignoring
+	// reservations, domains and node pools: GPUs the policy held back
+	// (for a reservation, or by class order). The rest is fragmentation:
+	// free GPUs no pending job fits.
+	IdlePendingSpan       float64          `json:"idle_pending_span"`
+	IdleHeldSpan          float64          `json:"idle_held_span"`
 	WaitMeanS             float64          `json:"wait_mean_s"`
 	WaitP50S              float64          `json:"wait_p50_s"`
 	WaitP95S              float64          `json:"wait_p95_s"`
@@ -251,10 +260,18 @@ type state struct {
 	teamF      []float64 // ∫ fair share
 	tierF      []float64
 	usefulSpan float64 // busy GPU-seconds inside the arrival span, minus lost work
-	lost       float64
-	spanA      time.Duration
-	spanB      time.Duration
-	decay      float64 // λ = ln2 / half-life, per second
+	// Idle GPU-seconds inside the span while jobs were pending (Result.
+	// IdlePendingSpan), and of those while the smallest fitted.
+	idlePend, idleHeld float64
+	// The on-premise nodes' free GPUs, the most on one node and the wholly
+	// free nodes, recomputed when dirty; pendMin: the fewest GPUs a
+	// pending job asks for (0: none pending).
+	idle    idleNodes
+	pendMin int
+	lost    float64
+	spanA   time.Duration
+	spanB   time.Duration
+	decay   float64 // λ = ln2 / half-life, per second
 
 	preemptions int
 	cycleNS     []int64
@@ -549,6 +566,7 @@ func (s *state) loop() error {
 				s.markProgress()
 			}
 			s.pending = s.pending[:0]
+			s.pendMin = 0
 			s.fairDirty = true
 		}
 	}
@@ -633,6 +651,9 @@ func (s *state) advance(t time.Duration) {
 		}
 		if ov := overlap(s.last, t, s.spanA, s.spanB); ov > 0 {
 			s.usefulSpan += float64(s.busy) * ov
+			if len(s.pending) > 0 {
+				s.idleWhilePending(ov)
+			}
 		}
 		if s.decay > 0 {
 			e := math.Exp(-s.decay * dt)
@@ -733,6 +754,7 @@ func (s *state) arrive(i int) {
 	}
 	// Arrivals come in submit order, so appending keeps pending sorted.
 	s.pending = append(s.pending, s.pendingJob(j))
+	s.pendingAsks(j.tj.GPUs)
 }
 
 func (s *state) pendingJob(j *simJob) scheduler.Job {
@@ -805,10 +827,12 @@ func (s *state) cycle() error {
 	if len(plan.Starts) > 0 {
 		// Drop started jobs from pending in one pass, keeping order.
 		k := 0
+		s.pendMin = 0
 		for _, p := range s.pending {
 			if s.jobs[p.ID-1].phase == phasePending {
 				s.pending[k] = p
 				k++
+				s.pendingAsks(p.GPUs)
 			}
 		}
 		clear(s.pending[k:])
@@ -877,6 +901,7 @@ func (s *state) start(st scheduler.Start) error {
 		return fmt.Errorf("job %d asks for %d GPUs but was placed on %d", st.JobID, j.tj.GPUs, n)
 	}
 	s.free -= n
+	s.idle.fresh = false
 	s.teamPend[j.team]--
 	j.phase = phaseRunning
 	j.runStart = s.now
@@ -962,6 +987,7 @@ func (s *state) release(idx int) {
 		}
 	}
 	s.free += j.tj.GPUs
+	s.idle.fresh = false
 	s.released = true
 	j.placement = nil
 	// Swap-remove from running.
@@ -1021,4 +1047,5 @@ func (s *state) requeue(idx int) {
 	s.pending = append(s.pending, scheduler.Job{})
 	copy(s.pending[at+1:], s.pending[at:])
 	s.pending[at] = p
+	s.pendingAsks(p.GPUs)
 }

@@ -95,6 +95,26 @@ func TestMetricsByHand(t *testing.T) {
 	}
 }
 
+// TestIdleWhilePending works the idle GPU-time out by hand: two nodes of
+// 4 GPUs under FIFO. A (3 GPUs) and B (4) start at 0 on nodes 0 and 1
+// until 100; C (4) waits from 10 while node 0's last GPU idles (no
+// pending job fits: fragmentation); D (1), submitted at 20, would fit on
+// it but waits behind C (held by the policy's order) until 100. E at 110
+// ends the span [0, 110].
+func TestIdleWhilePending(t *testing.T) {
+	t.Parallel()
+	trace := []TraceJob{tj("A", 0, 100, 3, "x"), tj("B", 0, 100, 4, "x"), tj("C", 10, 10, 4, "x"),
+		tj("D", 20, 10, 1, "x"), tj("E", 110, 1, 1, "x")}
+	r := run(t, Config{Nodes: 2, GPUsPerNode: 4, Policy: policy(scheduler.ModeFIFO)}, trace)
+	capacity := 8.0 * 110
+	if d := gocmp.Diff([]float64{90 / capacity, 80 / capacity}, []float64{r.IdlePendingSpan, r.IdleHeldSpan}, approx); d != "" {
+		t.Errorf("idle while pending, held (-want +got):\n%s", d)
+	}
+	if d := gocmp.Diff([]float64{0, 0, 0, 80, 90}, r.Waits); d != "" {
+		t.Errorf("waits (-want +got):\n%s", d)
+	}
+}
+
 // TestFinishBeforeArrival: at equal times finishes are processed before
 // arrivals, then the cycle runs, so a job submitted exactly when the GPU
 // frees starts at once.
@@ -446,7 +466,7 @@ func TestCLI(t *testing.T) {
 		t.Fatalf("bad JSON: %v\n%s", err, raw)
 	}
 	wantKeys := strings.Fields(`jobs dropped total_gpus makespan_s utilization offered_load utilization_span
-		offered_load_span wait_mean_s wait_p50_s wait_p95_s wait_p99_s jct_mean_s bounded_slowdown_mean
+		offered_load_span idle_pending_span idle_held_span wait_mean_s wait_p50_s wait_p95_s wait_p99_s jct_mean_s bounded_slowdown_mean
 		preemptions gpu_s_lost_to_preemption jain_fairness by_tier by_team cycles cycle_mean_us cycle_p99_us sim_wall_s
 		eta_at_submit eta_at_1h`)
 	slices.Sort(wantKeys)

@@ -185,7 +185,7 @@ func mainSuite(args []string, stdout, stderr io.Writer, sched ScheduleFunc) int 
 		s.results = map[scheduler.Mode]*Result{}
 		// Baselines may come from the cache.
 		key := func(m scheduler.Mode) string {
-			h := sha256.Sum256([]byte(strings.Join(append(slices.Clone(settings[i].args), baselineArgs(common)...), "\x00") + "\x00" + string(m)))
+			h := sha256.Sum256([]byte(strings.Join(append(slices.Clone(settings[i].args), baselineArgs(common)...), "\x00") + "\x00" + string(m) + "\x00" + cacheVersion))
 			return filepath.Join(cache, hex.EncodeToString(h[:12])+".gob")
 		}
 		var todo []scheduler.Mode
@@ -374,7 +374,7 @@ func writeSuite(w io.Writer, settings []suiteSetting) {
 	markdown(w, rows)
 
 	fmt.Fprintln(w, "\nabsolute figures")
-	rows = [][]string{{"setting", "policy", "jobs", "dropped", "load_span", "util_span", "wait_mean_s", "wait_p95_s", "bsld",
+	rows = [][]string{{"setting", "policy", "jobs", "dropped", "load_span", "util_span", "idle_pend", "idle_held", "wait_mean_s", "wait_p95_s", "bsld",
 		"preempt", "lost_gpu_h", "worst_team", "wall_s"}}
 	for _, s := range settings {
 		for _, m := range []scheduler.Mode{scheduler.ModeAllot, scheduler.ModeEASY, scheduler.ModeFIFO, scheduler.ModeFIFOPartitioned} {
@@ -387,7 +387,7 @@ func writeSuite(w io.Writer, settings []suiteSetting) {
 			if who != "" {
 				team = fmt.Sprintf("%s %s s (%s×)", who, f0(wt*r.WaitMeanS), f1(wt))
 			}
-			rows = append(rows, []string{s.name, string(m), fmt.Sprint(r.Jobs), fmt.Sprint(r.Dropped), f3(r.OfferedLoadSpan), f3(r.UtilizationSpan),
+			rows = append(rows, []string{s.name, string(m), fmt.Sprint(r.Jobs), fmt.Sprint(r.Dropped), f3(r.OfferedLoadSpan), f3(r.UtilizationSpan), f3(r.IdlePendingSpan), f3(r.IdleHeldSpan),
 				f0(r.WaitMeanS), f0(r.WaitP95S), f2(r.BoundedSlowdownMean), fmt.Sprint(r.Preemptions),
 				f0(r.GPUSLostToPreemption / 3600), team, f2(r.SimWallS)})
 		}
@@ -425,6 +425,10 @@ func writeSuiteETA(w io.Writer, settings []suiteSetting) {
 }
 
 func f1(x float64) string { return fmt.Sprintf("%.1f", x) }
+
+// cacheVersion is part of the baseline cache's key: results stored by an
+// older Result (without a metric added since) are not reused.
+const cacheVersion = "2"
 
 // baselineArgs drops the flags that change only allot (--allot-…,
 // --starvation-wait) and --policy from args, for the baseline cache key.
