@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/allotlabs/allot/internal/agentproto"
 	"github.com/allotlabs/allot/internal/allot"
 	"github.com/allotlabs/allot/internal/jobs"
 	"github.com/allotlabs/allot/internal/metric"
@@ -129,7 +130,7 @@ func New(cfg Config) *Server {
 		cfg.SessionTTL = 12 * time.Hour
 	}
 	if cfg.HeartbeatInterval == 0 {
-		cfg.HeartbeatInterval = 10 * time.Second
+		cfg.HeartbeatInterval = agentproto.DefaultHeartbeatInterval
 	}
 	if cfg.Notifier == nil {
 		cfg.Notifier = NewNotifier(cfg.Logger)

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/allotlabs/allot/internal/agentproto"
 	"github.com/allotlabs/allot/internal/apf"
 	"github.com/allotlabs/allot/internal/backend"
 	"github.com/allotlabs/allot/internal/jobs"
@@ -350,7 +351,7 @@ func (m *Main) Run(ctx context.Context) error {
 			go m.triggerLoop(bg)
 			every := m.HeartbeatInterval
 			if every == 0 {
-				every = 10 * time.Second
+				every = agentproto.DefaultHeartbeatInterval
 			}
 			t := time.NewTicker(every)
 			defer t.Stop()

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/allotlabs/allot/internal/agentproto"
 	"github.com/allotlabs/allot/internal/allot"
 	"github.com/allotlabs/allot/internal/apf"
 	"github.com/allotlabs/allot/internal/cliflag"
@@ -84,7 +85,7 @@ func cmdLoadtest(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.Agents, "agents", 100, "simulated node agents")
 	fs.IntVar(&cfg.GPUsPerAgent, "gpus-per-agent", 8, "GPUs of each simulated (and seeded) node")
 	fs.StringVar(&cfg.GPUType, "gpu-type", "A100-80GB", "GPU type of the simulated and seeded nodes")
-	fs.DurationVar(&cfg.Heartbeat, "heartbeat", 10*time.Second, "the agents' heartbeat interval")
+	fs.DurationVar(&cfg.Heartbeat, "heartbeat", agentproto.DefaultHeartbeatInterval, "the agents' heartbeat interval")
 	fs.DurationVar(&cfg.JobRuntime, "job-runtime", 30*time.Second, "how long a simulated job runs before it exits 0 (0: until the run ends)")
 	fs.IntVar(&cfg.Pending, "pending", 0, "pending jobs to seed by SQL before the run")
 	fs.IntVar(&cfg.Nodes, "nodes", 0, "busy nodes (no agent, one running job each) to seed by SQL before the run")
@@ -133,8 +134,8 @@ func cmdLoadtest(args []string, stdout, stderr io.Writer) int {
 	if *agentNice < -20 || *agentNice > 19 {
 		return bad("--agent-server-nice must be -20..19, not %d", *agentNice)
 	}
-	if *processes && cfg.Heartbeat > 10*time.Second {
-		return bad("--processes: the processes tell agents to heartbeat every 10s (allot server's); --heartbeat must be at most that, not %s", cfg.Heartbeat)
+	if *processes && cfg.Heartbeat > agentproto.DefaultHeartbeatInterval {
+		return bad("--processes: the processes tell agents to heartbeat every %s (allot server's); --heartbeat must be at most that, not %s", agentproto.DefaultHeartbeatInterval, cfg.Heartbeat)
 	}
 	if err := jobs.CheckMinCycleInterval(*minCycle); err != nil {
 		return bad("%v", err)

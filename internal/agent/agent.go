@@ -112,7 +112,7 @@ func (c *Config) defaults() {
 		c.Hostname, _ = os.Hostname()
 	}
 	if c.HeartbeatInterval <= 0 {
-		c.HeartbeatInterval = 10 * time.Second
+		c.HeartbeatInterval = agentproto.DefaultHeartbeatInterval
 	}
 	if c.OrdersWait <= 0 {
 		c.OrdersWait = 25 * time.Second

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/allotlabs/allot/internal/agentproto"
 	"github.com/allotlabs/allot/internal/cliflag"
 	"github.com/allotlabs/allot/internal/clock"
 )
@@ -61,7 +62,7 @@ func MainContext(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fakeMem := fs.Int64("fake-memory-mib", 81920, "GPU memory (MiB) of the fake backend")
 	domain := fs.String("domain", "", "interconnect (NVLink/InfiniBand) domain label of this node")
 	hostname := fs.String("hostname", "", "node name reported to the server (default: the host name)")
-	heartbeat := fs.Duration("heartbeat", 10*time.Second, "heartbeat interval (the server may override it)")
+	heartbeat := fs.Duration("heartbeat", agentproto.DefaultHeartbeatInterval, "heartbeat interval (the server may override it)")
 	metricsAddr := fs.String("metrics-addr", DefaultMetricsAddr, `listen address of /metrics (dcgm-exporter's names; not its port 9400); "" disables; a taken port is logged and retried, not fatal`)
 	dcgmJobMapping := fs.String("dcgm-job-mapping", "", "`dir`ectory to keep dcgm-exporter's HPC job-mapping files in (its --hpc-job-mapping-dir): one file per GPU index naming the Allot job on it")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")

@@ -75,6 +75,11 @@ type RunningJob struct {
 	Started time.Time `json:"started"`
 }
 
+// DefaultHeartbeatInterval is how often agents heartbeat unless the
+// server says otherwise (Registration.HeartbeatInterval): the server's,
+// the worker's and the agent's default.
+const DefaultHeartbeatInterval = 10 * time.Second
+
 // Registration is the server's answer to Register.
 type Registration struct {
 	Node              string        `json:"node"`

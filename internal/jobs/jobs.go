@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/allotlabs/allot/internal/agentproto"
 	"github.com/allotlabs/allot/internal/backend"
 	"github.com/allotlabs/allot/internal/metric"
 	"github.com/allotlabs/allot/internal/store"
@@ -210,7 +211,7 @@ func NewClient(cfg Config) (*river.Client[pgx.Tx], error) {
 		cfg.CycleTick = time.Second
 	}
 	if cfg.HeartbeatInterval == 0 {
-		cfg.HeartbeatInterval = 10 * time.Second
+		cfg.HeartbeatInterval = agentproto.DefaultHeartbeatInterval
 	}
 	if cfg.BudgetCheckInterval == 0 {
 		cfg.BudgetCheckInterval = time.Minute
