@@ -3,6 +3,7 @@ package scheduler
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"slices"
 )
 
@@ -136,6 +137,10 @@ func (st *state) nodeVictims(n, target, maxGroup int, class Tier, reclaim bool, 
 		}
 		if st.victimAfter != noVictimLimit && r.gpus >= ns.cap && rel(r.j.Submit, st.now) <= st.victimAfter {
 			continue // it would take a whole node back before the preemptor once requeued
+		}
+		if !math.IsInf(st.victimBelow, 1) && st.classRank(r.class) == st.classRank(class) &&
+			st.requeuedPriority(r, int64(st.p.GracePeriod)) >= st.victimBelow {
+			continue // the same: it would come back ahead of the preemptor
 		}
 		if g := st.victimGroup(r, maxGroup); g >= 0 && g <= maxGroup && (r.class >= class || class.Production()) && (reclaim || st.mayPreempt(class, r.class)) {
 			vs = append(vs, victimCand{ri: ri, group: g, gpus: k})

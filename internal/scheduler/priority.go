@@ -78,7 +78,7 @@ func (st *state) priority(pj *pjob) Priority {
 		Age:       age,
 	}
 	if p.Order == OrderResponse {
-		pr.Total = st.responseRatio(pj) * max(2*pr.FairShare, 1.0/32)
+		pr.Total = st.responseRatio(pj, 0) * max(2*pr.FairShare, 1.0/32)
 		if p.TeamWaitBoost && pj.team >= 0 && pj.class.Research() {
 			if b := st.teams[pj.team].boost; b > 1 {
 				pr.Total *= b
@@ -90,21 +90,35 @@ func (st *state) priority(pj *pjob) Priority {
 	return pr
 }
 
-// responseRatio is (wait + T) / T for a pending job (Policy.Order).
-func (st *state) responseRatio(pj *pjob) float64 {
-	t := float64(pj.j.Estimate)
+// responseRatio is (wait + T) / T for a pending job (Policy.Order), later
+// ns from now.
+func (st *state) responseRatio(pj *pjob, later int64) float64 {
+	return st.ratioOf(pj.j, pj.maxCap, -pj.submit+later)
+}
+
+// ratioOf is the response ratio of job j after waiting wait ns (maxCap:
+// the GPUs of the largest node it may use, for WideAging; 0 = unknown).
+func (st *state) ratioOf(j *Job, maxCap int, wait int64) float64 {
+	t := float64(j.Estimate)
 	if t <= 0 {
-		t = float64(pj.j.TimeLimit)
+		t = float64(j.TimeLimit)
 	}
 	if t <= 0 {
 		t = float64(st.p.MaxAge)
 	}
-	if st.p.WideAging && pj.maxCap > 0 && pj.j.GPUs > pj.maxCap {
-		t /= float64((pj.j.GPUs + pj.maxCap - 1) / pj.maxCap) // per node it needs
+	if st.p.WideAging && maxCap > 0 && j.GPUs > maxCap {
+		t /= float64((j.GPUs + maxCap - 1) / maxCap) // per node it needs
 	}
 	t = max(t, float64(time.Minute))
-	wait := float64(max(-pj.submit, 0))
-	return (wait + t) / t
+	return (float64(max(wait, 0)) + t) / t
+}
+
+// requeuedPriority is running job r's priority under OrderResponse if it
+// were preempted now and back in the queue after ns more: its wait counts
+// from its original submit time (Job.Submit), so a job that waited or ran
+// long comes back high. Wide aging and the team-wait boost are left out.
+func (st *state) requeuedPriority(r *runJob, later int64) float64 {
+	return st.ratioOf(r.j, 0, -rel(r.j.Submit, st.now)+later) * max(2*st.fairShare(r.team), 1.0/32)
 }
 
 // teamWaitBoosts sets each team's boost (Policy.TeamWaitBoost): the mean

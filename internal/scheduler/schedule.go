@@ -405,16 +405,25 @@ func (st *state) tryPreempt(pj *pjob, attempts *int) bool {
 	// preemptor (served oldest first) takes only work submitted after its
 	// own job, any other research job only work that will not be starving
 	// by then. Production classes come first anyway.
-	st.victimAfter = noVictimLimit
+	st.victimAfter, st.victimBelow = noVictimLimit, math.Inf(1)
 	if !pj.class.Production() {
 		if pj.starving || pj.starvedTeam {
 			st.victimAfter = pj.submit
 		} else if w := int64(st.p.StarvationWait); w > 0 {
 			st.victimAfter = grace - w
 		}
+		// Under the response order a requeued victim keeps its original
+		// submit time: one that waited or ran long would come back ahead
+		// of the preemptor, take the freed GPUs back at the grace end and
+		// be preempted again once past MinRuntime (a livelock: a replay
+		// never tuned on preempted one 8-GPU job over 100 times). Only
+		// victims that come back behind the preemptor qualify.
+		if st.p.Order == OrderResponse && st.p.Mode == ModeAllot {
+			st.victimBelow = st.priority(pj).Total * st.responseRatio(pj, grace) / st.responseRatio(pj, 0)
+		}
 	}
 	ok := st.preempt(pj, mg, maxLost)
-	st.victimAfter = noVictimLimit
+	st.victimAfter, st.victimBelow = noVictimLimit, math.Inf(1)
 	if ok {
 		if r := st.resvSweep(pj); r.ok {
 			st.reserve(pj, r)

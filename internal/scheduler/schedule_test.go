@@ -170,6 +170,40 @@ func TestGuaranteePreemption(t *testing.T) {
 	}
 }
 
+// TestReclaimSparesVictimsThatComeBackFirst: under the response order a
+// requeued victim keeps its original submit time, so a job that waited
+// long before it started would come back ahead of the team reclaiming
+// its guarantee, take the freed GPUs back at the grace end and be
+// preempted again (a replay preempted one job over 100 times that way).
+// Job 100 waited 30 h before it started 20 min ago (the least work to
+// lose); job 101 waited two hours and has run for one: only 101 may go.
+func TestReclaimSparesVictimsThatComeBackFirst(t *testing.T) {
+	t.Parallel()
+	x := job(1, 4, team("a"), tier(Tier4), limit(10*time.Hour), submitted(time.Hour))
+	v100 := job(100, 4, team("b"), tier(Tier4), limit(50*time.Hour), submitted(30*time.Hour), on(20*time.Minute, slot(0, 0, 1, 2, 3)))
+	v101 := job(101, 4, team("b"), tier(Tier4), submitted(3*time.Hour), on(time.Hour, slot(0, 4, 5, 6, 7)))
+	s := fullCluster(v100, v101)
+	s.Pending = []Job{x}
+	if diff := cmp.Diff([]int64{101}, victimIDs(Schedule(s, t0, allot()))); diff != "" {
+		t.Errorf("victims (-want +got):\n%s", diff)
+	}
+	// With job 100 alone on the node there is no victim to take.
+	v100.GPUs, v100.Placement = 8, []Slot{slot(0, seq(0, 8)...)}
+	s = fullCluster(v100)
+	s.Pending = []Job{x}
+	if p := Schedule(s, t0, allot()); len(p.Preemptions) != 0 {
+		t.Errorf("preempted %v, which would come back first", victimIDs(p))
+	}
+	// The rule is the response order's: the multifactor order (without
+	// the starvation guard, whose own rule spares whole-node victims
+	// submitted before the guard's wait) takes job 100.
+	mf := allot()
+	mf.Order = OrderMultifactor
+	if diff := cmp.Diff([]int64{100}, victimIDs(Schedule(s, t0, mf))); diff != "" {
+		t.Errorf("multifactor victims (-want +got):\n%s", diff)
+	}
+}
+
 func TestGuaranteePatience(t *testing.T) {
 	t.Parallel()
 	s := fullCluster(job(100, 8, team("b"), tier(Tier4), on(time.Hour, slot(0, seq(0, 8)...))))

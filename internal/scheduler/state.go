@@ -254,6 +254,11 @@ type state struct {
 	// running jobs submitted after this (relative) time qualify (see
 	// tryPreempt); noVictimLimit otherwise.
 	victimAfter int64
+	// victimBelow: while a research-class job looks for victims under
+	// OrderResponse, only running jobs of its class whose priority once
+	// requeued would be below this qualify (see tryPreempt); +Inf
+	// otherwise.
+	victimBelow float64
 
 	plan Plan
 }
@@ -317,7 +322,7 @@ func grow[T any](xs []T, n int) []T {
 // reset prepares a pooled state for a new cycle, keeping its buffers.
 func (st *state) reset(s *Snapshot, now time.Time, p Policy) {
 	old := *st
-	*st = state{s: s, now: now, p: p, victimAfter: noVictimLimit}
+	*st = state{s: s, now: now, p: p, victimAfter: noVictimLimit, victimBelow: math.Inf(1)}
 	st.nodes, st.run, st.pend, st.order = old.nodes, old.run, old.pend, old.order
 	st.teamIdx, st.eligCache = old.teamIdx, old.eligCache
 	if st.teamIdx == nil {
