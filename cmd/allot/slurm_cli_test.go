@@ -244,16 +244,25 @@ func TestConfirmCancel(t *testing.T) {
 func TestSlurmShowSharePrio(t *testing.T) {
 	e, ids := slurmEnv(t)
 	a, rv := ids["e3-noah-a"], ids["e3-ravi"]
-	// Once a cycle has ranked it, the job's priority is the response order's product.
+	// Once a cycle has ranked it, the job's priority is the response order's
+	// product; the checks below read every pending job of the team, so
+	// wait until a cycle has ranked them all (a cycle can run between two
+	// of the environment's submissions and rank only the first).
 	deadline := time.Now().Add(20 * time.Second) // a deadline: submissions ask for a cycle at once
 	for {
 		var d web.JobDetailJSON
 		e.getJSON(fmt.Sprintf("/api/v1/jobs/%d", a), demo.Engineer, &d)
-		if d.Queue != nil && d.Queue.Ranked && d.PriorityBreakdown.Order == "response" {
+		var p web.PrioritiesJSON
+		e.getJSON("/api/v1/priorities", demo.Engineer, &p)
+		all := len(p.Jobs) > 0
+		for _, j := range p.Jobs {
+			all = all && j.Factors.Order == "response"
+		}
+		if d.Queue != nil && d.Queue.Ranked && d.PriorityBreakdown.Order == "response" && all {
 			break
 		}
 		if time.Now().After(deadline) { // deadline (real time)
-			t.Fatalf("job %d was not ranked by a cycle under the response order: %+v", a, d.Queue)
+			t.Fatalf("job %d (or another of its team's) was not ranked by a cycle under the response order: %+v; %+v", a, d.Queue, p.Jobs)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
