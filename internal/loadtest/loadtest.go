@@ -377,6 +377,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 	// The warm-up, then the window.
 	opens := time.Now().Add(cfg.Warmup) // the window's start
+	// Read before any load starts: failing here has nothing to undo.
+	var autovacuum string
+	if cfg.DB != nil {
+		if err := cfg.DB.QueryRow(ctx, `SHOW autovacuum`).Scan(&autovacuum); err != nil {
+			return nil, fmt.Errorf("reading the autovacuum setting: %w", err)
+		}
+	}
 	runCtx, cancel := context.WithDeadline(ctx, opens.Add(cfg.Duration))
 	defer cancel()
 	var wg sync.WaitGroup
@@ -402,21 +409,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Pages {
 		wg.Go(func() { r.pages(runCtx) })
 	}
-	if cfg.DB != nil {
-		var autovacuum string
-		if err := cfg.DB.QueryRow(ctx, `SHOW autovacuum`).Scan(&autovacuum); err != nil {
-			cancel()
-			wg.Wait()
-			return nil, fmt.Errorf("reading the autovacuum setting: %w", err)
-		}
-		if autovacuum == "off" {
-			// Without it the planner keeps the seeding's statistics of a
-			// table that grows by thousands of rows a second, and plans for
-			// an empty queue; a live cluster's autovacuum analyzes a table
-			// once a tenth of it changed.
-			rep.Notes = append(rep.Notes, fmt.Sprintf("this PostgreSQL runs without autovacuum: the tool analyzed jobs, leases, nodes and allocations every %v in its stead", analyzeEvery))
-			wg.Go(func() { r.analyze(runCtx) })
-		}
+	if autovacuum == "off" {
+		// Without it the planner keeps the seeding's statistics of a table
+		// that grows by thousands of rows a second, and plans for an empty
+		// queue; a live cluster's autovacuum analyzes a table once a tenth
+		// of it changed.
+		rep.Notes = append(rep.Notes, fmt.Sprintf("this PostgreSQL runs without autovacuum: the tool analyzed jobs, leases, nodes and allocations every %v in its stead", analyzeEvery))
+		wg.Go(func() { r.analyze(runCtx) })
 	}
 	sleep(runCtx, time.Until(opens))
 	// The window opens when the warm-up ends (a late wake-up on a loaded

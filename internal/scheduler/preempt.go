@@ -3,7 +3,6 @@ package scheduler
 import (
 	"cmp"
 	"fmt"
-	"math"
 	"slices"
 )
 
@@ -96,6 +95,9 @@ func (st *state) buildNodeRun() {
 	for i := range st.runs() {
 		r := &st.runs()[i]
 		r.lost, r.vprio = st.lostWork(r), st.runPrio(r)
+		if st.p.Mode == ModeAllot && st.p.Order == OrderResponse {
+			r.requeued = st.requeuedPriority(r)
+		}
 		for _, sl := range st.runs()[i].j.Placement {
 			if sl.Node >= 0 && sl.Node < len(st.nodes) && len(sl.GPUs) > 0 {
 				st.nodeRun[sl.Node] = append(st.nodeRun[sl.Node], i)
@@ -128,6 +130,7 @@ func (st *state) nodeVictims(n, target, maxGroup int, class Tier, reclaim bool, 
 	ns := &st.nodes[n]
 	avail := ns.free
 	vs = buf[:0]
+	rank := st.classRank(class)
 	for _, ri := range st.nodeRun[n] {
 		r := &st.runs()[ri]
 		k := r.gpusOn(n)
@@ -138,8 +141,7 @@ func (st *state) nodeVictims(n, target, maxGroup int, class Tier, reclaim bool, 
 		if st.victimAfter != noVictimLimit && r.gpus >= ns.cap && rel(r.j.Submit, st.now) <= st.victimAfter {
 			continue // it would take a whole node back before the preemptor once requeued
 		}
-		if !math.IsInf(st.victimBelow, 1) && st.classRank(r.class) == st.classRank(class) &&
-			st.requeuedPriority(r, int64(st.p.GracePeriod)) >= st.victimBelow {
+		if r.requeued >= st.victimBelow && st.classRank(r.class) == rank {
 			continue // the same: it would come back ahead of the preemptor
 		}
 		if g := st.victimGroup(r, maxGroup); g >= 0 && g <= maxGroup && (r.class >= class || class.Production()) && (reclaim || st.mayPreempt(class, r.class)) {

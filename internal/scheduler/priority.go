@@ -78,22 +78,25 @@ func (st *state) priority(pj *pjob) Priority {
 		Age:       age,
 	}
 	if p.Order == OrderResponse {
-		pr.Total = st.responseRatio(pj, 0) * max(2*pr.FairShare, 1.0/32)
-		if p.TeamWaitBoost && pj.team >= 0 && pj.class.Research() {
-			if b := st.teams[pj.team].boost; b > 1 {
-				pr.Total *= b
-			}
-		}
+		pr.Total = st.responsePriority(pj.j, pj.team, pj.class, pj.maxCap, -pj.submit)
 		return pr
 	}
 	pr.Total = p.WeightFairShare*pr.FairShare + p.WeightSize*pr.Size + p.WeightAge*pr.Age
 	return pr
 }
 
-// responseRatio is (wait + T) / T for a pending job (Policy.Order), later
-// ns from now.
-func (st *state) responseRatio(pj *pjob, later int64) float64 {
-	return st.ratioOf(pj.j, pj.maxCap, -pj.submit+later)
+// responsePriority is OrderResponse's priority of job j of team (index;
+// -1 none) in class after waiting wait ns: its response ratio times the
+// team's fair share 2F (at least 1/32), times the team-wait boost of a
+// research job under Policy.TeamWaitBoost (maxCap: see ratioOf).
+func (st *state) responsePriority(j *Job, team int, class Tier, maxCap int, wait int64) float64 {
+	p := st.ratioOf(j, maxCap, wait) * max(2*st.fairShare(team), 1.0/32)
+	if st.p.TeamWaitBoost && team >= 0 && class.Research() {
+		if b := st.teams[team].boost; b > 1 {
+			p *= b
+		}
+	}
+	return p
 }
 
 // ratioOf is the response ratio of job j after waiting wait ns (maxCap:
@@ -113,12 +116,19 @@ func (st *state) ratioOf(j *Job, maxCap int, wait int64) float64 {
 	return (float64(max(wait, 0)) + t) / t
 }
 
-// requeuedPriority is running job r's priority under OrderResponse if it
-// were preempted now and back in the queue after ns more: its wait counts
+// requeuedPriority is running job r's priority under OrderResponse were it
+// preempted now and back in the queue at the grace end: its wait counts
 // from its original submit time (Job.Submit), so a job that waited or ran
-// long comes back high. Wide aging and the team-wait boost are left out.
-func (st *state) requeuedPriority(r *runJob, later int64) float64 {
-	return st.ratioOf(r.j, 0, -rel(r.j.Submit, st.now)+later) * max(2*st.fairShare(r.team), 1.0/32)
+// long comes back high (for wide aging, the largest node it runs on
+// stands for the nodes it may use).
+func (st *state) requeuedPriority(r *runJob) float64 {
+	maxCap := 0
+	for _, sl := range r.j.Placement {
+		if sl.Node >= 0 && sl.Node < len(st.nodes) {
+			maxCap = max(maxCap, st.nodes[sl.Node].cap)
+		}
+	}
+	return st.responsePriority(r.j, r.team, r.class, maxCap, -rel(r.j.Submit, st.now)+int64(st.p.GracePeriod))
 }
 
 // teamWaitBoosts sets each team's boost (Policy.TeamWaitBoost): the mean

@@ -419,7 +419,7 @@ func (st *state) tryPreempt(pj *pjob, attempts *int) bool {
 		// never tuned on preempted one 8-GPU job over 100 times). Only
 		// victims that come back behind the preemptor qualify.
 		if st.p.Order == OrderResponse && st.p.Mode == ModeAllot {
-			st.victimBelow = st.priority(pj).Total * st.responseRatio(pj, grace) / st.responseRatio(pj, 0)
+			st.victimBelow = st.responsePriority(pj.j, pj.team, pj.class, pj.maxCap, -pj.submit+grace)
 		}
 	}
 	ok := st.preempt(pj, mg, maxLost)

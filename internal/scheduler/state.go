@@ -113,6 +113,7 @@ type runJob struct {
 	startRel int64
 	lost     float64 // GPU-seconds lost if preempted now (set by buildNodeRun)
 	vprio    float64 // priority as a victim (set by buildNodeRun)
+	requeued float64 // OrderResponse priority once requeued (set by buildNodeRun; see requeuedPriority)
 }
 
 // pjob is a pending job.

@@ -843,20 +843,17 @@ func (s *Store) RecordHeartbeatRound(ctx context.Context, node string, samples [
 	}
 	check = strings.ToValidUTF8(check, "?")
 	listed, byRef := listedStats(stats)
-	jobs, segs := make([]int64, len(stats)), make([]int32, len(stats))
-	for i, st := range stats {
-		jobs[i], segs[i] = st.JobID, int32(st.Segment)
-	}
 	now := s.Now()
 	sql, args := heartbeatSQL(node, now, samples)
+	seen := seenArgs(node, now, stats) // $3, $4: the listed leases' jobs and segments
 	b := &pgx.Batch{}
 	b.Queue(sql, args...)
-	b.Queue(nodeLeasesSQL, node, jobs, segs)
+	b.Queue(nodeLeasesSQL, node, seen[2], seen[3])
 	b.Queue(nodeHealthSQL, node)
 	if len(stats) > 0 {
 		// The listed leases seen alive, in the same round trip: what the
 		// reconciliation below would confirm in one more.
-		b.Queue(seenSQL, seenArgs(node, now, stats)...)
+		b.Queue(seenSQL, seen...)
 	}
 	br := pool.SendBatch(ctx, b)
 	var err error

@@ -186,6 +186,18 @@ func collect[T any](rows pgx.Rows, err error, what string, f pgx.RowToFunc[T]) (
 	return out, mapErr(what, err)
 }
 
+// collectMap reads rows of two columns, a key and its value, into a map.
+func collectMap[K comparable, V any](rows pgx.Rows, err error, what string) (map[K]V, error) {
+	if err != nil {
+		return nil, mapErr(what, err)
+	}
+	out := map[K]V{}
+	var k K
+	var v V
+	_, err = pgx.ForEachRow(rows, []any{&k, &v}, func() error { out[k] = v; return nil })
+	return out, mapErr(what, err)
+}
+
 func mapKeys[V any](m map[string]V) []string {
 	out := make([]string, 0, len(m))
 	for k := range m {

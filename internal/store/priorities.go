@@ -2,8 +2,6 @@ package store
 
 import (
 	"context"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // PriorityFilter selects pending jobs for QueueList. Zero fields
@@ -20,12 +18,5 @@ type PriorityFilter struct {
 // second row for it).
 func (s *Store) NodeAllocatedGPUs(ctx context.Context) (map[string]int, error) {
 	rows, err := s.db.Query(ctx, `SELECT node, count(DISTINCT gpu_index)::int FROM allocations WHERE released_at IS NULL GROUP BY node`)
-	if err != nil {
-		return nil, mapErr("counting allocated GPUs", err)
-	}
-	out := map[string]int{}
-	var node string
-	var n int
-	_, err = pgx.ForEachRow(rows, []any{&node, &n}, func() error { out[node] = n; return nil })
-	return out, mapErr("counting allocated GPUs", err)
+	return collectMap[string, int](rows, err, "counting allocated GPUs")
 }

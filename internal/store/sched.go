@@ -704,14 +704,7 @@ func (s *Store) readJobRows(ctx context.Context, emails map[int64]string, where 
 // userEmails returns every user's email by id.
 func (s *Store) userEmails(ctx context.Context) (map[int64]string, error) {
 	rows, err := s.db.Query(ctx, `SELECT id, email FROM users`)
-	if err != nil {
-		return nil, mapErr("loading users' emails", err)
-	}
-	out := map[int64]string{}
-	var id int64
-	var email string
-	_, err = pgx.ForEachRow(rows, []any{&id, &email}, func() error { out[id] = email; return nil })
-	return out, mapErr("loading users' emails", err)
+	return collectMap[int64, string](rows, err, "loading users' emails")
 }
 
 // sortForCycle lays jobs out in ListJobs' order (newest submission

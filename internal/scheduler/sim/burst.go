@@ -103,7 +103,7 @@ func (s *state) burstStep() bool {
 				Site: scheduler.SiteCloud, State: scheduler.NodeUp}
 			b.nodes = append(b.nodes, burstNode{idx: len(s.nodes), up: s.now, alive: true})
 			s.nodes = append(s.nodes, n)
-			s.nodesChanged, s.idle.fresh = true, false
+			s.nodesChanged = true
 			s.used = append(s.used, 0)
 			s.nodeUsed = append(s.nodeUsed, 0)
 			s.free += n.GPUs
@@ -148,7 +148,7 @@ func (s *state) burstStep() bool {
 			n := &b.nodes[k]
 			n.alive, n.down = false, s.now
 			s.nodes[n.idx].State = scheduler.NodeDown
-			s.nodesChanged, s.idle.fresh = true, false
+			s.nodesChanged = true
 			s.free -= s.nodes[n.idx].GPUs
 			b.alive--
 		}

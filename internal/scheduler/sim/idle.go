@@ -7,8 +7,9 @@ package sim
 // are fragmentation, which the queue's make-up decides: a policy that
 // starts small jobs first leaves a queue of jobs that need whole nodes.
 
-// idleNodes is the free capacity of the on-premise nodes, recomputed only
-// after a start, a release or a change of nodes (fresh false).
+// idleNodes is the free capacity of the on-premise nodes (the first
+// Config.Nodes; burst nodes come after them), recomputed only after a
+// start or a release (fresh false).
 type idleNodes struct {
 	fresh   bool
 	free    int // free GPUs
@@ -23,14 +24,14 @@ func (s *state) pendingAsks(g int) {
 	}
 }
 
-// idleWhilePending adds ov seconds of the current idle GPUs (jobs are
-// pending) to the idle GPU-seconds, and to the held ones when the smallest
-// pending job fits.
+// idleWhilePending adds ov seconds of the current idle GPUs to the idle
+// GPU-seconds, and to the held ones when the smallest pending job fits;
+// the caller calls it only while jobs are pending (pendMin > 0).
 func (s *state) idleWhilePending(ov float64) {
 	in := &s.idle
 	if !in.fresh {
 		in.free, in.maxFree, in.whole = 0, 0, 0
-		for n := range min(s.cfg.Nodes, len(s.nodes)) {
+		for n := range s.cfg.Nodes {
 			f := s.nodes[n].GPUs - s.nodeUsed[n]
 			in.free += f
 			in.maxFree = max(in.maxFree, f)
@@ -40,7 +41,7 @@ func (s *state) idleWhilePending(ov float64) {
 		}
 		in.fresh = true
 	}
-	if in.free == 0 || s.pendMin == 0 {
+	if in.free == 0 {
 		return
 	}
 	idle := float64(in.free) * ov
