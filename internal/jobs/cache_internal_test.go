@@ -156,7 +156,7 @@ func TestCachedLoadMatchesFullLoad(t *testing.T) {
 	jobRows := func() int {
 		s.cacheMu.Lock()
 		defer s.cacheMu.Unlock()
-		return s.cache.JobRows
+		return s.cache.JobRows()
 	}
 	idOf := func(state string, offset int) int64 {
 		t.Helper()

@@ -103,16 +103,17 @@ type SchedCache struct {
 	month   monthSums
 	allocs  []allocGroup // ok with allocsOK
 	allocOK bool
-	// pending and running are how many jobs the last load read.
-	pending, running int
 	// pendingRows and runningRows are the jobs as read, by row version
 	// (jobsForCycle).
 	pendingRows, runningRows jobCache
 	// MonthSums and AllocReads count the loads that summed this month's
 	// usage, and read the open allocations, from the database (the others
-	// carried the kept ones on); JobRows counts the job rows read whole.
-	MonthSums, AllocReads, JobRows int
+	// carried the kept ones on).
+	MonthSums, AllocReads int
 }
+
+// JobRows counts the job rows the loads read whole.
+func (c *SchedCache) JobRows() int { return c.pendingRows.reads + c.runningRows.reads }
 
 // settle reads the allocations epoch. When it moved since c's, what c
 // keeps is dropped, and what this load reads may be kept only if no other
@@ -252,28 +253,23 @@ func (s *Store) LoadSchedStateCached(ctx context.Context, c *SchedCache) (SchedS
 	if st.MonthUsed, err = s.monthUsed(ctx, st.Now, c); err != nil {
 		return st, err
 	}
-	var hint SchedCache
-	if c != nil {
-		hint = *c
-	}
+	// Sized for the last load's jobs, and a little more.
 	var pendingRows, runningRows *jobCache
+	var pendingHint, runningHint int
 	if c != nil {
 		pendingRows, runningRows = &c.pendingRows, &c.runningRows
+		pendingHint, runningHint = len(c.pendingRows.rows), len(c.runningRows.rows)
 	}
 	emails, err := s.userEmails(ctx)
 	if err != nil {
 		return st, err
 	}
-	if st.Pending, err = s.jobsForCycle(ctx, allot.JobPending, hint.pending+hint.pending/16, pendingRows, emails); err != nil {
+	if st.Pending, err = s.jobsForCycle(ctx, allot.JobPending, pendingHint+pendingHint/16, pendingRows, emails); err != nil {
 		return st, err
 	}
-	running, err := s.jobsForCycle(ctx, allot.JobRunning, hint.running+hint.running/16, runningRows, emails)
+	running, err := s.jobsForCycle(ctx, allot.JobRunning, runningHint+runningHint/16, runningRows, emails)
 	if err != nil {
 		return st, err
-	}
-	if c != nil {
-		c.pending, c.running = len(st.Pending), len(running)
-		c.JobRows = c.pendingRows.reads + c.runningRows.reads
 	}
 	byID := make(map[int64]int, len(running))
 	st.Running = make([]RunningJob, len(running))
