@@ -89,6 +89,12 @@ type Scheduler struct {
 	learnMu sync.Mutex
 	learnAt time.Time // business time of the last learning, zero: never
 	learned store.RunTimeRatios
+
+	// orderMu holds the last cycle's queue order, which makes the next
+	// cycle's sort cheaper (scheduler.OrderMemory); a cycle that finds it
+	// taken sorts without it.
+	orderMu sync.Mutex
+	order   scheduler.OrderMemory
 }
 
 // rowCopy is what a cycle wrote to a pending job's row.
@@ -268,7 +274,13 @@ func (s *Scheduler) Cycle(ctx context.Context) (CycleResult, error) {
 		res.Policy = st.Policy
 		snap, nodeNames := Snapshot(st)
 		s.expectRunTimes(ctx, tx, st, &snap)
+		if s.orderMu.TryLock() {
+			snap.Order = &s.order
+		}
 		plan := scheduler.Schedule(snap, st.Now, corePolicy(st.Policy, st.Tiers))
+		if snap.Order != nil {
+			s.orderMu.Unlock()
+		}
 		// The snapshot has no env (it is only needed to start): the
 		// starting jobs' is read now.
 		startIDs := make([]int64, len(plan.Starts))

@@ -111,17 +111,27 @@ func BenchmarkSchedule(b *testing.B) {
 	// The start forecast's cost: allot with the earlier estimate.
 	allotLim := DefaultPolicy()
 	allotLim.ETA = ETALimits
+	// allot-remembered: cycles 10 s apart that keep an OrderMemory, as the
+	// worker and the simulator do (the first cycle sorts without one).
 	variants := []struct {
-		name string
-		p    Policy
-	}{{"allot", DefaultPolicy()}, {"allot-multifactor", allotMF}, {"easy", easy}, {"allot-eta-limits", allotLim}}
+		name     string
+		p        Policy
+		remember bool
+	}{{"allot", DefaultPolicy(), false}, {"allot-multifactor", allotMF, false}, {"easy", easy, false}, {"allot-eta-limits", allotLim, false}, {"allot-remembered", DefaultPolicy(), true}}
 	for _, c := range []struct{ pending, nodes int }{{1000, 100}, {10000, 1000}, {50000, 10000}, {100000, 20000}} {
 		s := benchSnapshot(c.pending, c.nodes)
 		for _, v := range variants {
 			b.Run(fmt.Sprintf("%s/pending=%d/nodes=%d", v.name, c.pending, c.nodes), func(b *testing.B) {
 				var plan Plan
+				s, now := s, t0
+				if v.remember {
+					s.Order = new(OrderMemory)
+				}
 				for b.Loop() {
-					plan = Schedule(s, t0, v.p)
+					plan = Schedule(s, now, v.p)
+					if v.remember {
+						now = now.Add(10 * time.Second)
+					}
 				}
 				b.ReportMetric(float64(len(plan.Starts)), "starts")
 				b.ReportMetric(float64(len(plan.Preemptions)), "preemptions")

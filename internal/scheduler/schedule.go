@@ -100,7 +100,7 @@ func (st *state) preparePendingAll() {
 		}
 		// Class, then priority, then submit time, then id. Sorting compact
 		// keys by value is several times faster than chasing pointers.
-		keys := make([]orderKey, len(st.pend))
+		keys := st.s.Order.buf(len(st.pend))
 		for i := range st.pend {
 			pj := &st.pend[i]
 			pj.prio = st.priority(pj) // baselines compute it only for output
@@ -112,23 +112,7 @@ func (st *state) preparePendingAll() {
 				keys[i].held = 1
 			}
 		}
-		// As cmp.Or of the five comparisons, without computing the
-		// later ones when an earlier one decides (a third of the sort).
-		slices.SortFunc(keys, func(a, b orderKey) int {
-			if a.class != b.class {
-				return cmp.Compare(a.class, b.class)
-			}
-			if a.held != b.held {
-				return cmp.Compare(b.held, a.held)
-			}
-			if c := cmp.Compare(b.prio, a.prio); c != 0 {
-				return c
-			}
-			if a.submit != b.submit {
-				return cmp.Compare(a.submit, b.submit)
-			}
-			return cmp.Compare(a.id, b.id)
-		})
+		keys = st.s.Order.sortOrder(keys)
 		for i, k := range keys {
 			st.order[i] = &st.pend[k.idx]
 		}

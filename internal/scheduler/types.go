@@ -470,6 +470,10 @@ type Snapshot struct {
 	// cycles; the caller reports the running jobs it changed (see
 	// RunningKeep). Nil is always correct.
 	Keep *RunningKeep
+	// Order, when set, remembers the order this caller's last cycle served
+	// its queue in, to sort the next one faster (see OrderMemory). Nil is
+	// always correct.
+	Order *OrderMemory
 }
 
 // Priority is a job's multifactor priority and its breakdown. Each factor is

@@ -291,6 +291,8 @@ type state struct {
 	nodesChanged bool
 	// keep is told every position of running changed (nil: Config.NoKeep).
 	keep *scheduler.RunningKeep
+	// order remembers the last cycle's queue order (nil: Config.NoKeep).
+	order *scheduler.OrderMemory
 }
 
 // Run replays trace (sorted by Submit) under cfg and returns the metrics.
@@ -319,6 +321,7 @@ func Run(cfg Config, trace []TraceJob) (*Result, error) {
 	s := &state{cfg: cfg, sched: cfg.Schedule, progress: cfg.Progress}
 	if !cfg.NoKeep {
 		s.keep = new(scheduler.RunningKeep)
+		s.order = new(scheduler.OrderMemory)
 	}
 	if s.sched == nil {
 		s.sched = scheduler.Schedule
@@ -806,7 +809,7 @@ func (s *state) cycle() error {
 			}
 		}
 	}
-	snap := scheduler.Snapshot{Nodes: s.nodes, Running: s.running, Pending: s.pending, Teams: s.teams, NodesSame: !s.nodesChanged, Keep: s.keep}
+	snap := scheduler.Snapshot{Nodes: s.nodes, Running: s.running, Pending: s.pending, Teams: s.teams, NodesSame: !s.nodesChanged, Keep: s.keep, Order: s.order}
 	s.nodesChanged = false
 	pol := s.cfg.Policy
 	if s.eta != nil && s.etaTargets() {
