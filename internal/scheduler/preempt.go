@@ -157,7 +157,15 @@ func (st *state) nodeVictims(n, target, maxGroup int, class Tier, reclaim bool, 
 			cmp.Compare(ra.vprio, rb.vprio), cmp.Compare(ra.gpus, rb.gpus), cmp.Compare(ra.j.ID, rb.j.ID))
 	})
 	worst = -1
-	for i, v := range vs {
+	taken := st.takenBuf()
+	defer clear(taken)
+	k := 0
+	for _, v := range vs {
+		if !st.withinExcess(v, maxGroup, taken) {
+			continue
+		}
+		vs[k] = v
+		k++
 		avail += v.gpus
 		freed += st.runs()[v.ri].gpus
 		if v.group != vgPreemptible {
@@ -165,10 +173,39 @@ func (st *state) nodeVictims(n, target, maxGroup int, class Tier, reclaim bool, 
 		}
 		worst = max(worst, v.group)
 		if avail >= target {
-			return vs[:i+1], worst, freed, lost, true
+			return vs[:k], worst, freed, lost, true
 		}
 	}
 	return nil, 0, 0, 0, false
+}
+
+// withinExcess reports whether victim v may join a set whose victims of
+// each team already take taken[team] GPUs, and if so counts it there. A
+// preemptor whose right is only to work above guarantees (tier 2, a team
+// reclaiming its guarantee: maxGroup vgAboveGuarantee) takes at most a
+// team's excess: victimGroup checks each job alone, so two of one team's
+// jobs could each pass and together push the team below its guarantee,
+// which would then reclaim it back.
+func (st *state) withinExcess(v victimCand, maxGroup int, taken []int) bool {
+	r := &st.runs()[v.ri]
+	if maxGroup != vgAboveGuarantee || v.group != vgAboveGuarantee || r.team < 0 {
+		return true
+	}
+	t := &st.teams[r.team]
+	if t.alloc-taken[r.team]-r.gpus < t.guarantee {
+		return false
+	}
+	taken[r.team] += r.gpus
+	return true
+}
+
+// takenBuf is a zeroed per-team counter for withinExcess; its users clear
+// it when done.
+func (st *state) takenBuf() []int {
+	if len(st.taken) != len(st.teams) {
+		st.taken = make([]int, len(st.teams))
+	}
+	return st.taken
 }
 
 // victimScore ranks victim sets: worst victim group, work lost, GPUs
@@ -271,9 +308,25 @@ func (st *state) preempt(pj *pjob, maxGroup int, maxLost float64) bool {
 				slices.SortFunc(costs, func(a, b nodeCost) int { return cmpScore(a.sc, b.sc) })
 				got, sc := 0, victimScore{worst: -1, at: gi}
 				var set []int
+				taken := st.takenBuf()
 				for _, c := range costs {
 					if got >= g {
 						break
+					}
+					// Within the teams' excess over the whole set, not
+					// only node by node (withinExcess).
+					fits := true
+					for _, v := range c.vs {
+						if !slices.Contains(set, v.ri) && !st.withinExcess(v, maxGroup, taken) {
+							fits = false
+						}
+					}
+					if !fits {
+						clear(taken)
+						for _, ri := range set {
+							st.withinExcess(victimCand{ri: ri, group: st.victimGroup(&st.runs()[ri], maxGroup)}, maxGroup, taken)
+						}
+						continue
 					}
 					got += c.give
 					sc.worst = max(sc.worst, c.sc.worst)
@@ -286,6 +339,7 @@ func (st *state) preempt(pj *pjob, maxGroup int, maxLost float64) bool {
 						}
 					}
 				}
+				clear(taken)
 				if got < g || len(set) == 0 {
 					continue
 				}

@@ -1,0 +1,65 @@
+package scheduler
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// TestVictimsWithinTeamExcess: a preemptor whose right is to work above
+// guarantees (here tier 2) takes at most a team's excess over its
+// guarantee, counted over the whole victim set. Team a runs 4 GPUs above
+// its guarantee of 8 in 4-GPU jobs: each alone may go, two together would
+// leave it below its guarantee, so the cheaper node holding two of them is
+// passed over, on one node and across the nodes of a multi-node start.
+func TestVictimsWithinTeamExcess(t *testing.T) {
+	t.Parallel()
+	teams := []Team{
+		{Name: "a", Weight: 1, Guarantee: map[string]int{"": 8}},
+		{Name: "b", Weight: 1, Guarantee: map[string]int{"": 0}},
+		{Name: "p", Weight: 1, Guarantee: map[string]int{"": 0}},
+	}
+	prod := job(1, 8, team("p"), tier(Tier2), submitted(time.Minute))
+	s := Snapshot{Nodes: cluster(2, 8), Teams: teams, Pending: []Job{prod}, Running: []Job{
+		job(100, 4, team("a"), tier(Tier4), on(30*time.Minute, slot(0, 0, 1, 2, 3))),
+		job(101, 4, team("a"), tier(Tier4), on(30*time.Minute, slot(0, 4, 5, 6, 7))),
+		job(102, 4, team("a"), tier(Tier4), on(2*time.Hour, slot(1, 0, 1, 2, 3))),
+		job(103, 4, team("b"), tier(Tier4), on(2*time.Hour, slot(1, 4, 5, 6, 7))),
+	}}
+	p := Schedule(s, t0, allot())
+	if diff := cmp.Diff([]int64{102, 103}, victimIDs(p)); diff != "" {
+		t.Errorf("one node: victims (-want +got):\n%s", diff)
+	}
+	for _, v := range p.Preemptions {
+		if !strings.Contains(v.Reason, "above its guarantee") {
+			t.Errorf("victim %d: reason %q, want one above its guarantee", v.JobID, v.Reason)
+		}
+	}
+
+	// Two whole nodes: team a's two 8-GPU jobs are each within its excess
+	// alone, not together.
+	prod.GPUs = 16
+	s = Snapshot{Nodes: cluster(3, 8), Teams: teams, Pending: []Job{prod}, Running: []Job{
+		job(100, 8, team("a"), tier(Tier4), on(30*time.Minute, slot(0, seq(0, 8)...))),
+		job(101, 8, team("a"), tier(Tier4), on(30*time.Minute, slot(1, seq(0, 8)...))),
+		job(102, 8, team("b"), tier(Tier4), on(2*time.Hour, slot(2, seq(0, 8)...))),
+	}}
+	s.Teams[0].Guarantee = map[string]int{"": 8}
+	if diff := cmp.Diff([]int64{100, 102}, victimIDs(Schedule(s, t0, allot()))); diff != "" {
+		t.Errorf("two nodes: victims (-want +got):\n%s", diff)
+	}
+
+	// Tier 1 may take any research work: the cheaper node, both of a's jobs.
+	prod.GPUs, prod.Tier = 8, Tier1
+	s = Snapshot{Nodes: cluster(2, 8), Teams: teams, Pending: []Job{prod}, Running: []Job{
+		job(100, 4, team("a"), tier(Tier4), on(30*time.Minute, slot(0, 0, 1, 2, 3))),
+		job(101, 4, team("a"), tier(Tier4), on(30*time.Minute, slot(0, 4, 5, 6, 7))),
+		job(102, 4, team("a"), tier(Tier4), on(2*time.Hour, slot(1, 0, 1, 2, 3))),
+		job(103, 4, team("b"), tier(Tier4), on(2*time.Hour, slot(1, 4, 5, 6, 7))),
+	}}
+	if diff := cmp.Diff([]int64{100, 101}, victimIDs(Schedule(s, t0, allot()))); diff != "" {
+		t.Errorf("tier 1: victims (-want +got):\n%s", diff)
+	}
+}
