@@ -138,8 +138,8 @@ func (st *state) nodeVictims(n, target, maxGroup int, class Tier, reclaim bool, 
 			avail += k // freed at its grace end, within one grace period
 			continue
 		}
-		if st.victimAfter != noVictimLimit && r.gpus >= ns.cap && rel(r.j.Submit, st.now) <= st.victimAfter {
-			continue // it would take a whole node back before the preemptor once requeued
+		if st.victimAfter != noVictimLimit && rel(r.j.Submit, st.now) <= st.victimAfter {
+			continue // once requeued it would be starving, served first, and take its GPUs back
 		}
 		if r.requeued >= st.victimBelow && st.classRank(r.class) == rank {
 			continue // the same: it would come back ahead of the preemptor

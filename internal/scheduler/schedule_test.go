@@ -204,6 +204,31 @@ func TestReclaimSparesVictimsThatComeBackFirst(t *testing.T) {
 	}
 }
 
+// TestClassicReclaimSparesVictimsThatWouldStarve: under the classic order
+// a victim requeued with its original submit time that would be starving
+// by the grace end is served by the starvation guard first, takes the
+// freed GPUs back and is preempted again (the classic order livelocked so
+// on philly-48: one job over 100 times). A reclaim takes only victims that
+// come back not starving, whatever part of a node they hold (the rule once
+// held for whole-node victims only, and job 100 holds half a node).
+func TestClassicReclaimSparesVictimsThatWouldStarve(t *testing.T) {
+	t.Parallel()
+	x := job(1, 4, team("a"), tier(Tier4), limit(10*time.Hour), submitted(15*time.Minute))
+	v100 := job(100, 4, team("b"), tier(Tier4), limit(50*time.Hour), submitted(30*time.Minute), on(11*time.Minute, slot(0, 0, 1, 2, 3)))
+	v101 := job(101, 4, team("b"), tier(Tier4), limit(50*time.Hour), submitted(12*time.Minute), on(11*time.Minute+30*time.Second, slot(0, 4, 5, 6, 7)))
+	s := fullCluster(v100, v101)
+	s.Pending = []Job{x}
+	if diff := cmp.Diff([]int64{101}, victimIDs(Schedule(s, t0, classic()))); diff != "" {
+		t.Errorf("victims (-want +got):\n%s", diff)
+	}
+	v101.Submit = t0.Add(-25 * time.Minute)
+	s = fullCluster(v100, v101)
+	s.Pending = []Job{x}
+	if p := Schedule(s, t0, classic()); len(p.Preemptions) != 0 {
+		t.Errorf("preempted %v, which would come back starving", victimIDs(p))
+	}
+}
+
 func TestGuaranteePatience(t *testing.T) {
 	t.Parallel()
 	s := fullCluster(job(100, 8, team("b"), tier(Tier4), on(time.Hour, slot(0, seq(0, 8)...))))
