@@ -90,9 +90,9 @@ type Scheduler struct {
 	learnAt time.Time // business time of the last learning, zero: never
 	learned store.RunTimeRatios
 
-	// orderMu holds the last cycle's queue order, which makes the next
-	// cycle's sort cheaper (scheduler.OrderMemory); a cycle that finds it
-	// taken sorts without it.
+	// order is the last cycle's queue order, which makes the next cycle's
+	// sort cheaper (scheduler.OrderMemory); orderMu guards it, and a cycle
+	// that finds it taken sorts without it.
 	orderMu sync.Mutex
 	order   scheduler.OrderMemory
 }
@@ -234,6 +234,16 @@ type CycleResult struct {
 	Policy allot.Policy
 }
 
+// schedule runs the core on snap with the policy of st, with the kept
+// queue order when no other cycle of this scheduler holds it.
+func (s *Scheduler) schedule(snap scheduler.Snapshot, st *store.SchedState) scheduler.Plan {
+	if s.orderMu.TryLock() {
+		defer s.orderMu.Unlock()
+		snap.Order = &s.order
+	}
+	return scheduler.Schedule(snap, st.Now, corePolicy(st.Policy, st.Tiers))
+}
+
 // Cycle runs one scheduling cycle: it brings the teams' fair-share usage
 // up to now with the current policy's half-life when DecayPeriod has
 // passed, loads the state (reading again only what may have changed) and
@@ -274,13 +284,7 @@ func (s *Scheduler) Cycle(ctx context.Context) (CycleResult, error) {
 		res.Policy = st.Policy
 		snap, nodeNames := Snapshot(st)
 		s.expectRunTimes(ctx, tx, st, &snap)
-		if s.orderMu.TryLock() {
-			snap.Order = &s.order
-		}
-		plan := scheduler.Schedule(snap, st.Now, corePolicy(st.Policy, st.Tiers))
-		if snap.Order != nil {
-			s.orderMu.Unlock()
-		}
+		plan := s.schedule(snap, &st)
 		// The snapshot has no env (it is only needed to start): the
 		// starting jobs' is read now.
 		startIDs := make([]int64, len(plan.Starts))

@@ -37,6 +37,7 @@ func limit(d time.Duration) jobOpt     { return func(j *Job) { j.TimeLimit = d }
 func submitted(d time.Duration) jobOpt { return func(j *Job) { j.Submit = t0.Add(-d) } }
 func gpuType(t string) jobOpt          { return func(j *Job) { j.GPUType = t } }
 func preemptible() jobOpt              { return func(j *Job) { j.Preemptible = true } }
+func runAs(c Tier) jobOpt              { return func(j *Job) { j.RunAs = c } }
 
 // on makes a running job: started `ago` before t0, holding GPUs gpus of
 // node n (and further slots). A job that would already have reached its

@@ -51,8 +51,21 @@ func TestVictimsWithinTeamExcess(t *testing.T) {
 		t.Errorf("two nodes: victims (-want +got):\n%s", diff)
 	}
 
+	// A preemptible job counts in its team's GPUs too: with it gone, team
+	// a is at its guarantee and its tier-4 job stays.
+	prod.GPUs = 8
+	s = Snapshot{Nodes: cluster(1, 8), Teams: teams, Pending: []Job{prod}, Running: []Job{
+		job(100, 4, team("a"), tier(Tier4), runAs(TierPreemptible), on(30*time.Minute, slot(0, 0, 1, 2, 3))),
+		job(101, 4, team("a"), tier(Tier4), on(30*time.Minute, slot(0, 4, 5, 6, 7))),
+	}}
+	s.Teams = []Team{{Name: "a", Weight: 1, Guarantee: map[string]int{"": 4}}, teams[1], teams[2]}
+	if p := Schedule(s, t0, allot()); len(p.Preemptions) != 0 {
+		t.Errorf("preemptible and tier-4 job of a team 4 GPUs above its guarantee: preempted %v", victimIDs(p))
+	}
+	s.Teams = teams
+
 	// Tier 1 may take any research work: the cheaper node, both of a's jobs.
-	prod.GPUs, prod.Tier = 8, Tier1
+	prod.Tier = Tier1
 	s = Snapshot{Nodes: cluster(2, 8), Teams: teams, Pending: []Job{prod}, Running: []Job{
 		job(100, 4, team("a"), tier(Tier4), on(30*time.Minute, slot(0, 0, 1, 2, 3))),
 		job(101, 4, team("a"), tier(Tier4), on(30*time.Minute, slot(0, 4, 5, 6, 7))),

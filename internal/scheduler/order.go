@@ -31,8 +31,8 @@ type OrderMemory struct {
 }
 
 // maxRankSpan bounds the rank table: job IDs spanning more than this many
-// times the queue's length (a job pending for months among new ones, say)
-// are not remembered.
+// times the queue's length, plus 4,096 (a job pending for months among
+// new ones, say), are not remembered.
 const maxRankSpan = 4
 
 func (m *OrderMemory) rankOf(id int64) int32 {

@@ -138,8 +138,11 @@ func (st *state) nodeVictims(n, target, maxGroup int, class Tier, reclaim bool, 
 			avail += k // freed at its grace end, within one grace period
 			continue
 		}
-		if st.victimAfter != noVictimLimit && rel(r.j.Submit, st.now) <= st.victimAfter {
-			continue // once requeued it would be starving, served first, and take its GPUs back
+		if st.victimAfter != noVictimLimit && r.class.Research() && !r.j.Submit.IsZero() && rel(r.j.Submit, st.now) <= st.victimAfter {
+			// Once requeued it would be starving, served by the guard
+			// (tier 3-4 jobs with a submit time) first, and take its GPUs
+			// back.
+			continue
 		}
 		if r.requeued >= st.victimBelow && st.classRank(r.class) == rank {
 			continue // the same: it would come back ahead of the preemptor
@@ -157,12 +160,21 @@ func (st *state) nodeVictims(n, target, maxGroup int, class Tier, reclaim bool, 
 			cmp.Compare(ra.vprio, rb.vprio), cmp.Compare(ra.gpus, rb.gpus), cmp.Compare(ra.j.ID, rb.j.ID))
 	})
 	worst = -1
-	taken := st.takenBuf()
-	defer clear(taken)
+	// Victims come preemptible first (group order), so an above-guarantee
+	// victim is checked against every earlier victim of its team.
+	var taken []int
+	if maxGroup == vgAboveGuarantee {
+		taken = st.takenBuf()
+		defer clear(taken)
+	}
 	k := 0
 	for _, v := range vs {
-		if !st.withinExcess(v, maxGroup, taken) {
-			continue
+		if taken != nil {
+			st.countVictim(v.ri, maxGroup, 1, taken)
+			if !st.keepsGuarantee(v.ri, v.group, maxGroup, taken) {
+				st.countVictim(v.ri, maxGroup, -1, taken)
+				continue
+			}
 		}
 		vs[k] = v
 		k++
@@ -179,28 +191,38 @@ func (st *state) nodeVictims(n, target, maxGroup int, class Tier, reclaim bool, 
 	return nil, 0, 0, 0, false
 }
 
-// withinExcess reports whether victim v may join a set whose victims of
-// each team already take taken[team] GPUs, and if so counts it there. A
-// preemptor whose right is only to work above guarantees (tier 2, a team
-// reclaiming its guarantee: maxGroup vgAboveGuarantee) takes at most a
-// team's excess: victimGroup checks each job alone, so two of one team's
-// jobs could each pass and together push the team below its guarantee,
-// which would then reclaim it back.
-func (st *state) withinExcess(v victimCand, maxGroup int, taken []int) bool {
-	r := &st.runs()[v.ri]
-	if maxGroup != vgAboveGuarantee || v.group != vgAboveGuarantee || r.team < 0 {
+// A preemptor whose right is only to work above guarantees (tier 2, a
+// team reclaiming its guarantee: maxGroup vgAboveGuarantee) takes at most
+// each team's excess over its guarantee, counted over the whole victim
+// set: victimGroup judges each job alone, so two of one team's jobs (or a
+// preemptible one and another) could each pass and together leave the
+// team below its guarantee, from where it would reclaim. taken counts, per
+// team, the GPUs of every victim in the set (preemptible ones too: they
+// count in the team's alloc); keepsGuarantee checks an above-guarantee
+// victim against it. Both do nothing for other preemptors.
+
+// countVictim adds running job ri's GPUs to its team's taken (sign -1:
+// takes them off again).
+func (st *state) countVictim(ri, maxGroup, sign int, taken []int) {
+	if r := &st.runs()[ri]; maxGroup == vgAboveGuarantee && r.team >= 0 {
+		taken[r.team] += sign * r.gpus
+	}
+}
+
+// keepsGuarantee reports whether running job ri, a victim of group, leaves
+// its team at or above its guarantee once the team's taken GPUs (ri's
+// included) are gone.
+func (st *state) keepsGuarantee(ri, group, maxGroup int, taken []int) bool {
+	r := &st.runs()[ri]
+	if maxGroup != vgAboveGuarantee || group != vgAboveGuarantee || r.team < 0 {
 		return true
 	}
 	t := &st.teams[r.team]
-	if t.alloc-taken[r.team]-r.gpus < t.guarantee {
-		return false
-	}
-	taken[r.team] += r.gpus
-	return true
+	return t.alloc-taken[r.team] >= t.guarantee
 }
 
-// takenBuf is a zeroed per-team counter for withinExcess; its users clear
-// it when done.
+// takenBuf is the zeroed per-team counter of a set under construction;
+// its users clear it when done.
 func (st *state) takenBuf() []int {
 	if len(st.taken) != len(st.teams) {
 		st.taken = make([]int, len(st.teams))
@@ -314,19 +336,28 @@ func (st *state) preempt(pj *pjob, maxGroup int, maxLost float64) bool {
 						break
 					}
 					// Within the teams' excess over the whole set, not
-					// only node by node (withinExcess).
-					fits := true
-					for _, v := range c.vs {
-						if !slices.Contains(set, v.ri) && !st.withinExcess(v, maxGroup, taken) {
-							fits = false
+					// only node by node (countVictim).
+					if maxGroup == vgAboveGuarantee {
+						var added []int
+						for _, v := range c.vs {
+							if !slices.Contains(set, v.ri) {
+								st.countVictim(v.ri, maxGroup, 1, taken)
+								added = append(added, v.ri)
+							}
 						}
-					}
-					if !fits {
-						clear(taken)
-						for _, ri := range set {
-							st.withinExcess(victimCand{ri: ri, group: st.victimGroup(&st.runs()[ri], maxGroup)}, maxGroup, taken)
+						fits := true
+						for _, ri := range slices.Concat(set, added) {
+							if !st.keepsGuarantee(ri, st.victimGroup(&st.runs()[ri], maxGroup), maxGroup, taken) {
+								fits = false
+								break
+							}
 						}
-						continue
+						if !fits {
+							for _, ri := range added {
+								st.countVictim(ri, maxGroup, -1, taken)
+							}
+							continue
+						}
 					}
 					got += c.give
 					sc.worst = max(sc.worst, c.sc.worst)

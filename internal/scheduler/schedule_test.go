@@ -195,8 +195,8 @@ func TestReclaimSparesVictimsThatComeBackFirst(t *testing.T) {
 		t.Errorf("preempted %v, which would come back first", victimIDs(p))
 	}
 	// The rule is the response order's: the multifactor order (without
-	// the starvation guard, whose own rule spares whole-node victims
-	// submitted before the guard's wait) takes job 100.
+	// the starvation guard, whose own rule spares victims submitted before
+	// the guard's wait) takes job 100.
 	mf := allot()
 	mf.Order = OrderMultifactor
 	if diff := cmp.Diff([]int64{100}, victimIDs(Schedule(s, t0, mf))); diff != "" {
@@ -226,6 +226,14 @@ func TestClassicReclaimSparesVictimsThatWouldStarve(t *testing.T) {
 	s.Pending = []Job{x}
 	if p := Schedule(s, t0, classic()); len(p.Preemptions) != 0 {
 		t.Errorf("preempted %v, which would come back starving", victimIDs(p))
+	}
+	// The guard serves tier 3-4 jobs only: a job running as preemptible
+	// comes back behind the preemptor whenever it was submitted.
+	v100.RunAs, v100.Preemptible = TierPreemptible, true
+	s = fullCluster(v100, v101)
+	s.Pending = []Job{x}
+	if diff := cmp.Diff([]int64{100}, victimIDs(Schedule(s, t0, classic()))); diff != "" {
+		t.Errorf("preemptible victim: victims (-want +got):\n%s", diff)
 	}
 }
 
