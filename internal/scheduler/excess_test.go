@@ -59,8 +59,13 @@ func TestVictimsWithinTeamExcess(t *testing.T) {
 		job(101, 4, team("a"), tier(Tier4), on(30*time.Minute, slot(0, 4, 5, 6, 7))),
 	}}
 	s.Teams = []Team{{Name: "a", Weight: 1, Guarantee: map[string]int{"": 4}}, teams[1], teams[2]}
-	if p := Schedule(s, t0, allot()); len(p.Preemptions) != 0 {
+	p = Schedule(s, t0, allot())
+	if len(p.Preemptions) != 0 {
 		t.Errorf("preemptible and tier-4 job of a team 4 GPUs above its guarantee: preempted %v", victimIDs(p))
+	}
+	// Nor does the start forecast count on that preemption.
+	if info := pendingInfo(p, 1); info.EstKind == EstPreemption {
+		t.Errorf("forecast: %s at %v, by a preemption the scheduler refuses", info.EstKind, info.EstStart)
 	}
 	s.Teams = teams
 

@@ -668,10 +668,17 @@ func (st *state) preemptTable(c Tier, reclaim bool, mg int) [][]int64 {
 		tab[pi] = row
 	}
 	type cand struct {
-		at   int64
-		gpus int
+		at    int64
+		gpus  int
+		ri    int // the victim, -1 for a terminating job
+		group int
 	}
 	var cs []cand
+	var taken []int // per team, as preempt counts a victim set (countVictim)
+	if mg == vgAboveGuarantee {
+		taken = st.takenBuf()
+		defer clear(taken)
+	}
 	for n := range st.nodes {
 		ns := &st.nodes[n]
 		if ns.pool < 0 {
@@ -701,16 +708,21 @@ func (st *state) preemptTable(c Tier, reclaim bool, mg int) [][]int64 {
 			r := &st.runs()[ri]
 			k := r.gpusOn(n)
 			if r.term {
-				cs = append(cs, cand{max(r.end, 0), k}) // freed at its grace end
+				cs = append(cs, cand{max(r.end, 0), k, -1, 0}) // freed at its grace end
 				continue
 			}
 			if r.class.Production() || r.gpus == 0 || (!reclaim && !st.mayPreempt(c, r.class)) {
 				continue
 			}
-			ok := r.class == TierPreemptible || mg >= vgAnyResearch ||
-				r.team < 0 || st.teams[r.team].alloc-r.gpus >= st.teams[r.team].guarantee
-			if ok {
-				cs = append(cs, cand{addSat(max(r.startRel+minRun, 0), grace), k})
+			group := vgAnyResearch
+			switch {
+			case r.class == TierPreemptible:
+				group = vgPreemptible
+			case r.team < 0 || st.teams[r.team].alloc-r.gpus >= st.teams[r.team].guarantee:
+				group = vgAboveGuarantee
+			}
+			if group <= mg {
+				cs = append(cs, cand{addSat(max(r.startRel+minRun, 0), grace), k, ri, group})
 			}
 		}
 		slices.SortFunc(cs, func(a, b cand) int { return cmp.Compare(a.at, b.at) })
@@ -718,14 +730,26 @@ func (st *state) preemptTable(c Tier, reclaim bool, mg int) [][]int64 {
 		avail, at, next := ns.free, int64(0), 0
 		for g := 1; g <= ns.cap; g++ {
 			for avail < g && next < len(cs) {
-				avail += cs[next].gpus
-				at = max(at, cs[next].at)
+				c := cs[next]
 				next++
+				if taken != nil && c.ri >= 0 {
+					// At most each team's excess, as preempt takes.
+					st.countVictim(c.ri, mg, 1, taken)
+					if !st.keepsGuarantee(c.ri, c.group, mg, taken) {
+						st.countVictim(c.ri, mg, -1, taken)
+						continue
+					}
+				}
+				avail += c.gpus
+				at = max(at, c.at)
 			}
 			if avail < g {
 				break
 			}
 			row[g] = min(row[g], at)
+		}
+		if taken != nil {
+			clear(taken)
 		}
 	}
 	return tab
