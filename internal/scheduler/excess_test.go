@@ -67,6 +67,20 @@ func TestVictimsWithinTeamExcess(t *testing.T) {
 	if info := pendingInfo(p, 1); info.EstKind == EstPreemption {
 		t.Errorf("forecast: %s at %v, by a preemption the scheduler refuses", info.EstKind, info.EstStart)
 	}
+	// In either order, and with the preemptible job due later than the
+	// other (it has not run its minimum runtime yet), so that the
+	// forecast meets it second.
+	for _, running := range [][]Job{
+		{s.Running[1], s.Running[0]},
+		{job(101, 4, team("a"), tier(Tier4), on(time.Hour, slot(0, 4, 5, 6, 7))),
+			job(100, 4, team("a"), tier(Tier4), runAs(TierPreemptible), on(5*time.Minute, slot(0, 0, 1, 2, 3)))},
+	} {
+		s.Running = running
+		p = Schedule(s, t0, allot())
+		if info := pendingInfo(p, 1); len(p.Preemptions) != 0 || info.EstKind == EstPreemption {
+			t.Errorf("running %d then %d: preempted %v, forecast %s at %v", running[0].ID, running[1].ID, victimIDs(p), info.EstKind, info.EstStart)
+		}
+	}
 	s.Teams = teams
 
 	// Tier 1 may take any research work: the cheaper node, both of a's jobs.

@@ -671,9 +671,9 @@ func (st *state) preemptTable(c Tier, reclaim bool, mg int) [][]int64 {
 		at    int64
 		gpus  int
 		ri    int // the victim, -1 for a terminating job
-		group int
+		group int // its victim group, -1 for a terminating job
 	}
-	var cs []cand
+	var cs, due []cand
 	var taken []int // per team, as preempt counts a victim set (countVictim)
 	if mg == vgAboveGuarantee {
 		taken = st.takenBuf()
@@ -708,7 +708,7 @@ func (st *state) preemptTable(c Tier, reclaim bool, mg int) [][]int64 {
 			r := &st.runs()[ri]
 			k := r.gpusOn(n)
 			if r.term {
-				cs = append(cs, cand{max(r.end, 0), k, -1, 0}) // freed at its grace end
+				cs = append(cs, cand{max(r.end, 0), k, -1, -1}) // freed at its grace end
 				continue
 			}
 			if r.class.Production() || r.gpus == 0 || (!reclaim && !st.mayPreempt(c, r.class)) {
@@ -727,13 +727,36 @@ func (st *state) preemptTable(c Tier, reclaim bool, mg int) [][]int64 {
 		}
 		slices.SortFunc(cs, func(a, b cand) int { return cmp.Compare(a.at, b.at) })
 		row := tab[ns.pool]
-		avail, at, next := ns.free, int64(0), 0
-		for g := 1; g <= ns.cap; g++ {
-			for avail < g && next < len(cs) {
-				c := cs[next]
-				next++
-				if taken != nil && c.ri >= 0 {
-					// At most each team's excess, as preempt takes.
+		if taken == nil {
+			avail, at, next := ns.free, int64(0), 0
+			for g := 1; g <= ns.cap; g++ {
+				for avail < g && next < len(cs) {
+					avail += cs[next].gpus
+					at = max(at, cs[next].at)
+					next++
+				}
+				if avail < g {
+					break
+				}
+				row[g] = min(row[g], at)
+			}
+			continue
+		}
+		// At most each team's excess, as preempt takes: at each time a
+		// candidate comes due, the victims due by then are taken as
+		// nodeVictims takes them (terminating jobs, then preemptible
+		// ones, then work above a guarantee), each checked against its
+		// team's excess.
+		for i := 0; i < len(cs); i++ {
+			at := cs[i].at
+			for i+1 < len(cs) && cs[i+1].at == at {
+				i++
+			}
+			due = append(due[:0], cs[:i+1]...)
+			slices.SortStableFunc(due, func(a, b cand) int { return cmp.Compare(a.group, b.group) })
+			avail := ns.free
+			for _, c := range due {
+				if c.ri >= 0 {
 					st.countVictim(c.ri, mg, 1, taken)
 					if !st.keepsGuarantee(c.ri, c.group, mg, taken) {
 						st.countVictim(c.ri, mg, -1, taken)
@@ -741,15 +764,11 @@ func (st *state) preemptTable(c Tier, reclaim bool, mg int) [][]int64 {
 					}
 				}
 				avail += c.gpus
-				at = max(at, c.at)
 			}
-			if avail < g {
-				break
-			}
-			row[g] = min(row[g], at)
-		}
-		if taken != nil {
 			clear(taken)
+			for g := 1; g <= min(avail, ns.cap); g++ {
+				row[g] = min(row[g], at)
+			}
 		}
 	}
 	return tab

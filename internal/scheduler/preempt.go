@@ -138,7 +138,7 @@ func (st *state) nodeVictims(n, target, maxGroup int, class Tier, reclaim bool, 
 			avail += k // freed at its grace end, within one grace period
 			continue
 		}
-		if st.victimAfter != noVictimLimit && r.class.Research() && !r.j.Submit.IsZero() && rel(r.j.Submit, st.now) <= st.victimAfter {
+		if st.victimAfter != noVictimLimit && st.requeuedClass(r).Research() && !r.j.Submit.IsZero() && rel(r.j.Submit, st.now) <= st.victimAfter {
 			// Once requeued it would be starving, served by the guard
 			// (tier 3-4 jobs with a submit time) first, and take its GPUs
 			// back.
@@ -189,6 +189,17 @@ func (st *state) nodeVictims(n, target, maxGroup int, class Tier, reclaim bool, 
 		}
 	}
 	return nil, 0, 0, 0, false
+}
+
+// requeuedClass is the class running job r would have back in the queue:
+// its own, demoted if its team is over budget now (not the class it runs
+// as, which may be a demotion since lifted).
+func (st *state) requeuedClass(r *runJob) Tier {
+	var t *Team
+	if r.team >= 0 {
+		t = st.teams[r.team].t
+	}
+	return effClass(r.j, t)
 }
 
 // A preemptor whose right is only to work above guarantees (tier 2, a

@@ -235,6 +235,15 @@ func TestClassicReclaimSparesVictimsThatWouldStarve(t *testing.T) {
 	if diff := cmp.Diff([]int64{100}, victimIDs(Schedule(s, t0, classic()))); diff != "" {
 		t.Errorf("preemptible victim: victims (-want +got):\n%s", diff)
 	}
+	// Running as preemptible only because its team was over budget, which
+	// it no longer is: it comes back as tier 4, starving, so it is spared.
+	v100.Preemptible = false
+	v101.Submit = t0.Add(-12 * time.Minute)
+	s = fullCluster(v100, v101)
+	s.Pending = []Job{x}
+	if diff := cmp.Diff([]int64{101}, victimIDs(Schedule(s, t0, classic()))); diff != "" {
+		t.Errorf("demotion lifted: victims (-want +got):\n%s", diff)
+	}
 }
 
 func TestGuaranteePatience(t *testing.T) {
