@@ -674,10 +674,9 @@ func (st *state) preemptTable(c Tier, reclaim bool, mg int) [][]int64 {
 		group int // its victim group, -1 for a terminating job
 	}
 	var cs, due []cand
-	var taken []int // per team, as preempt counts a victim set (countVictim)
+	var taken []int // per team, as preempt counts a victim set (countVictim); cleared per use
 	if mg == vgAboveGuarantee {
 		taken = st.takenBuf()
-		defer clear(taken)
 	}
 	for n := range st.nodes {
 		ns := &st.nodes[n]
@@ -714,14 +713,7 @@ func (st *state) preemptTable(c Tier, reclaim bool, mg int) [][]int64 {
 			if r.class.Production() || r.gpus == 0 || (!reclaim && !st.mayPreempt(c, r.class)) {
 				continue
 			}
-			group := vgAnyResearch
-			switch {
-			case r.class == TierPreemptible:
-				group = vgPreemptible
-			case r.team < 0 || st.teams[r.team].alloc-r.gpus >= st.teams[r.team].guarantee:
-				group = vgAboveGuarantee
-			}
-			if group <= mg {
+			if group := st.runGroup(r); group <= mg {
 				cs = append(cs, cand{addSat(max(r.startRel+minRun, 0), grace), k, ri, group})
 			}
 		}
@@ -756,14 +748,9 @@ func (st *state) preemptTable(c Tier, reclaim bool, mg int) [][]int64 {
 			slices.SortStableFunc(due, func(a, b cand) int { return cmp.Compare(a.group, b.group) })
 			avail := ns.free
 			for _, c := range due {
-				if c.ri >= 0 {
-					st.countVictim(c.ri, mg, 1, taken)
-					if !st.keepsGuarantee(c.ri, c.group, mg, taken) {
-						st.countVictim(c.ri, mg, -1, taken)
-						continue
-					}
+				if c.ri < 0 || st.takeVictim(c.ri, c.group, mg, taken) {
+					avail += c.gpus
 				}
-				avail += c.gpus
 			}
 			clear(taken)
 			for g := 1; g <= min(avail, ns.cap); g++ {

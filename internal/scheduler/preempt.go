@@ -75,16 +75,23 @@ func (st *state) victimGroup(r *runJob, maxGroup int) int {
 	if r.startRel > -int64(st.p.MinRuntime) {
 		return -1 // anti-thrash
 	}
-	if r.class == TierPreemptible {
-		return vgPreemptible
-	}
-	if maxGroup >= vgAboveGuarantee && (r.team < 0 || st.teams[r.team].alloc-r.gpus >= st.teams[r.team].guarantee) {
-		return vgAboveGuarantee
-	}
-	if maxGroup >= vgAnyResearch {
-		return vgAnyResearch
+	if g := st.runGroup(r); g <= maxGroup {
+		return g
 	}
 	return -1
+}
+
+// runGroup is the victim group of research or preemptible running job r,
+// whatever its run time: preemptible, above its team's guarantee, or any
+// research work.
+func (st *state) runGroup(r *runJob) int {
+	switch {
+	case r.class == TierPreemptible:
+		return vgPreemptible
+	case r.team < 0 || st.teams[r.team].alloc-r.gpus >= st.teams[r.team].guarantee:
+		return vgAboveGuarantee
+	}
+	return vgAnyResearch
 }
 
 func (st *state) buildNodeRun() {
@@ -169,12 +176,8 @@ func (st *state) nodeVictims(n, target, maxGroup int, class Tier, reclaim bool, 
 	}
 	k := 0
 	for _, v := range vs {
-		if taken != nil {
-			st.countVictim(v.ri, maxGroup, 1, taken)
-			if !st.keepsGuarantee(v.ri, v.group, maxGroup, taken) {
-				st.countVictim(v.ri, maxGroup, -1, taken)
-				continue
-			}
+		if taken != nil && !st.takeVictim(v.ri, v.group, maxGroup, taken) {
+			continue
 		}
 		vs[k] = v
 		k++
@@ -230,6 +233,32 @@ func (st *state) keepsGuarantee(ri, group, maxGroup int, taken []int) bool {
 	}
 	t := &st.teams[r.team]
 	return t.alloc-taken[r.team] >= t.guarantee
+}
+
+// keepGuarantees reports whether every victim in the sets of running job
+// indices leaves its team at or above its guarantee, with taken counting
+// them all.
+func (st *state) keepGuarantees(maxGroup int, taken []int, sets ...[]int) bool {
+	for _, set := range sets {
+		for _, ri := range set {
+			if !st.keepsGuarantee(ri, st.victimGroup(&st.runs()[ri], maxGroup), maxGroup, taken) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// takeVictim counts running job ri, a victim of group, in taken, unless
+// that leaves its team below its guarantee (then it reports false and
+// counts nothing).
+func (st *state) takeVictim(ri, group, maxGroup int, taken []int) bool {
+	st.countVictim(ri, maxGroup, 1, taken)
+	if !st.keepsGuarantee(ri, group, maxGroup, taken) {
+		st.countVictim(ri, maxGroup, -1, taken)
+		return false
+	}
+	return true
 }
 
 // takenBuf is the zeroed per-team counter of a set under construction;
@@ -356,14 +385,7 @@ func (st *state) preempt(pj *pjob, maxGroup int, maxLost float64) bool {
 								added = append(added, v.ri)
 							}
 						}
-						fits := true
-						for _, ri := range slices.Concat(set, added) {
-							if !st.keepsGuarantee(ri, st.victimGroup(&st.runs()[ri], maxGroup), maxGroup, taken) {
-								fits = false
-								break
-							}
-						}
-						if !fits {
+						if !st.keepGuarantees(maxGroup, taken, set, added) {
 							for _, ri := range added {
 								st.countVictim(ri, maxGroup, -1, taken)
 							}

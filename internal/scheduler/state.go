@@ -224,7 +224,7 @@ type state struct {
 	predRelOff []int32
 	nodeRun    [][]int // node -> running job indices, built lazily
 	victims    []int   // running jobs preempted this cycle
-	taken      []int   // per team: GPUs a victim set takes (withinExcess), zero between uses
+	taken      []int   // per team: GPUs a victim set takes (countVictim), zero between uses
 	isVictim   []bool  // by running job index
 
 	// sweep scratch
