@@ -318,7 +318,10 @@ func TestHealthCmdAndAutoUndrain(t *testing.T) {
 		os.Chmod(check, 0o755) //nolint:errcheck
 	}
 	script(`echo "NVLink 3 on GPU 2 is down"; exit 3`)
-	l.startAgentCLI("gpu05", "--health-cmd", check, "--health-interval", "200ms")
+	// The interval is also the check's timeout: at 200 ms a full suite's
+	// load once timed the shell script out, and the node drained with
+	// "timed out" instead of the script's output.
+	l.startAgentCLI("gpu05", "--health-cmd", check, "--health-interval", "1s")
 	l.eventually(10*time.Second, "gpu05 drained", func() bool { return l.node("gpu05").State == allot.NodeDrained })
 	n := l.node("gpu05")
 	if !strings.Contains(n.Reason, "NVLink 3 on GPU 2 is down") || !strings.Contains(n.HealthOutput, "exit status 3: NVLink 3 on GPU 2 is down") {
