@@ -298,14 +298,22 @@ func (p *Provider) BrowserLogin(ctx context.Context, hc *http.Client, clientID s
 		} else {
 			fmt.Fprintln(w, "Signed in: you can close this tab and go back to your shell.")
 		}
+		// The page reaches the browser before the command may end.
+		http.NewResponseController(w).Flush() //nolint:errcheck // the browser may be gone
 		select {
 		case got <- res:
 		default: // answered already
 		}
 	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go srv.Serve(ln) //nolint:errcheck // ends with Close
-	defer srv.Close()
+	go srv.Serve(ln) //nolint:errcheck // ends with Shutdown
+	defer func() {
+		// Let the answer in flight finish (a denial returns at once, and
+		// closing then cut the browser's page off), for a few seconds.
+		sctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		srv.Shutdown(sctx) //nolint:errcheck // a slow browser is cut off
+	}()
 	show(p.Authorization + sep + q.Encode())
 	var res result
 	select {
