@@ -335,15 +335,12 @@ func (s *Store) SubmitJob(ctx context.Context, u *allot.User, spec allot.JobSpec
 		job.Env = env
 		job.RunAsUser = c.Account
 		job.SecretEnv, job.SecretEnvKeys = nil, slices.Sorted(maps.Keys(secret))
-		err = tx.db.QueryRow(ctx, `
-			INSERT INTO jobs (name, team, user_id, tier, gpus, gpu_type, gpus_per_node, time_limit_s, command, env, workdir,
-				checkpointable, preemptible, demoted, quota_warning, pending_reason, submitted_at,
-				run_as_user, image, memory_bytes, milli_cpus, secret_env)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22)
-			RETURNING id, submitted_at, updated_at, backend`,
-			spec.Name, spec.Team, u.ID, string(spec.Tier), spec.GPUs, gpuType, perNode, int64(spec.TimeLimit/time.Second),
-			spec.Command, envJSON, spec.WorkDir, spec.Checkpointable, job.Preemptible, q.Preemptible,
-			q.Warning, reason, s.Now(), c.Account, spec.Image, spec.MemoryBytes, spec.MilliCPUs, secretJSON).Scan(&job.ID, &job.SubmittedAt, &job.UpdatedAt, &job.Backend)
+		out, err := tx.insertJob(ctx, &jobRow{Name: spec.Name, Team: spec.Team, UserID: u.ID, Tier: string(spec.Tier), GPUs: spec.GPUs,
+			GPUType: gpuType, GPUsPerNode: perNode, TimeLimitS: int64(spec.TimeLimit / time.Second), Command: spec.Command, Env: envJSON,
+			WorkDir: spec.WorkDir, Checkpointable: spec.Checkpointable, Preemptible: job.Preemptible, Demoted: q.Preemptible,
+			QuotaWarning: q.Warning, PendingReason: reason, SubmittedAt: s.Now(), RunAsUser: c.Account, Image: spec.Image,
+			MemoryBytes: spec.MemoryBytes, MilliCPUs: spec.MilliCPUs, SecretEnv: secretJSON})
+		job.ID, job.SubmittedAt, job.UpdatedAt, job.Backend = out.ID, out.SubmittedAt, out.UpdatedAt, out.Backend
 		if err != nil {
 			return mapErr("creating job", err)
 		}
