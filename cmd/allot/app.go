@@ -82,6 +82,9 @@ type Config struct {
 	// MinCycleInterval spaces a worker's cycles out
 	// (jobs.Config.MinCycleInterval): `allot worker --min-cycle-interval`.
 	MinCycleInterval time.Duration
+	// CycleDuty limits the share of time a worker's cycles take
+	// (jobs.Config.CycleDuty): `allot worker --cycle-duty`.
+	CycleDuty float64
 	// MetricsToken, when set, is a scrape token the portal's /metrics
 	// accepts besides admins' API tokens: `allot server --metrics-token-file`.
 	MetricsToken string
@@ -277,7 +280,7 @@ func (m *Main) Run(ctx context.Context) error {
 		}
 		m.river, err = jobs.NewClient(jobs.Config{Pool: pool, Store: m.Store, Logger: m.Logger, Registry: m.Registry,
 			CycleTick: m.CycleTick, HeartbeatInterval: m.HeartbeatInterval, CheckpointRoot: m.CheckpointRoot,
-			AllowPrivateWebhooks: m.DevMode, Burst: m.Burst, MaxStartsPerCycle: m.MaxStartsPerCycle, DecayPeriod: m.DecayPeriod, MinCycleInterval: m.MinCycleInterval, EngineInterval: m.EngineInterval, Engine: engine})
+			AllowPrivateWebhooks: m.DevMode, Burst: m.Burst, MaxStartsPerCycle: m.MaxStartsPerCycle, DecayPeriod: m.DecayPeriod, MinCycleInterval: m.MinCycleInterval, CycleDuty: m.CycleDuty, EngineInterval: m.EngineInterval, Engine: engine})
 		if err != nil {
 			return err
 		}

@@ -73,6 +73,7 @@ func cmdLoadtest(args []string, stdout, stderr io.Writer) int {
 	processes := fs.Bool("processes", false, "run the booted server and worker as processes of their own, as production does: allot server --serve users,\nallot server --serve agents (the agents' address) and allot worker, started from this binary")
 	agentNice := fs.Int("agent-server-nice", 0, "with --processes: the agent API server's nice value (-20..19; negative needs root): its priority on shared cores")
 	minCycle := fs.Duration("min-cycle-interval", 0, "a booted worker's least time between two cycles (as `allot worker --min-cycle-interval`; 0: none)")
+	duty := fs.Float64("cycle-duty", jobs.DefaultCycleDuty, "a booted worker's most share of time in cycles while requests keep coming (as `allot worker --cycle-duty`; 1: back to back)")
 	agentConns := fs.Int("agent-conns", 0, "a booted server's agent API pool (default: `allot server`'s, "+fmt.Sprint(DefaultHTTPLimits.AgentConns)+")")
 	admission := admissionFlags(fs, apf.Default) // a booted server's, as `allot server`'s
 	var cfg loadtest.Config
@@ -122,8 +123,8 @@ func cmdLoadtest(args []string, stdout, stderr io.Writer) int {
 	if selfHosted && *metricsURLs != "" {
 		return bad("--metrics-url is for a running server (--url); a booted one's registry is read directly")
 	}
-	if !selfHosted && (*keepDB || *agentConns != 0 || *minCycle != 0) {
-		return bad("--keep-db, --agent-conns and --min-cycle-interval are for a booted server (no --url)")
+	if !selfHosted && (*keepDB || *agentConns != 0 || *minCycle != 0 || *duty != jobs.DefaultCycleDuty) {
+		return bad("--keep-db, --agent-conns, --min-cycle-interval and --cycle-duty are for a booted server (no --url)")
 	}
 	if !selfHosted && *processes {
 		return bad("--processes is for a booted server (no --url)")
@@ -138,6 +139,9 @@ func cmdLoadtest(args []string, stdout, stderr io.Writer) int {
 		return bad("--processes: the processes tell agents to heartbeat every %s (allot server's); --heartbeat must be at most that, not %s", agentproto.DefaultHeartbeatInterval, cfg.Heartbeat)
 	}
 	if err := jobs.CheckMinCycleInterval(*minCycle); err != nil {
+		return bad("%v", err)
+	}
+	if err := jobs.CheckCycleDuty(*duty); err != nil {
 		return bad("%v", err)
 	}
 	if *agentConns < 0 || *agentConns > 1000 {
@@ -191,7 +195,7 @@ func cmdLoadtest(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	var rep *loadtest.Report
 	if selfHosted {
-		o := procOptions{agentConns: *agentConns, minCycle: *minCycle, agentNice: *agentNice, admission: adm}
+		o := procOptions{agentConns: *agentConns, minCycle: *minCycle, duty: *duty, agentNice: *agentNice, admission: adm}
 		if *processes {
 			rep, err = loadtestProcesses(ctx, *dbURL, *keepDB, o, cfg, logger, stderr)
 		} else {
@@ -247,7 +251,7 @@ func loadtestSelfHosted(ctx context.Context, adminURL string, keep bool, o procO
 	}
 	defer os.RemoveAll(checkpoints)
 	m := &Main{Config: Config{DatabaseURL: dbURL, Addr: "127.0.0.1:0", Worker: true, Migrate: true, Logger: logger,
-		HeartbeatInterval: cfg.Heartbeat, CheckpointRoot: checkpoints, HTTP: HTTPLimits{AgentConns: o.agentConns}, Admission: o.admission, MinCycleInterval: o.minCycle}}
+		HeartbeatInterval: cfg.Heartbeat, CheckpointRoot: checkpoints, HTTP: HTTPLimits{AgentConns: o.agentConns}, Admission: o.admission, MinCycleInterval: o.minCycle, CycleDuty: o.duty}}
 	if err := m.Run(ctx); err != nil {
 		m.Close() //nolint:errcheck
 		return nil, err

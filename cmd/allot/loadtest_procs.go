@@ -40,6 +40,7 @@ func defaultLoadtestChild(args ...string) (*exec.Cmd, error) {
 type procOptions struct {
 	agentConns int
 	minCycle   time.Duration
+	duty       float64
 	// agentNice is the agent API server's nice value (0: as the tool's):
 	// on shared cores, a priority the OS gives the process that hears the
 	// agents over the portal's and the worker's.
@@ -97,7 +98,8 @@ func loadtestProcesses(ctx context.Context, adminURL string, keep bool, o procOp
 	}{
 		{"server-users", append([]string{"server", "--serve", web.ServeUsers, "--addr", addrs[0]}, common...), 0, "http://" + addrs[0] + "/readyz"},
 		{"server-agents", append([]string{"server", "--serve", web.ServeAgents, "--addr", addrs[1]}, common...), o.agentNice, "http://" + addrs[1] + "/readyz"},
-		{"worker", []string{"worker", "--database-url", dbURL, "--log-level", "error", "--metrics-addr", addrs[2], "--min-cycle-interval", o.minCycle.String()},
+		{"worker", []string{"worker", "--database-url", dbURL, "--log-level", "error", "--metrics-addr", addrs[2], "--min-cycle-interval", o.minCycle.String(),
+			"--cycle-duty", strconv.FormatFloat(o.duty, 'g', -1, 64)},
 			0, "http://" + addrs[2] + "/metrics"},
 	}
 	var running []*child

@@ -188,8 +188,11 @@ func cmdServe(name string, args []string, stderr io.Writer) int {
 	bf := addBurstFlags(fs, "none") // the server shows the burst settings on /burst; the worker acts on them
 	sf := addSlurmFlags(fs)         // the worker syncs with Slurm; the server shows its config on /admin/slurm
 	applyMetrics := metricsFlags(fs, name)
-	maxStarts, decay, minCycle := new(int), new(time.Duration), new(time.Duration)
+	maxStarts, decay, minCycle, duty := new(int), new(time.Duration), new(time.Duration), new(float64)
+	*duty = jobs.DefaultCycleDuty
 	if name == "worker" {
+		duty = fs.Float64("cycle-duty", jobs.DefaultCycleDuty,
+			"most of the time scheduling cycles may take while requests keep coming: after a cycle that took d, the next starts no sooner than d×(1−duty)/duty after it (at most 10 s), so cycles over a large queue leave the cores to heartbeats and submissions while a small cluster's cycles of a few ms wait a few ms (1: back to back)")
 		minCycle = fs.Duration("min-cycle-interval", 0,
 			"least time between the starts of two scheduling cycles (like Slurm's sched_min_interval): under a storm of submissions one cycle takes all that came meanwhile, instead of cycles over a large queue running back to back; a start waits at most this much more (0: none)")
 		maxStarts = fs.Int("max-starts-per-cycle", jobs.DefaultMaxStarts,
@@ -205,6 +208,10 @@ func cmdServe(name string, args []string, stderr io.Writer) int {
 		return 2
 	}
 	if err := jobs.CheckMinCycleInterval(*minCycle); err != nil {
+		fmt.Fprintf(stderr, "allot %s: %v\n", name, err)
+		return 2
+	}
+	if err := jobs.CheckCycleDuty(*duty); err != nil {
 		fmt.Fprintf(stderr, "allot %s: %v\n", name, err)
 		return 2
 	}
@@ -230,6 +237,7 @@ func cmdServe(name string, args []string, stderr io.Writer) int {
 	if name == "worker" {
 		cfg.MaxStartsPerCycle = *maxStarts
 		cfg.MinCycleInterval = *minCycle
+		cfg.CycleDuty = *duty
 		cfg.DecayPeriod = *decay
 		if *decay == 0 {
 			cfg.DecayPeriod = -1 // jobs.Scheduler: <0 decays every cycle

@@ -41,3 +41,15 @@ func TestWorkerMinCycleIntervalFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestWorkerCycleDutyFlag: bad values of allot worker's --cycle-duty are
+// refused before anything starts.
+func TestWorkerCycleDutyFlag(t *testing.T) {
+	for v, want := range map[string]string{"0": "--cycle-duty must be more than 0 and at most 1 (no pause), not 0", "1.5": "not 1.5", "-0.5": "not -0.5", "NaN": "not NaN", "half": "invalid value"} {
+		var stderr bytes.Buffer
+		code := run([]string{"worker", "--database-url", "postgres://127.0.0.1:1/none", "--cycle-duty", v}, &bytes.Buffer{}, &stderr)
+		if code != 2 || !strings.Contains(stderr.String(), want) {
+			t.Errorf("--cycle-duty %s: exit %d, %q", v, code, stderr.String())
+		}
+	}
+}

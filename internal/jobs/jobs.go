@@ -73,6 +73,10 @@ type Config struct {
 	// run back to back while requests keep coming), at most
 	// MaxMinCycleInterval.
 	MinCycleInterval time.Duration
+	// CycleDuty is the most of the time this worker's cycles may take
+	// while requests keep coming (ScheduleWorker.Duty): 0 is
+	// DefaultCycleDuty, 1 no limit (cycles back to back).
+	CycleDuty float64
 	// CycleTick is how often the worker looks whether the policy's Cycle
 	// (the scheduling period, which admins edit) has passed since the last
 	// cycle (default 1 s); submits, finishes, cancels and node changes run
@@ -178,6 +182,18 @@ func CheckMinCycleInterval(d time.Duration) error {
 	return nil
 }
 
+// DefaultCycleDuty is Config.CycleDuty's default: a cycle is followed by
+// a pause at least as long before the next (`allot worker --cycle-duty`).
+const DefaultCycleDuty = 0.5
+
+// CheckCycleDuty is the flags' check of a --cycle-duty.
+func CheckCycleDuty(d float64) error {
+	if !(d > 0 && d <= 1) {
+		return fmt.Errorf("--cycle-duty must be more than 0 and at most 1 (no pause), not %v", d)
+	}
+	return nil
+}
+
 // Inserter is the part of a River client that inserts jobs.
 type Inserter interface {
 	Insert(ctx context.Context, args river.JobArgs, opts *river.InsertOpts) (*rivertype.JobInsertResult, error)
@@ -229,7 +245,11 @@ func NewClient(cfg Config) (*river.Client[pgx.Tx], error) {
 	}
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &CleanupSessionsWorker{Store: cfg.Store, Logger: cfg.Logger})
-	river.AddWorker(workers, &ScheduleWorker{Scheduler: sched, Tick: cfg.CycleTick, Burst: cfg.Burst.Provider != nil, MinInterval: cfg.MinCycleInterval})
+	duty := cfg.CycleDuty
+	if duty == 0 {
+		duty = DefaultCycleDuty
+	}
+	river.AddWorker(workers, &ScheduleWorker{Scheduler: sched, Tick: cfg.CycleTick, Burst: cfg.Burst.Provider != nil, MinInterval: cfg.MinCycleInterval, Duty: duty})
 	river.AddWorker(workers, &LostNodesWorker{Store: cfg.Store, Logger: cfg.Logger, Interval: cfg.HeartbeatInterval})
 	river.AddWorker(workers, &BillingRollupWorker{Store: cfg.Store, Metrics: rollupMetrics})
 	river.AddWorker(workers, &MeteringWorker{Store: cfg.Store, Retention: cfg.SampleRetention})

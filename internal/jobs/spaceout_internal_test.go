@@ -67,3 +67,34 @@ func TestSpaceOutSpacesConcurrentCycles(t *testing.T) {
 		}
 	}
 }
+
+// TestSpaceOutDutyRests: with Duty, a cycle that took d is followed by a
+// pause of d × (1 − Duty) / Duty before the next starts (at most
+// MaxMinCycleInterval); Duty 1 (or unset) never pauses.
+func TestSpaceOutDutyRests(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const took = 60 * time.Millisecond
+	w := &ScheduleWorker{Duty: 0.5}
+	w.ranFor(time.Now().Add(-took)) // real clock: a cycle of 60 ms that just ended
+	t0 := time.Now()                // real clock: the pause is real
+	if !w.spaceOut(ctx) {
+		t.Fatal("spaceOut refused with a live context")
+	}
+	if d := time.Since(t0); d < took-5*time.Millisecond {
+		t.Errorf("the next cycle started %v after the last ended, want about %v (Duty 0.5)", d, took)
+	}
+	// A quarter duty rests three times as long as the cycle took; a cycle
+	// of an hour rests MaxMinCycleInterval at most; Duty 1 or 0 never.
+	for _, c := range []struct {
+		duty       float64
+		took, rest time.Duration
+	}{{0.25, took, 3 * took}, {0.5, time.Hour, MaxMinCycleInterval}, {1, time.Hour, 0}, {0, time.Hour, 0}} {
+		w := &ScheduleWorker{Duty: c.duty}
+		end := time.Now() // real clock
+		w.lastEnd, w.lastTook = end, c.took
+		if got := w.earliest(end); !got.Equal(end.Add(c.rest)) {
+			t.Errorf("Duty %v after a cycle of %v: next start %v after it ended, want %v", c.duty, c.took, got.Sub(end), c.rest)
+		}
+	}
+}
