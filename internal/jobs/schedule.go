@@ -686,11 +686,12 @@ type ScheduleWorker struct {
 // reserves its start under the lock before it waits (the later of now and
 // the last reserved start plus MinInterval), so two that ask at once (a
 // periodic job and a requested one) start MinInterval apart, not together.
-// It is false when ctx ended first.
-func (w *ScheduleWorker) spaceOut(ctx context.Context) bool {
+// It is false when ctx ended first. rest false skips Duty's rest (a cycle
+// that continues its predecessor's deferred starts).
+func (w *ScheduleWorker) spaceOut(ctx context.Context, rest bool) bool {
 	now := time.Now() // real time: a pause, not business time
 	w.mu.Lock()
-	prev, start := w.lastCycle, w.earliest(now)
+	prev, start := w.lastCycle, w.earliest(now, rest)
 	w.lastCycle = start
 	w.mu.Unlock()
 	if wait := start.Sub(now); wait > 0 {
@@ -711,15 +712,20 @@ func (w *ScheduleWorker) spaceOut(ctx context.Context) bool {
 	return true
 }
 
-// earliest is when a cycle asked for at now may start (w.mu held).
-func (w *ScheduleWorker) earliest(now time.Time) time.Time {
+// earliest is when a cycle asked for at now may start (w.mu held); rest:
+// with Duty's rest.
+func (w *ScheduleWorker) earliest(now time.Time, rest bool) time.Time {
 	start := now
 	if w.MinInterval > 0 && !w.lastCycle.IsZero() {
 		start = later(start, w.lastCycle.Add(w.MinInterval))
 	}
-	if w.Duty > 0 && w.Duty < 1 && !w.lastEnd.IsZero() {
-		rest := min(time.Duration(float64(w.lastTook)*(1-w.Duty)/w.Duty), MaxMinCycleInterval)
-		start = later(start, w.lastEnd.Add(rest))
+	if rest && w.Duty > 0 && w.Duty < 1 && !w.lastEnd.IsZero() {
+		// In floating point first: a tiny Duty would overflow a Duration.
+		r := MaxMinCycleInterval
+		if f := float64(w.lastTook) * (1 - w.Duty) / w.Duty; f < float64(MaxMinCycleInterval) {
+			r = time.Duration(f)
+		}
+		start = later(start, w.lastEnd.Add(r))
 	}
 	return start
 }
@@ -794,6 +800,12 @@ func (w *ScheduleWorker) followUps(ctx context.Context, p allot.Policy) error {
 	return nil
 }
 
+// Timeout lets Work run its cycles past River's default job timeout (1
+// min): 50 cycles over a large queue, each followed by Duty's rest, can
+// take longer, and a timeout would cancel the cycle in flight (its plan
+// rolled back) and retry the whole job.
+func (w *ScheduleWorker) Timeout(*river.Job[ScheduleArgs]) time.Duration { return 15 * time.Minute }
+
 // Work runs cycles until no request arrived during the last one. The last
 // check and the job's completion share one transaction: River completes
 // jobs asynchronously, and a request folded into this job while it is
@@ -811,10 +823,12 @@ func (w *ScheduleWorker) Work(ctx context.Context, job *river.Job[ScheduleArgs])
 			return err
 		}
 	}
+	deferred := false
 	for tries := 0; tries < 50; tries++ {
-		if !w.spaceOut(ctx) {
+		if !w.spaceOut(ctx, !deferred) {
 			return ctx.Err()
 		}
+		deferred = false
 		seen, err := st.LastScheduleRequest(ctx)
 		if err != nil {
 			return err
@@ -839,9 +853,11 @@ func (w *ScheduleWorker) Work(ctx context.Context, job *river.Job[ScheduleArgs])
 		}
 		if res.Deferred > 0 && res.Started > 0 {
 			// More starts are ready: the next cycle runs at once (once
-			// MinInterval has passed, when set), and does not count
-			// against the requests' bound below.
+			// MinInterval has passed, when set; without Duty's rest, which
+			// would halve how fast a backlog of starts drains), and does
+			// not count against the requests' bound below.
 			tries--
+			deferred = true
 			continue
 		}
 		done := false

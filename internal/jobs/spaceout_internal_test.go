@@ -23,7 +23,7 @@ func TestSpaceOutSpacesConcurrentCycles(t *testing.T) {
 	var wg sync.WaitGroup
 	for range 4 {
 		wg.Go(func() {
-			if !w.spaceOut(ctx) {
+			if !w.spaceOut(ctx, true) {
 				t.Error("spaceOut refused with a live context")
 			}
 			mu.Lock()
@@ -49,7 +49,7 @@ func TestSpaceOutSpacesConcurrentCycles(t *testing.T) {
 	w.mu.Unlock()
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
-	if w.spaceOut(cancelled) {
+	if w.spaceOut(cancelled, true) {
 		t.Error("spaceOut started a cycle whose context had ended while it waited")
 	}
 	w.mu.Lock()
@@ -62,7 +62,7 @@ func TestSpaceOutSpacesConcurrentCycles(t *testing.T) {
 	// ended starts (it never waits on it).
 	free := &ScheduleWorker{}
 	for range 3 {
-		if !free.spaceOut(cancelled) {
+		if !free.spaceOut(cancelled, true) {
 			t.Fatal("without MinInterval spaceOut waited")
 		}
 	}
@@ -78,7 +78,7 @@ func TestSpaceOutDutyRests(t *testing.T) {
 	w := &ScheduleWorker{Duty: 0.5}
 	w.ranFor(time.Now().Add(-took)) // real clock: a cycle of 60 ms that just ended
 	t0 := time.Now()                // real clock: the pause is real
-	if !w.spaceOut(ctx) {
+	if !w.spaceOut(ctx, true) {
 		t.Fatal("spaceOut refused with a live context")
 	}
 	if d := time.Since(t0); d < took-5*time.Millisecond {
@@ -89,12 +89,16 @@ func TestSpaceOutDutyRests(t *testing.T) {
 	for _, c := range []struct {
 		duty       float64
 		took, rest time.Duration
-	}{{0.25, took, 3 * took}, {0.5, time.Hour, MaxMinCycleInterval}, {1, time.Hour, 0}, {0, time.Hour, 0}} {
+	}{{0.25, took, 3 * took}, {0.5, time.Hour, MaxMinCycleInterval}, {1e-12, 10 * time.Second, MaxMinCycleInterval}, {1, time.Hour, 0}, {0, time.Hour, 0}} {
 		w := &ScheduleWorker{Duty: c.duty}
 		end := time.Now() // real clock
 		w.lastEnd, w.lastTook = end, c.took
-		if got := w.earliest(end); !got.Equal(end.Add(c.rest)) {
+		if got := w.earliest(end, true); !got.Equal(end.Add(c.rest)) {
 			t.Errorf("Duty %v after a cycle of %v: next start %v after it ended, want %v", c.duty, c.took, got.Sub(end), c.rest)
+		}
+		// A cycle continuing deferred starts does not rest.
+		if got := w.earliest(end, false); !got.Equal(end) {
+			t.Errorf("Duty %v, deferred starts: next start %v after the last ended, want at once", c.duty, got.Sub(end))
 		}
 	}
 }

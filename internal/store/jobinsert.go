@@ -134,11 +134,18 @@ func groupable(r *jobRow) bool {
 }
 
 type jobInsert struct {
-	row  *jobRow
-	done chan struct{}
-	out  insertedJob
-	err  error
+	row   *jobRow
+	state atomic.Int32 // insertPending, then insertTaken (by a worker) or insertAbandoned (by its caller)
+	done  chan struct{}
+	out   insertedJob
+	err   error
 }
+
+const (
+	insertPending = iota
+	insertTaken
+	insertAbandoned
+)
 
 // jobInserter groups one pool's job INSERTs.
 type jobInserter struct {
@@ -190,10 +197,13 @@ func (in *jobInserter) insert(ctx context.Context, r *jobRow) (insertedJob, erro
 	case <-req.done:
 		return req.out, req.err
 	case <-ctx.Done():
-		// The row may still be written (as when a request is cancelled
-		// after its commit): the caller gets no id, like any client that
-		// went away.
-		return insertedJob{}, ctx.Err()
+		if req.state.CompareAndSwap(insertPending, insertAbandoned) {
+			return insertedJob{}, ctx.Err() // never written
+		}
+		// A worker has it: the row is being written, and this is its
+		// answer (a job that exists is not reported as not created).
+		<-req.done
+		return req.out, req.err
 	}
 }
 
@@ -217,15 +227,23 @@ func (in *jobInserter) work() {
 			in.mu.Unlock()
 			return
 		}
-		group = append(group[:0], first)
+		group = group[:0]
+		if first.state.CompareAndSwap(insertPending, insertTaken) {
+			group = append(group, first)
+		}
 	drain:
 		for len(group) < insertGroupMax {
 			select {
 			case r := <-in.queue:
-				group = append(group, r)
+				if r.state.CompareAndSwap(insertPending, insertTaken) {
+					group = append(group, r)
+				}
 			default:
 				break drain
 			}
+		}
+		if len(group) == 0 {
+			continue // all abandoned by their callers
 		}
 		in.write(group)
 		idle.Reset(insertIdle)
@@ -247,6 +265,7 @@ func (in *jobInserter) write(group []*jobInsert) {
 			rows[i] = r.row
 		}
 		outs, err := insertGroup(ctx, in.pool, rows)
+		var unsent *unsentError
 		if err == nil {
 			for i, r := range group {
 				r.out = outs[i]
@@ -254,12 +273,12 @@ func (in *jobInserter) write(group []*jobInsert) {
 			groupedRows.Add(int64(len(group)))
 			return
 		}
-		// Refused by PostgreSQL: nothing was written, and each row alone
-		// gets its own answer. Anything else (a connection lost) may have
+		// Refused by PostgreSQL, or never sent: nothing was written, and
+		// each row alone gets its own answer. Anything else (a connection lost) may have
 		// come after the commit: every row gets the error, as a single
 		// INSERT's client would, and none is written twice.
 		var pe *pgconn.PgError
-		if !errors.As(err, &pe) {
+		if !errors.As(err, &pe) && !errors.As(err, &unsent) {
 			for _, r := range group {
 				r.err = err
 			}
@@ -271,6 +290,11 @@ func (in *jobInserter) write(group []*jobInsert) {
 	}
 }
 
+// unsentError is a group that failed before its statement was sent.
+type unsentError struct{ err error }
+
+func (e *unsentError) Error() string { return "group insert not sent: " + e.err.Error() }
+
 // insertGroup writes rows in one statement and returns their results in
 // rows' order.
 func insertGroup(ctx context.Context, db DBTX, rows []*jobRow) ([]insertedJob, error) {
@@ -279,7 +303,7 @@ func insertGroup(ctx context.Context, db DBTX, rows []*jobRow) ([]insertedJob, e
 	}
 	doc, err := json.Marshal(rows)
 	if err != nil {
-		return nil, err
+		return nil, &unsentError{err}
 	}
 	res, err := db.Query(ctx, insertGroupSQL, string(doc))
 	if err != nil {

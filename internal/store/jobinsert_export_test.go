@@ -1,6 +1,7 @@
 package store
 
 import (
+	"context"
 	"encoding/json"
 	"time"
 
@@ -21,9 +22,7 @@ func InsertGroupForTest(pool *pgxpool.Pool, rows []TestRow) ([]int64, []error) {
 	in := &jobInserter{pool: pool}
 	group := make([]*jobInsert, len(rows))
 	for i, r := range rows {
-		group[i] = &jobInsert{row: &jobRow{Name: r.Name, Team: r.Team, UserID: r.UserID, Tier: r.Tier, GPUs: 1, TimeLimitS: 60,
-			Command: r.Command, Env: json.RawMessage(`{"K":"v"}`), SecretEnv: json.RawMessage(`{}`), SubmittedAt: r.SubmittedAt,
-			PendingReason: "waiting"}, done: make(chan struct{})}
+		group[i] = &jobInsert{row: r.row(), done: make(chan struct{})}
 	}
 	in.write(group)
 	ids, errs := make([]int64, len(rows)), make([]error, len(rows))
@@ -31,6 +30,24 @@ func InsertGroupForTest(pool *pgxpool.Pool, rows []TestRow) ([]int64, []error) {
 		ids[i], errs[i] = r.out.ID, r.err
 	}
 	return ids, errs
+}
+
+func (r TestRow) row() *jobRow {
+	return &jobRow{Name: r.Name, Team: r.Team, UserID: r.UserID, Tier: r.Tier, GPUs: 1, TimeLimitS: 60,
+		Command: r.Command, Env: json.RawMessage(`{"K":"v"}`), SecretEnv: json.RawMessage(`{}`), SubmittedAt: r.SubmittedAt,
+		PendingReason: "waiting"}
+}
+
+// InsertAbandonedForTest submits r on an inserter whose workers are all
+// busy, gives up after 20 ms while the row is still queued, then lets a
+// worker run until it idles out; it returns the submitter's error.
+func InsertAbandonedForTest(pool *pgxpool.Pool, r TestRow) error {
+	in := &jobInserter{pool: pool, queue: make(chan *jobInsert, 4), workers: insertWorkers} // no worker starts
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	_, err := in.insert(ctx, r.row())
+	in.work() // takes the abandoned row, writes nothing, exits after insertIdle
+	return err
 }
 
 // GroupedRows is how many rows this process wrote in statements of more

@@ -1,6 +1,8 @@
 package store_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -126,5 +128,21 @@ func TestGroupInsertFallsBackRowByRow(t *testing.T) {
 		if err := b.pool.QueryRow(b.ctx, `SELECT name FROM jobs WHERE id = $1`, ids[i]).Scan(&name); err != nil || name != rows[i].Name {
 			t.Fatalf("row %d: id %d holds %q (%v)", i, ids[i], name, err)
 		}
+	}
+}
+
+// A submitter that gives up while its row is still queued (its client
+// went away) gets its context's error, and the row is never written: no
+// job runs, and is billed, that its submitter was told was not created.
+func TestAbandonedSubmissionIsNotWritten(t *testing.T) {
+	b := setup(t)
+	noah := b.user(t, "noah@example.com")
+	before := b.count(t, "jobs")
+	err := store.InsertAbandonedForTest(b.pool, store.TestRow{Name: "gone", Team: "nlp", Tier: "3", UserID: noah.ID, Command: []string{"true"}, SubmittedAt: b.now})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("abandoned submission: %v, want its deadline", err)
+	}
+	if got := b.count(t, "jobs") - before; got != 0 {
+		t.Fatalf("%d jobs written for an abandoned submission", got)
 	}
 }
