@@ -395,7 +395,21 @@ func TestLivePreemptRequeue(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitJob(t, cl, victim, "running", func(j Job) bool { return j.State == "RUNNING" })
-	time.Sleep(3 * time.Second) // let slurmdbd record the start before the preemption
+	// slurmdbd must have the start before the preemption: wait until its
+	// accounting shows it (a fixed 3 s was not always enough on a loaded
+	// machine, and the preempted run then had no start).
+	for recorded := time.Now().Add(60 * time.Second); ; time.Sleep(300 * time.Millisecond) { // a deadline, not product time
+		runs, err := cl.Accounting(ctx, from, time.Now().Add(time.Minute)) // Slurm's own (real) clock: its accounting window
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.ContainsFunc(runs, func(r Run) bool { return r.JobID == victim && !r.Start.IsZero() }) {
+			break
+		}
+		if time.Now().After(recorded) { // the deadline's clock
+			t.Fatal("slurmdbd did not record the victim's start within a minute")
+		}
+	}
 	prod, _, err := cl.Submit(ctx, liveUser, JobSubmit{Name: "prod", Account: "nlp", Partition: "gpu",
 		Comment: "allot:job=602", Workdir: c.JobsDir, Script: "#!/bin/sh\nsleep 2\n", GPUsPerNode: 4, TimeLimit: time.Minute})
 	if err != nil {
