@@ -57,8 +57,7 @@ type jobRow struct {
 	Demoted        bool            `json:"demoted"`
 	QuotaWarning   string          `json:"quota_warning"`
 	PendingReason  string          `json:"pending_reason"`
-	SubmittedAt    time.Time       `json:"-"`
-	Submitted      string          `json:"submitted_at"` // SubmittedAt to the microsecond, as pgx sends a time
+	SubmittedAt    time.Time       `json:"submitted_at"` // to the microsecond (insertJob), as pgx sends a time
 	RunAsUser      string          `json:"run_as_user"`
 	Image          string          `json:"image"`
 	MemoryBytes    int64           `json:"memory_bytes"`
@@ -74,10 +73,12 @@ type insertedJob struct {
 	Backend     string
 }
 
-const insertJobSQL = `
-	INSERT INTO jobs (name, team, user_id, tier, gpus, gpu_type, gpus_per_node, time_limit_s, command, env, workdir,
-		checkpointable, preemptible, demoted, quota_warning, pending_reason, submitted_at,
-		run_as_user, image, memory_bytes, milli_cpus, secret_env)
+// jobInsertColumns are the columns SubmitJob writes, jobRow's fields.
+const jobInsertColumns = `name, team, user_id, tier, gpus, gpu_type, gpus_per_node, time_limit_s, command, env, workdir,
+	checkpointable, preemptible, demoted, quota_warning, pending_reason, submitted_at,
+	run_as_user, image, memory_bytes, milli_cpus, secret_env`
+
+const insertJobSQL = `INSERT INTO jobs (` + jobInsertColumns + `)
 	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22)
 	RETURNING id, submitted_at, updated_at, backend`
 
@@ -85,13 +86,8 @@ const insertJobSQL = `
 // order: the ids, drawn from the sequence row by row as the sorted rows
 // are inserted, rise with it, so the answer sorted by id is in the input's
 // order.
-const insertGroupSQL = `
-	INSERT INTO jobs (name, team, user_id, tier, gpus, gpu_type, gpus_per_node, time_limit_s, command, env, workdir,
-		checkpointable, preemptible, demoted, quota_warning, pending_reason, submitted_at,
-		run_as_user, image, memory_bytes, milli_cpus, secret_env)
-	SELECT r.name, r.team, r.user_id, r.tier, r.gpus, r.gpu_type, r.gpus_per_node, r.time_limit_s, r.command, r.env, r.workdir,
-		r.checkpointable, r.preemptible, r.demoted, r.quota_warning, r.pending_reason, r.submitted_at,
-		r.run_as_user, r.image, r.memory_bytes, r.milli_cpus, r.secret_env
+const insertGroupSQL = `INSERT INTO jobs (` + jobInsertColumns + `)
+	SELECT ` + jobInsertColumns + `
 	FROM jsonb_populate_recordset(NULL::jobs, $1::jsonb) WITH ORDINALITY AS r
 	ORDER BY r.ordinality
 	RETURNING id, submitted_at, updated_at, backend`
@@ -110,6 +106,8 @@ func insertOne(ctx context.Context, db DBTX, r *jobRow) (insertedJob, error) {
 // insertJob writes r: through the pool's inserter when s runs on a pool,
 // with its own statement inside a transaction.
 func (s *Store) insertJob(ctx context.Context, r *jobRow) (insertedJob, error) {
+	// What pgx would send alone; the group's JSON then carries it exactly.
+	r.SubmittedAt = r.SubmittedAt.Truncate(time.Microsecond)
 	pool, ok := s.db.(*pgxpool.Pool)
 	if !ok || !groupable(r) {
 		return insertOne(ctx, s.db, r)
@@ -298,9 +296,6 @@ func (e *unsentError) Error() string { return "group insert not sent: " + e.err.
 // insertGroup writes rows in one statement and returns their results in
 // rows' order.
 func insertGroup(ctx context.Context, db DBTX, rows []*jobRow) ([]insertedJob, error) {
-	for _, r := range rows {
-		r.Submitted = r.SubmittedAt.UTC().Truncate(time.Microsecond).Format(time.RFC3339Nano)
-	}
 	doc, err := json.Marshal(rows)
 	if err != nil {
 		return nil, &unsentError{err}
