@@ -190,7 +190,7 @@ func (a *Agent) adopt() {
 			if alive {
 				waitPID(pid, start)
 			}
-		})
+		}, nil)
 	}
 	if a.cgd == nil {
 		return

@@ -233,15 +233,18 @@ func (a *Agent) start(ref agentproto.LeaseRef) {
 	if err := writeJSONFile(filepath.Join(dir, "lease.json"), rec); err != nil {
 		log.Warn("could not record the lease on disk; an agent restart will not re-adopt it", "err", err)
 	}
-	a.out.started(agentproto.JobStarted{JobID: ref.JobID, Segment: ref.Segment, PID: pid, Time: now.UTC()})
 	log.Info("job started", "pid", pid, "user", id.Name, "command", l.Command, "image", l.Image)
-	a.run(j, rec, cg, 0, func() { _ = cmd.Wait() })
+	a.run(j, rec, cg, 0, func() { _ = cmd.Wait() }, func() {
+		a.out.started(agentproto.JobStarted{JobID: ref.JobID, Segment: ref.Segment, PID: pid, Time: now.UTC()})
+	})
 }
 
 // run makes j a running job supervised by its shim: it follows the job's
 // output from logOffset, arms the time limit, and settles the job once
-// wait returns (the shim exited).
-func (a *Agent) run(j *job, rec leaseRecord, cg *jobCgroup, logOffset int64, wait func()) {
+// wait returns (the shim exited). started, when set, reports the start:
+// once the job counts as running (its GPUs busy in heartbeats and
+// metrics) and before its end can be reported.
+func (a *Agent) run(j *job, rec leaseRecord, cg *jobCgroup, logOffset int64, wait func(), started func()) {
 	ref := j.ref
 	logs := newLogStream(a, ref, a.cfg.LogTail, a.cfg.LogFlush)
 	a.mu.Lock()
@@ -263,6 +266,9 @@ func (a *Agent) run(j *job, rec leaseRecord, cg *jobCgroup, logOffset int64, wai
 	pend := j.pending
 	j.pending = nil
 	a.mu.Unlock()
+	if started != nil {
+		started()
+	}
 
 	stopTail := make(chan struct{})
 	tailDone := make(chan struct{})
