@@ -219,10 +219,13 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 			if !ok {
 				return allot.Errorf(allot.EUnauthorized, "Authorization header must be \"Bearer <token>\"")
 			}
-			u, err := s.st.UserByAPIToken(ctx, strings.TrimSpace(tok))
+			// The request's context carries the epochs read with the token,
+			// so that a submission skips reading its context again.
+			u, ctx, err := s.st.UserByAPITokenContext(ctx, strings.TrimSpace(tok))
 			if err != nil {
 				return err
 			}
+			c.SetRequest(c.Request().WithContext(ctx))
 			c.Set(ctxUser, &u)
 			return next(c)
 		}

@@ -165,33 +165,118 @@ func (s *Store) cacheGangs(g maxGangs) {
 	gangsByPool.m[s.db] = g
 }
 
-// submitContext loads what a submission is judged on.
+// submitEpochs are the three sequences moved on by every committed change
+// to what a submission is judged on: allocations (a team's usage), nodes
+// (the largest gang) and the configuration (budgets, tiers, GPU types,
+// POSIX accounts; migration 0034). ok: they were read.
+type submitEpochs struct {
+	allocations, nodes, config int64
+	ok                         bool
+}
+
+// submitEpochsSQL reads the three epochs (three columns).
+const submitEpochsSQL = `(SELECT last_value + is_called::int FROM allocations_epoch),
+			(SELECT last_value + is_called::int FROM nodes_epoch),
+			(SELECT last_value + is_called::int FROM config_epoch)`
+
+// epochsKey keys the submitEpochs a request's token was read with
+// (UserByAPITokenContext).
+type epochsKey struct{}
+
+// judged is everything submitContext read for one team, tier, submitter
+// and month, at epochs ep.
+type judged struct {
+	ep                           submitEpochs
+	budget, maxRuntime           *int64
+	types, engineTypes           []string
+	nativeTypes                  int64
+	gangTypes                    []string
+	gangs                        []int32
+	mapped, claimed, teamAccount string
+	usage                        monthUsage
+	stored                       time.Time
+}
+
+type judgedKey struct {
+	db         DBTX
+	team, tier string
+	user       int64
+	month      time.Time
+}
+
+// judgedContexts are the contexts of every pool of this process. A
+// request whose token was read with the same three epochs reuses one (for
+// at most monthUsageTTL: a change read in the instant its epoch moves is
+// missed until then, as for the month usage).
+var judgedContexts = struct {
+	sync.Mutex
+	m map[judgedKey]*judged
+}{m: map[judgedKey]*judged{}}
+
+func (s *Store) cachedJudged(k judgedKey, ep submitEpochs, now time.Time) (*judged, bool) {
+	if _, ok := s.db.(*pgxpool.Pool); !ok || !ep.ok {
+		return nil, false
+	}
+	judgedContexts.Lock()
+	defer judgedContexts.Unlock()
+	r := judgedContexts.m[k]
+	// A stopwatch for the cache, not product time.
+	if r == nil || r.ep != ep || now.Before(r.usage.asOf) || time.Since(r.stored) > monthUsageTTL {
+		return nil, false
+	}
+	return r, true
+}
+
+func (s *Store) cacheJudged(k judgedKey, r *judged) {
+	if _, ok := s.db.(*pgxpool.Pool); !ok || r.budget == nil || r.maxRuntime == nil {
+		return // only what an accepted submission is judged on is kept
+	}
+	r.stored = time.Now()
+	judgedContexts.Lock()
+	defer judgedContexts.Unlock()
+	if len(judgedContexts.m) >= 10000 {
+		clear(judgedContexts.m) // teams × tiers × submitters × pools
+	}
+	judgedContexts.m[k] = r
+}
+
+// submitContext loads what a submission is judged on: from the context
+// judged for an earlier submission of the same team, tier and submitter
+// when ctx carries the epochs read with this request's token and none of
+// them moved since (no round trip), else with one query.
 func (s *Store) submitContext(ctx context.Context, u *allot.User, spec *allot.JobSpec) (allot.SubmitContext, int64, int64, error) {
-	// One round trip: the team's budget and this month's usage, the tier,
-	// the GPU types, the largest gang per type, and the POSIX accounts the
-	// job could run as (resolveAccount's three, read here to save a round
-	// trip per submission: keep the two in step).
-	c := allot.SubmitContext{Submitter: u, MaxGang: map[string]int{"": 0}}
 	now := s.Now()
-	var budget, used *int64
-	var maxRuntime *int64
-	var types []string
-	var gangTypes []string
-	var gangs []int32
-	var mapped, claimed, teamAccount string
-	var engineTypes []string
-	var nativeTypes int64
 	userID := int64(-1) // no submitter: no account to resolve
 	if u != nil {
 		userID = u.ID
 	}
-	month := MonthStart(now)
+	k := judgedKey{db: s.db, team: spec.Team, tier: string(spec.Tier), user: userID, month: MonthStart(now)}
+	ep, _ := ctx.Value(epochsKey{}).(submitEpochs)
+	r, ok := s.cachedJudged(k, ep, now)
+	if !ok {
+		var err error
+		if r, err = s.loadJudged(ctx, spec, userID, k.month, now); err != nil {
+			return allot.SubmitContext{Submitter: u, MaxGang: map[string]int{"": 0}}, 0, 0, err
+		}
+		s.cacheJudged(k, r)
+	}
+	return r.context(s, u, spec, now)
+}
+
+// loadJudged reads what a submission of spec by userID is judged on.
+func (s *Store) loadJudged(ctx context.Context, spec *allot.JobSpec, userID int64, month, now time.Time) (*judged, error) {
+	// One round trip: the team's budget and this month's usage, the tier,
+	// the GPU types, the largest gang per type, and the POSIX accounts the
+	// job could run as (resolveAccount's three, read here to save a round
+	// trip per submission: keep the two in step).
+	r := &judged{ep: submitEpochs{ok: true}}
+	var used *int64
+	var running int64
 	cached, haveCache := s.cachedMonthUsage(spec.Team, month, now)
 	wantEpoch := int64(-1)
 	if haveCache {
 		wantEpoch = cached.epoch
 	}
-	var epoch, running, nodesEpoch int64
 	gang, haveGang := s.cachedGangs()
 	wantNodes := int64(-1)
 	if haveGang {
@@ -200,7 +285,7 @@ func (s *Store) submitContext(ctx context.Context, u *allot.User, spec *allot.Jo
 	err := s.db.QueryRow(ctx, `
 		SELECT
 			(SELECT monthly_budget_gpu_hours FROM teams WHERE slug = $1),
-			us.used, us.running, ep.v, ne.v,
+			us.used, us.running, ep.v, ne.v, (SELECT last_value + is_called::int FROM config_epoch),
 			(SELECT max_runtime_s FROM tiers WHERE id = $2),
 			(SELECT coalesce(array_agg(name ORDER BY name), '{}') FROM gpu_types),
 			(SELECT coalesce(array_agg(name ORDER BY name) FILTER (WHERE backend <> 'native' AND retired_at IS NULL), '{}') FROM gpu_types),
@@ -223,51 +308,57 @@ func (s *Store) submitContext(ctx context.Context, u *allot.User, spec *allot.Jo
 				count(*) FILTER (WHERE a.released_at IS NULL) AS running
 			FROM allocations a JOIN jobs j ON j.id = a.job_id
 			WHERE ep.v <> $6 AND a.started_at < $4 AND coalesce(a.released_at, 'infinity'::timestamptz) > $3 AND j.team = $1) us`,
-		spec.Team, string(spec.Tier), month, now, userID, wantEpoch, wantNodes).Scan(&budget, &used, &running, &epoch, &nodesEpoch, &maxRuntime, &types,
-		&engineTypes, &nativeTypes, &gangTypes, &gangs, &mapped, &claimed, &teamAccount)
+		spec.Team, string(spec.Tier), month, now, userID, wantEpoch, wantNodes).Scan(&r.budget, &used, &running, &r.ep.allocations, &r.ep.nodes, &r.ep.config,
+		&r.maxRuntime, &r.types, &r.engineTypes, &r.nativeTypes, &r.gangTypes, &r.gangs, &r.mapped, &r.claimed, &r.teamAccount)
 	if err != nil {
-		return c, 0, 0, mapErr("loading the submission context", err)
+		return nil, mapErr("loading the submission context", err)
 	}
-	if haveGang && nodesEpoch == wantNodes {
-		gangTypes, gangs = gang.types, gang.gangs
+	if haveGang && r.ep.nodes == wantNodes {
+		r.gangTypes, r.gangs = gang.types, gang.gangs
 	} else {
-		s.cacheGangs(maxGangs{epoch: nodesEpoch, types: gangTypes, gangs: gangs})
+		s.cacheGangs(maxGangs{epoch: r.ep.nodes, types: r.gangTypes, gangs: r.gangs})
 	}
 	switch {
-	case haveCache && epoch == wantEpoch:
-		v := cached.at(now)
-		used = &v
-	case budget != nil:
-		s.cacheMonthUsage(spec.Team, month, monthUsage{epoch: epoch, asOf: now, used: *used, running: running})
+	case haveCache && r.ep.allocations == wantEpoch:
+		r.usage = cached
+	case r.budget != nil:
+		r.usage = monthUsage{epoch: r.ep.allocations, asOf: now, used: *used, running: running}
+		s.cacheMonthUsage(spec.Team, month, r.usage)
+	default:
+		r.usage = monthUsage{asOf: now} // no such team: nothing used
 	}
-	c.TeamFound = budget != nil
+	return r, nil
+}
+
+// context is the submission context r gives for u's spec at now, with the
+// team's budget and its month usage up to now.
+func (r *judged) context(s *Store, u *allot.User, spec *allot.JobSpec, now time.Time) (allot.SubmitContext, int64, int64, error) {
+	c := allot.SubmitContext{Submitter: u, MaxGang: map[string]int{"": 0}}
+	c.TeamFound = r.budget != nil
 	c.RequireAccount = s.RequirePOSIXAccount
 	// An external engine (Slurm) runs every job as its submitter's account:
 	// a job without one is refused here, not by the engine later.
-	if slices.Contains(engineTypes, spec.GPUType) || (spec.GPUType == "" && len(engineTypes) > 0 && nativeTypes == 0) {
+	if slices.Contains(r.engineTypes, spec.GPUType) || (spec.GPUType == "" && len(r.engineTypes) > 0 && r.nativeTypes == 0) {
 		c.RequireAccount = true
 	}
 	if u != nil && c.TeamFound {
-		c.Account, c.AccountSource = allot.ResolveAccount(mapped, claimed, teamAccount)
+		c.Account, c.AccountSource = allot.ResolveAccount(r.mapped, r.claimed, r.teamAccount)
 	}
-	if maxRuntime != nil {
-		c.Tier = &allot.Tier{ID: spec.Tier, MaxRuntime: time.Duration(*maxRuntime) * time.Second}
+	if r.maxRuntime != nil {
+		c.Tier = &allot.Tier{ID: spec.Tier, MaxRuntime: time.Duration(*r.maxRuntime) * time.Second}
 	}
-	c.GPUTypes = types
-	for i, t := range gangTypes {
-		c.MaxGang[t] = int(gangs[i])
-		if int(gangs[i]) > c.MaxGang[""] {
-			c.MaxGang[""] = int(gangs[i])
+	c.GPUTypes = slices.Clone(r.types)
+	for i, t := range r.gangTypes {
+		c.MaxGang[t] = int(r.gangs[i])
+		if int(r.gangs[i]) > c.MaxGang[""] {
+			c.MaxGang[""] = int(r.gangs[i])
 		}
 	}
-	var b, us int64
-	if budget != nil {
-		b = *budget
+	var b int64
+	if r.budget != nil {
+		b = *r.budget
 	}
-	if used != nil {
-		us = *used
-	}
-	return c, b, us, nil
+	return c, b, r.usage.at(now), nil
 }
 
 // QuotaPreview validates spec for u and returns what the budget check would
