@@ -194,7 +194,8 @@ type judged struct {
 	gangs                        []int32
 	mapped, claimed, teamAccount string
 	usage                        monthUsage
-	stored                       time.Time
+	stored                       time.Time // when its oldest part was read (a stopwatch)
+	keep                         bool      // read at a settled configuration epoch
 }
 
 type judgedKey struct {
@@ -228,16 +229,50 @@ func (s *Store) cachedJudged(k judgedKey, ep submitEpochs, now time.Time) (*judg
 }
 
 func (s *Store) cacheJudged(k judgedKey, r *judged) {
-	if _, ok := s.db.(*pgxpool.Pool); !ok || r.budget == nil || r.maxRuntime == nil {
+	if _, ok := s.db.(*pgxpool.Pool); !ok || !r.keep || r.budget == nil || r.maxRuntime == nil {
 		return // only what an accepted submission is judged on is kept
 	}
-	r.stored = time.Now()
 	judgedContexts.Lock()
 	defer judgedContexts.Unlock()
 	if len(judgedContexts.m) >= 10000 {
 		clear(judgedContexts.m) // teams × tiers × submitters × pools
 	}
 	judgedContexts.m[k] = r
+}
+
+// configSeen is, per pool, the newest configuration epoch this process
+// has read and when it first read it.
+var configSeen = struct {
+	sync.Mutex
+	m map[DBTX]seenEpoch
+}{m: map[DBTX]seenEpoch{}}
+
+type seenEpoch struct {
+	epoch int64
+	at    time.Time
+}
+
+// configSettled notes that epoch was read now and reports whether this
+// process has seen it for at least ConfigSettle: a change commits within
+// a moment of moving the epoch, so a context read at a settled epoch holds
+// every change up to it.
+func (s *Store) configSettled(epoch int64) bool {
+	settle := s.ConfigSettle
+	if settle == 0 {
+		settle = time.Second
+	}
+	configSeen.Lock()
+	defer configSeen.Unlock()
+	e, ok := configSeen.m[s.db]
+	if !ok || epoch > e.epoch {
+		if len(configSeen.m) >= 10000 {
+			clear(configSeen.m) // pools: only tests get here
+		}
+		// A stopwatch, not product time.
+		configSeen.m[s.db] = seenEpoch{epoch: epoch, at: time.Now()}
+		return settle < 0
+	}
+	return epoch == e.epoch && (settle < 0 || time.Since(e.at) >= settle)
 }
 
 // submitContext loads what a submission is judged on: from the context
@@ -269,7 +304,8 @@ func (s *Store) loadJudged(ctx context.Context, spec *allot.JobSpec, userID int6
 	// the GPU types, the largest gang per type, and the POSIX accounts the
 	// job could run as (resolveAccount's three, read here to save a round
 	// trip per submission: keep the two in step).
-	r := &judged{ep: submitEpochs{ok: true}}
+	// A stopwatch for the caches, not product time.
+	r := &judged{ep: submitEpochs{ok: true}, stored: time.Now()}
 	var used *int64
 	var running int64
 	cached, haveCache := s.cachedMonthUsage(spec.Team, month, now)
@@ -313,14 +349,21 @@ func (s *Store) loadJudged(ctx context.Context, spec *allot.JobSpec, userID int6
 	if err != nil {
 		return nil, mapErr("loading the submission context", err)
 	}
+	r.keep = s.configSettled(r.ep.config)
 	if haveGang && r.ep.nodes == wantNodes {
 		r.gangTypes, r.gangs = gang.types, gang.gangs
+		if gang.stored.Before(r.stored) {
+			r.stored = gang.stored
+		}
 	} else {
 		s.cacheGangs(maxGangs{epoch: r.ep.nodes, types: r.gangTypes, gangs: r.gangs})
 	}
 	switch {
 	case haveCache && r.ep.allocations == wantEpoch:
 		r.usage = cached
+		if cached.stored.Before(r.stored) {
+			r.stored = cached.stored
+		}
 	case r.budget != nil:
 		r.usage = monthUsage{epoch: r.ep.allocations, asOf: now, used: *used, running: running}
 		s.cacheMonthUsage(spec.Team, month, r.usage)

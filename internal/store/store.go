@@ -49,6 +49,13 @@ type Store struct {
 	// are stored and decrypts them for the agents and Slurm (secrets.go);
 	// nil stores them as given and still reads values stored without it.
 	Secrets *SecretKeys
+	// ConfigSettle is how long this process must have seen a configuration
+	// epoch (migration 0034) before a submission context read at it is
+	// kept for the next submissions (0: a second; negative: at once,
+	// tests). The epoch moves as a change commits, a moment before the
+	// change is visible: a context read in that moment would hold the old
+	// values under the new epoch.
+	ConfigSettle time.Duration
 }
 
 // New returns a Store over db (usually a *pgxpool.Pool).

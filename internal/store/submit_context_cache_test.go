@@ -15,12 +15,14 @@ import (
 // they hold: a budget, a tier's limit, a POSIX account or an allocation
 // changed before the request is seen by it. With a trigger off the stale
 // context is reused (so the cache is used at all), and a request without
-// epochs always reads afresh.
+// epochs always reads afresh. A context read at an epoch that has only
+// just moved is not kept.
 func TestSubmitContextFollowsTheTokenEpochs(t *testing.T) {
 	b := setup(t)
 	clk := b.now
 	st := store.New(b.pool)
 	st.Now = func() time.Time { return clk }
+	st.ConfigSettle = -1 // a context read at an epoch is kept at once
 	noah := b.user(t, "noah@example.com")
 	secret, _, err := st.CreateAPIToken(b.ctx, noah.ID, "cache")
 	if err != nil {
@@ -49,6 +51,34 @@ func TestSubmitContextFollowsTheTokenEpochs(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A context read in the moment between a change's epoch moving and
+	// the change becoming visible (simulated: the epoch moved by hand, the
+	// change written with the trigger off) holds the old values under the
+	// new epoch. It is not kept until the epoch has settled (here never),
+	// so the next request reads the change.
+	exec(`ALTER TABLE teams DISABLE TRIGGER config_epoch_bump`)
+	unsettled := store.New(b.pool)
+	unsettled.Now = st.Now
+	unsettled.ConfigSettle = time.Hour
+	ctx, u := request()
+	if _, err := unsettled.QuotaPreview(ctx, u, &spec); err != nil {
+		t.Fatal(err)
+	}
+	exec(`SELECT nextval('config_epoch')`)
+	ctx, u = request()
+	qa, err := unsettled.QuotaPreview(ctx, u, &spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exec(`UPDATE teams SET monthly_budget_gpu_hours = monthly_budget_gpu_hours + 10 WHERE slug = 'nlp'`)
+	ctx, u = request()
+	if qb, err := unsettled.QuotaPreview(ctx, u, &spec); err != nil {
+		t.Fatal(err)
+	} else if qb.RemainingGPUSeconds != qa.RemainingGPUSeconds+10*3600 {
+		t.Errorf("a context read before its epoch settled was kept: remaining %d after the change, want %d", qb.RemainingGPUSeconds, qa.RemainingGPUSeconds+10*3600)
+	}
+	exec(`ALTER TABLE teams ENABLE TRIGGER config_epoch_bump`)
+
 	r0 := remaining(request())
 	if r := remaining(request()); r != r0 {
 		t.Fatalf("nothing changed, remaining %d then %d", r0, r)
@@ -86,7 +116,7 @@ func TestSubmitContextFollowsTheTokenEpochs(t *testing.T) {
 	// The tier's limit lowered to 10 minutes: the next hour-long
 	// submission is refused.
 	exec(`UPDATE tiers SET max_runtime_s = 600 WHERE id = '3'`)
-	ctx, u := request()
+	ctx, u = request()
 	if _, err := st.SubmitJob(ctx, u, spec); allot.ErrorCode(err) != allot.EInvalid {
 		t.Errorf("an hour past the tier's new 10-minute limit: %v, want it refused", err)
 	}
