@@ -31,7 +31,8 @@ import (
 // with 1,000 agents heartbeating beside 600 submissions/s the server and
 // its PostgreSQL backends spent 1.64 and 1.81 ms of CPU per submission
 // with one worker against 1.93 and 2.07 ms with two (alternating runs);
-// a row waits at most one statement (about 1 ms) for its group.
+// a row usually waits one statement (about 1 ms) for its group, and
+// behind a stalled one until more than a group waits.
 //
 // A group either commits whole or, if its statement fails, every row is
 // written again alone, so each submission gets its own error (a team
