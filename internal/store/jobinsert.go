@@ -115,8 +115,8 @@ func insertOne(ctx context.Context, db DBTX, r *jobRow) (insertedJob, error) {
 func (s *Store) insertJob(ctx context.Context, r *jobRow) (insertedJob, error) {
 	// What pgx would send alone; the group's JSON then carries it exactly.
 	r.SubmittedAt = r.SubmittedAt.Truncate(time.Microsecond)
-	pool, ok := s.db.(*pgxpool.Pool)
-	if !ok || !groupable(r) {
+	pool := s.Pool()
+	if pool == nil || !groupable(r) {
 		return insertOne(ctx, s.db, r)
 	}
 	return insertersFor(pool).insert(ctx, r)

@@ -7,12 +7,10 @@ import (
 	"maps"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/allotlabs/allot/internal/allot"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // MonthStart returns the first instant of t's month in UTC.
@@ -93,18 +91,13 @@ type monthUsageKey struct {
 
 // monthUsages are the sums of every Store of this process, by pool (a
 // Store in a transaction keeps none: its db is the transaction).
-var monthUsages = struct {
-	sync.Mutex
-	m map[monthUsageKey]monthUsage
-}{m: map[monthUsageKey]monthUsage{}}
+var monthUsages poolCache[monthUsageKey, monthUsage]
 
 func (s *Store) cachedMonthUsage(team string, month, now time.Time) (monthUsage, bool) {
-	if _, ok := s.db.(*pgxpool.Pool); !ok {
+	if s.Pool() == nil {
 		return monthUsage{}, false
 	}
-	monthUsages.Lock()
-	defer monthUsages.Unlock()
-	m, ok := monthUsages.m[monthUsageKey{s.db, team, month}]
+	m, ok := monthUsages.get(monthUsageKey{s.db, team, month})
 	if !ok || now.Before(m.asOf) || time.Since(m.stored) > monthUsageTTL {
 		return monthUsage{}, false
 	}
@@ -112,16 +105,11 @@ func (s *Store) cachedMonthUsage(team string, month, now time.Time) (monthUsage,
 }
 
 func (s *Store) cacheMonthUsage(team string, month time.Time, m monthUsage) {
-	if _, ok := s.db.(*pgxpool.Pool); !ok {
+	if s.Pool() == nil {
 		return
 	}
 	m.stored = time.Now()
-	monthUsages.Lock()
-	defer monthUsages.Unlock()
-	if len(monthUsages.m) >= 10000 {
-		clear(monthUsages.m) // teams × months × pools: only tests get here
-	}
-	monthUsages.m[monthUsageKey{s.db, team, month}] = m
+	monthUsages.put(monthUsageKey{s.db, team, month}, m)
 }
 
 // maxGangs is the largest gang per GPU type as submitContext last read
@@ -134,18 +122,13 @@ type maxGangs struct {
 }
 
 // gangsByPool are the maxGangs of every pool of this process.
-var gangsByPool = struct {
-	sync.Mutex
-	m map[DBTX]maxGangs
-}{m: map[DBTX]maxGangs{}}
+var gangsByPool poolCache[DBTX, maxGangs]
 
 func (s *Store) cachedGangs() (maxGangs, bool) {
-	if _, ok := s.db.(*pgxpool.Pool); !ok {
+	if s.Pool() == nil {
 		return maxGangs{}, false
 	}
-	gangsByPool.Lock()
-	defer gangsByPool.Unlock()
-	g, ok := gangsByPool.m[s.db]
+	g, ok := gangsByPool.get(s.db)
 	if !ok || time.Since(g.stored) > monthUsageTTL {
 		return maxGangs{}, false
 	}
@@ -153,16 +136,11 @@ func (s *Store) cachedGangs() (maxGangs, bool) {
 }
 
 func (s *Store) cacheGangs(g maxGangs) {
-	if _, ok := s.db.(*pgxpool.Pool); !ok {
+	if s.Pool() == nil {
 		return
 	}
 	g.stored = time.Now()
-	gangsByPool.Lock()
-	defer gangsByPool.Unlock()
-	if len(gangsByPool.m) >= 10000 {
-		clear(gangsByPool.m)
-	}
-	gangsByPool.m[s.db] = g
+	gangsByPool.put(s.db, g)
 }
 
 // submitEpochs are the three sequences moved on by every committed change
@@ -209,18 +187,13 @@ type judgedKey struct {
 // request whose token was read with the same three epochs reuses one (for
 // at most monthUsageTTL: a change read in the instant its epoch moves is
 // missed until then, as for the month usage).
-var judgedContexts = struct {
-	sync.Mutex
-	m map[judgedKey]*judged
-}{m: map[judgedKey]*judged{}}
+var judgedContexts poolCache[judgedKey, *judged]
 
 func (s *Store) cachedJudged(k judgedKey, ep submitEpochs, now time.Time) (*judged, bool) {
-	if _, ok := s.db.(*pgxpool.Pool); !ok || !ep.ok {
+	if s.Pool() == nil || !ep.ok {
 		return nil, false
 	}
-	judgedContexts.Lock()
-	defer judgedContexts.Unlock()
-	r := judgedContexts.m[k]
+	r, _ := judgedContexts.get(k)
 	// A stopwatch for the cache, not product time.
 	if r == nil || r.ep != ep || now.Before(r.usage.asOf) || time.Since(r.stored) > monthUsageTTL {
 		return nil, false
@@ -229,23 +202,15 @@ func (s *Store) cachedJudged(k judgedKey, ep submitEpochs, now time.Time) (*judg
 }
 
 func (s *Store) cacheJudged(k judgedKey, r *judged) {
-	if _, ok := s.db.(*pgxpool.Pool); !ok || !r.keep || r.budget == nil || r.maxRuntime == nil {
+	if s.Pool() == nil || !r.keep || r.budget == nil || r.maxRuntime == nil {
 		return // only what an accepted submission is judged on is kept
 	}
-	judgedContexts.Lock()
-	defer judgedContexts.Unlock()
-	if len(judgedContexts.m) >= 10000 {
-		clear(judgedContexts.m) // teams × tiers × submitters × pools
-	}
-	judgedContexts.m[k] = r
+	judgedContexts.put(k, r)
 }
 
 // configSeen is, per pool, the newest configuration epoch this process
 // has read and when it first read it.
-var configSeen = struct {
-	sync.Mutex
-	m map[DBTX]seenEpoch
-}{m: map[DBTX]seenEpoch{}}
+var configSeen poolCache[DBTX, seenEpoch]
 
 type seenEpoch struct {
 	epoch int64
@@ -261,18 +226,17 @@ func (s *Store) configSettled(epoch int64) bool {
 	if settle == 0 {
 		settle = time.Second
 	}
-	configSeen.Lock()
-	defer configSeen.Unlock()
-	e, ok := configSeen.m[s.db]
-	if !ok || epoch > e.epoch {
-		if len(configSeen.m) >= 10000 {
-			clear(configSeen.m) // pools: only tests get here
+	settled := false
+	configSeen.update(s.db, func(e seenEpoch, ok bool) (seenEpoch, bool) {
+		if !ok || epoch > e.epoch {
+			settled = settle < 0
+			// A stopwatch, not product time.
+			return seenEpoch{epoch: epoch, at: time.Now()}, true
 		}
-		// A stopwatch, not product time.
-		configSeen.m[s.db] = seenEpoch{epoch: epoch, at: time.Now()}
-		return settle < 0
-	}
-	return epoch == e.epoch && (settle < 0 || time.Since(e.at) >= settle)
+		settled = epoch == e.epoch && (settle < 0 || time.Since(e.at) >= settle)
+		return e, false
+	})
+	return settled
 }
 
 // submitContext loads what a submission is judged on: from the context
