@@ -187,6 +187,20 @@ func (st *state) anyTerminating() bool {
 	return !st.runLazy || st.keep.terms > 0
 }
 
+// terminating reports whether a running job is in its grace period
+// (anyTerminating, exactly).
+func (st *state) terminating() bool {
+	if st.runLazy {
+		return st.keep.terms > 0
+	}
+	for i := range st.run {
+		if st.run[i].term {
+			return true
+		}
+	}
+	return false
+}
+
 // runs is the running jobs' working state, filled from the keep on first
 // use when the cycle deferred it.
 func (st *state) runs() []runJob {

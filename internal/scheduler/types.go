@@ -327,7 +327,10 @@ type Policy struct {
 	MayPreempt map[Tier][]Tier
 	// NoPendingInfo skips Plan.Pending and Plan.Shares (the simulator does
 	// not read them; the live loop must leave it false), except for the
-	// jobs in EstimateFor.
+	// jobs in EstimateFor. Without EstimateFor it also lets a ModeAllot
+	// cycle that provably starts and preempts nothing return at once
+	// (Plan.Idle: every GPU busy, none in a grace period, no pending job
+	// that may preempt; HoldReservations off).
 	NoPendingInfo bool
 	// EstimateFor, with NoPendingInfo, fills Plan.Pending for these
 	// pending jobs only (the simulator's ETA measurement): each entry is
@@ -572,4 +575,8 @@ type Plan struct {
 	Reservations []Reservation
 	Pending      []PendingInfo // every pending job not started, in priority order
 	Shares       []TeamShare   // sorted by team name
+	// Idle: the cycle returned at once, as it provably started and
+	// preempted nothing and its caller reads nothing else (see
+	// Policy.NoPendingInfo); Reservations were not computed.
+	Idle bool
 }

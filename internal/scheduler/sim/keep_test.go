@@ -53,3 +53,54 @@ func TestKeepChangesNothing(t *testing.T) {
 		t.Errorf("burst: keeping the running state changed the replay (-every cycle +kept):\n%s", d)
 	}
 }
+
+// TestIdleCyclesChangeNothing: the cycles the core returns from at once
+// (scheduler.Plan.Idle: every GPU busy, no pending job that may preempt)
+// give exactly the replay of running every cycle in full, with guarantee
+// reclaims, tier 1-2 preemption and the ETA measurement in play.
+func TestIdleCyclesChangeNothing(t *testing.T) {
+	t.Parallel()
+	trace := randomTrace(600, 11)
+	for i := range trace {
+		trace[i].Submit /= 4 // four times the arrival rate: the cluster stays full
+	}
+	ignore := cmpopts.IgnoreFields(Result{}, "CycleMeanUS", "CycleP99US", "SimWallS")
+	// Small guarantees (every team above its own: the idle cycles end
+	// when a tier 1-2 job arrives), then one team mostly under its
+	// guarantee (idle cycles between its reclaims).
+	for _, c := range []struct {
+		teams []TeamSpec
+		eta   bool
+	}{{[]TeamSpec{{"a", 4}, {"b", 4}, {"c", 4}}, false}, {[]TeamSpec{{"a", 32}, {"b", 8}, {"c", 8}}, true}} {
+		teams, eta := c.teams, c.eta
+		idle := 0
+		fast := func(s scheduler.Snapshot, now time.Time, p scheduler.Policy) scheduler.Plan {
+			plan := scheduler.Schedule(s, now, p)
+			if plan.Idle {
+				idle++
+			}
+			return plan
+		}
+		// Pending info for every job: no cycle may return at once, and
+		// the decisions are the same.
+		full := func(s scheduler.Snapshot, now time.Time, p scheduler.Policy) scheduler.Plan {
+			if len(p.EstimateFor) == 0 {
+				p.NoPendingInfo = false
+			}
+			return scheduler.Schedule(s, now, p)
+		}
+		cfg := Config{Nodes: 6, GPUsPerNode: 8, DomainNodes: 2, Teams: teams, Policy: policy(scheduler.ModeAllot),
+			Cycle: 10 * time.Second, WalltimeFactor: 2, CheckpointFraction: 0.5, ETA: eta, Schedule: fast,
+			TierMix: []TierWeight{{1, 5}, {2, 10}, {3, 45}, {4, 35}, {5, 5}}}
+		got := run(t, cfg, trace)
+		cfg.Schedule = full
+		want := run(t, cfg, trace)
+		if d := gocmp.Diff(want, got, ignore); d != "" {
+			t.Errorf("eta %v: idle cycles changed the replay (-every cycle in full +idle ones returned at once):\n%s", eta, d)
+		}
+		if idle < 100 || got.Preemptions == 0 {
+			t.Errorf("eta %v: %d of %d cycles idle, %d preemptions: the test should exercise both", eta, idle, got.Cycles, got.Preemptions)
+		}
+		t.Logf("eta %v: %d of %d cycles idle", eta, idle, got.Cycles)
+	}
+}

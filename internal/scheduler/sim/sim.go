@@ -586,8 +586,11 @@ func (s *state) loop() error {
 //     remaining pending job blocked), only an arrival can start, and only
 //     if mayStart said so when it arrived.
 //
-// ModeAllot is never skipped: priorities age, usage decays, and preemption
-// becomes possible as running jobs pass the minimum runtime.
+// ModeAllot is never skipped here: priorities age, usage decays, and
+// preemption becomes possible as running jobs pass the minimum runtime.
+// The core itself returns at once from the cycles it can prove idle
+// (scheduler.Plan.Idle: every GPU busy and no pending job that may
+// preempt), after applying the running jobs' changes to the keep.
 func (s *state) skip(tick bool) bool {
 	if s.cfg.Policy.Mode == scheduler.ModeAllot || s.cfg.EveryEvent {
 		return false
