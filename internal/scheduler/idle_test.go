@@ -164,3 +164,48 @@ func TestIdleCycleRules(t *testing.T) {
 		}
 	}
 }
+
+// TestIdleCycleExclusions: the cycles idleCycle never returns from at
+// once, each with a snapshot where the full cycle does act.
+func TestIdleCycleExclusions(t *testing.T) {
+	t.Parallel()
+	// A job in its grace period: its in-flight preemptor (team a) reserves
+	// the GPUs coming free, which counts against team a's guarantee with
+	// no check, so team a's running job becomes work above guarantees and
+	// team c's waiting job takes it. Nothing could be preempted at the
+	// cycle's start.
+	inflight := Snapshot{Nodes: cluster(2, 4), Teams: []Team{
+		{Name: "a", Weight: 1, Guarantee: map[string]int{"": 4}},
+		{Name: "b", Weight: 1, Guarantee: map[string]int{"": 0}},
+		{Name: "c", Weight: 1, Guarantee: map[string]int{"": 4}},
+	}}
+	v := job(20, 4, team("b"), on(2*time.Hour, slot(0, 0, 1, 2, 3)))
+	v.Terminating, v.GraceEnd, v.PreemptedBy = true, t0.Add(time.Minute), 1
+	q := job(21, 4, team("a"), on(2*time.Hour, slot(1, 0, 1, 2, 3)))
+	q.TimeLimit = 0 // no end in sight: nothing comes free but the victim's GPUs
+	inflight.Running = []Job{v, q}
+	inflight.Pending = []Job{job(1, 4, team("a"), limit(0), submitted(3*time.Hour)), job(2, 4, team("c"), limit(0), submitted(3*time.Hour))}
+	// A starved team may preempt like a team under its guarantee.
+	sv := job(100, 8, team("b"), limit(200*time.Hour), on(time.Hour, slot(0, seq(0, 8)...)))
+	sv.Submit = t0.Add(-2 * time.Hour)
+	starved := Snapshot{Nodes: cluster(1, 8), Running: []Job{sv}, Teams: teamsAB(0, 0), Pending: []Job{
+		job(1, 8, team("a"), limit(48*time.Hour), submitted(20*time.Hour)),
+		job(2, 8, team("b"), submitted(time.Minute)), job(3, 8, team("b"), submitted(time.Minute)), job(4, 8, team("b"), submitted(time.Minute))}}
+	starvedP := DefaultPolicy()
+	starvedP.StarvedTeamPreempt = true
+	for _, c := range []struct {
+		name string
+		s    Snapshot
+		p    Policy
+	}{{"a preemptor in flight", inflight, DefaultPolicy()}, {"starved-team preemption", starved, starvedP}} {
+		full := Schedule(cloneSnapshot(c.s), t0, c.p)
+		if len(full.Preemptions) == 0 {
+			t.Fatalf("%s: the full cycle preempts nothing; the case tests nothing", c.name)
+		}
+		q := c.p
+		q.NoPendingInfo = true
+		if got := Schedule(c.s, t0, q); got.Idle || len(got.Preemptions) != len(full.Preemptions) {
+			t.Errorf("%s: idle %v, %d preemptions; the full cycle preempts %d", c.name, got.Idle, len(got.Preemptions), len(full.Preemptions))
+		}
+	}
+}

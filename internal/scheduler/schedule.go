@@ -60,22 +60,29 @@ func Schedule(s Snapshot, now time.Time, p Policy) Plan {
 // idleCycle reports whether this cycle provably starts and preempts
 // nothing, so that a caller that reads nothing else (Policy.NoPendingInfo
 // without EstimateFor: the simulator) can skip it: ModeAllot, no GPU free
-// on any usable node, and no pending job that could preempt. A job may
-// preempt when it has the right (a production class: any research work;
-// a research job of a team that would stay within its guarantee: work
-// above guarantees) and a running job it could take has passed the
-// minimum runtime. What a cycle does before such a job's turn cannot make
-// a victim: with no GPU free it starts nothing, and a research job with
-// the right reserves GPUs (counted against its team's guarantee) only
-// while its team stays within its guarantee, so no team's running jobs
-// become work above guarantees. The test errs on the side of running the
-// cycle: the guarantee patience and the admins' narrowed rights are
-// ignored, and a cycle with a job in its grace period always runs (its
-// preemptor can only reserve, but that is rare). The reservations an idle cycle would
-// make are not computed: only Policy.HoldReservations carries them to the
-// next cycle, and it is never skipped. On a replay far past its cluster
-// nearly every periodic cycle is such a cycle, and ordering a queue of
-// thousands was all of its cost.
+// on any usable node, no job in its grace period, and no pending job that
+// could preempt. A job may preempt when it has the right (a production
+// class: any research work; a research job of a team that would stay
+// within its guarantee: work above guarantees) and a running job it could
+// take has passed the minimum runtime.
+//
+// What a cycle does before such a job's turn cannot give it a victim it
+// lacked at the start: with no GPU free nothing starts; a research job
+// with the right reserves GPUs (counted against its team's guarantee) only
+// while its team stays within its guarantee, so none of that team's jobs
+// becomes work above guarantees; a production job's reservation may push
+// its team above, but a production job waiting with any victim at all
+// makes the cycle run anyway. A preemptor in flight (its victims in their
+// grace period) reserves the GPUs coming free without that check, which
+// can make a victim of its team's other jobs: hence no job in its grace
+// period. Starved-team preemption (Policy.StarvedTeamPreempt) gives rights
+// this test does not know, and HoldReservations carries each cycle's
+// reservations to the next: with either, every cycle runs. The guarantee
+// patience and admins' narrowed rights are ignored, which errs on the side
+// of running the cycle. An idle cycle's reservations are not computed.
+//
+// On a replay far past its cluster nearly every periodic cycle is such a
+// cycle, and ordering a queue of thousands was all of its cost.
 func (st *state) idleCycle() bool {
 	p := &st.p
 	if p.Mode != ModeAllot || !p.NoPendingInfo || len(p.EstimateFor) > 0 || p.HoldReservations || p.StarvedTeamPreempt ||

@@ -60,18 +60,33 @@ func TestKeepChangesNothing(t *testing.T) {
 // reclaims, tier 1-2 preemption and the ETA measurement in play.
 func TestIdleCyclesChangeNothing(t *testing.T) {
 	t.Parallel()
-	trace := randomTrace(600, 11)
+	trace := randomTrace(400, 11)
 	for i := range trace {
 		trace[i].Submit /= 4 // four times the arrival rate: the cluster stays full
 	}
 	ignore := cmpopts.IgnoreFields(Result{}, "CycleMeanUS", "CycleP99US", "SimWallS")
 	// Small guarantees (every team above its own: the idle cycles end
-	// when a tier 1-2 job arrives), then one team mostly under its
-	// guarantee (idle cycles between its reclaims).
+	// when a tier 1-2 job arrives); one team mostly under its guarantee
+	// (idle cycles between its reclaims); the starvation guard, dedicated
+	// production reservations and narrowed rights; and held reservations,
+	// which carry each cycle's reservations to the next, so that no cycle
+	// may return at once.
+	starving := policy(scheduler.ModeAllot)
+	starving.StarvationWait, starving.MinRuntime = 20*time.Minute, time.Minute
+	starving.Reserved = map[scheduler.Tier]int{scheduler.Tier1: 8, scheduler.Tier2: 8}
+	starving.MayPreempt = map[scheduler.Tier][]scheduler.Tier{scheduler.Tier2: {scheduler.Tier4, scheduler.TierPreemptible}}
+	hold := policy(scheduler.ModeAllot)
+	hold.HoldReservations = true
 	for _, c := range []struct {
 		teams []TeamSpec
 		eta   bool
-	}{{[]TeamSpec{{"a", 4}, {"b", 4}, {"c", 4}}, false}, {[]TeamSpec{{"a", 32}, {"b", 8}, {"c", 8}}, true}} {
+		p     scheduler.Policy
+	}{
+		{[]TeamSpec{{"a", 4}, {"b", 4}, {"c", 4}}, false, policy(scheduler.ModeAllot)},
+		{[]TeamSpec{{"a", 32}, {"b", 8}, {"c", 8}}, true, policy(scheduler.ModeAllot)},
+		{[]TeamSpec{{"a", 4}, {"b", 8}, {"c", 4}}, false, starving},
+		{[]TeamSpec{{"a", 4}, {"b", 4}, {"c", 4}}, false, hold},
+	} {
 		teams, eta := c.teams, c.eta
 		idle := 0
 		fast := func(s scheduler.Snapshot, now time.Time, p scheduler.Policy) scheduler.Plan {
@@ -89,7 +104,7 @@ func TestIdleCyclesChangeNothing(t *testing.T) {
 			}
 			return scheduler.Schedule(s, now, p)
 		}
-		cfg := Config{Nodes: 6, GPUsPerNode: 8, DomainNodes: 2, Teams: teams, Policy: policy(scheduler.ModeAllot),
+		cfg := Config{Nodes: 6, GPUsPerNode: 8, DomainNodes: 2, Teams: teams, Policy: c.p,
 			Cycle: 10 * time.Second, WalltimeFactor: 2, CheckpointFraction: 0.5, ETA: eta, Schedule: fast,
 			TierMix: []TierWeight{{1, 5}, {2, 10}, {3, 45}, {4, 35}, {5, 5}}}
 		got := run(t, cfg, trace)
@@ -98,9 +113,13 @@ func TestIdleCyclesChangeNothing(t *testing.T) {
 		if d := gocmp.Diff(want, got, ignore); d != "" {
 			t.Errorf("eta %v: idle cycles changed the replay (-every cycle in full +idle ones returned at once):\n%s", eta, d)
 		}
-		if idle < 100 || got.Preemptions == 0 {
+		if c.p.HoldReservations {
+			if idle > 0 {
+				t.Errorf("held reservations: %d cycles returned at once", idle)
+			}
+		} else if idle < 100 || got.Preemptions == 0 {
 			t.Errorf("eta %v: %d of %d cycles idle, %d preemptions: the test should exercise both", eta, idle, got.Cycles, got.Preemptions)
 		}
-		t.Logf("eta %v: %d of %d cycles idle", eta, idle, got.Cycles)
+		t.Logf("eta %v, hold %v: %d of %d cycles idle", eta, c.p.HoldReservations, idle, got.Cycles)
 	}
 }

@@ -589,8 +589,9 @@ func (s *state) loop() error {
 // ModeAllot is never skipped here: priorities age, usage decays, and
 // preemption becomes possible as running jobs pass the minimum runtime.
 // The core itself returns at once from the cycles it can prove idle
-// (scheduler.Plan.Idle: every GPU busy and no pending job that may
-// preempt), after applying the running jobs' changes to the keep.
+// (scheduler.Plan.Idle: every GPU busy, none in a grace period and no
+// pending job that may preempt), after applying the running jobs' changes
+// to the keep.
 func (s *state) skip(tick bool) bool {
 	if s.cfg.Policy.Mode == scheduler.ModeAllot || s.cfg.EveryEvent {
 		return false
