@@ -181,14 +181,7 @@ func keptEnd(e *keptRun, now time.Time) int64 {
 	return never
 }
 
-// anyTerminating reports whether a running job may be terminating (false
-// only when the keep knows none is).
-func (st *state) anyTerminating() bool {
-	return !st.runLazy || st.keep.terms > 0
-}
-
-// terminating reports whether a running job is in its grace period
-// (anyTerminating, exactly).
+// terminating reports whether a running job is in its grace period.
 func (st *state) terminating() bool {
 	if st.runLazy {
 		return st.keep.terms > 0

@@ -247,7 +247,7 @@ func (st *state) runAllot() {
 	// (the older job is no longer "in flight" then); the others come first
 	// right after tier 1.
 	var preemptors map[int64]bool
-	if st.anyTerminating() {
+	if st.terminating() {
 		for i := range st.runs() {
 			if r := &st.runs()[i]; r.term && r.j.PreemptedBy != 0 {
 				if preemptors == nil {

@@ -152,10 +152,13 @@ type submitEpochs struct {
 	ok                         bool
 }
 
+// epochSQL reads epoch sequence seq's current value (a scalar subquery).
+func epochSQL(seq string) string {
+	return `(SELECT last_value + is_called::int FROM ` + seq + `)`
+}
+
 // submitEpochsSQL reads the three epochs (three columns).
-const submitEpochsSQL = `(SELECT last_value + is_called::int FROM allocations_epoch),
-			(SELECT last_value + is_called::int FROM nodes_epoch),
-			(SELECT last_value + is_called::int FROM config_epoch)`
+var submitEpochsSQL = epochSQL("allocations_epoch") + ", " + epochSQL("nodes_epoch") + ", " + epochSQL("config_epoch")
 
 // epochsKey keys the submitEpochs a request's token was read with
 // (UserByAPITokenContext).
@@ -285,21 +288,21 @@ func (s *Store) loadJudged(ctx context.Context, spec *allot.JobSpec, userID int6
 	err := s.db.QueryRow(ctx, `
 		SELECT
 			(SELECT monthly_budget_gpu_hours FROM teams WHERE slug = $1),
-			us.used, us.running, ep.v, ne.v, (SELECT last_value + is_called::int FROM config_epoch),
+			us.used, us.running, ep.v, ne.v, `+epochSQL("config_epoch")+`,
 			(SELECT max_runtime_s FROM tiers WHERE id = $2),
 			(SELECT coalesce(array_agg(name ORDER BY name), '{}') FROM gpu_types),
 			(SELECT coalesce(array_agg(name ORDER BY name) FILTER (WHERE backend <> 'native' AND retired_at IS NULL), '{}') FROM gpu_types),
 			(SELECT count(*) FILTER (WHERE backend = 'native' AND retired_at IS NULL) FROM gpu_types),
 			g.types, g.gangs,
 			`+accountSourcesSQL("$5", "$1")+`
-		FROM (SELECT last_value + is_called::int AS v FROM nodes_epoch) ne
+		FROM (SELECT `+epochSQL("nodes_epoch")+` AS v) ne
 		-- The largest gang per GPU type, only when a node changed since
 		-- the cached one ($7).
 		CROSS JOIN LATERAL (SELECT coalesce(array_agg(gpu_type ORDER BY gpu_type), '{}') AS types, coalesce(array_agg(m ORDER BY gpu_type), '{}') AS gangs
 			FROM (SELECT gpu_type, max(total)::int AS m FROM (
 				SELECT gpu_type, CASE WHEN domain = '' THEN gpu_count ELSE sum(gpu_count) OVER (PARTITION BY gpu_type, domain) END AS total
 				FROM nodes WHERE ne.v <> $7) d GROUP BY gpu_type) x) g
-		CROSS JOIN (SELECT last_value + is_called::int AS v FROM allocations_epoch) ep
+		CROSS JOIN (SELECT `+epochSQL("allocations_epoch")+` AS v) ep
 		-- The month's usage (usageSQL's sum, and how many of its
 		-- allocations still run), only when an allocation changed since the
 		-- cached sum ($6): otherwise the scan is skipped.
