@@ -217,6 +217,9 @@ type state struct {
 	runSorted bool
 	runRel    []nodeRel // releases of runEvents[i] are runRel[runRelOff[i]:runRelOff[i+1]]
 	runRelOff []int32
+	evTmp     []event   // sortEvents' scratch
+	relTmp    []nodeRel // buildRunEvents' scratch: releases by running job
+	relTmpOff []int32
 	// The same by predicted ends (Policy.PredictedBackfill).
 	predEvents []event
 	predSorted bool
@@ -336,7 +339,9 @@ func (st *state) reset(s *Snapshot, now time.Time, p Policy) {
 	st.sf, st.mark, st.lastEv = old.sf, old.mark, old.lastEv
 	st.runEvents, st.runRel, st.runRelOff = old.runEvents[:0], old.runRel[:0], old.runRelOff[:0]
 	st.predEvents, st.predRel, st.predRelOff = old.predEvents[:0], old.predRel[:0], old.predRelOff[:0]
-	st.extraBuf, st.touched = old.extraBuf[:0], old.touched[:0]
+	st.extraBuf, st.touched, st.evTmp = old.extraBuf[:0], old.touched[:0], old.evTmp
+	st.relTmp, st.relTmpOff = old.relTmp, old.relTmpOff
+
 	st.fc, st.tc, st.pc = old.fc, old.tc, old.pc
 	st.teamPtrs, st.teamNames, st.teamsBuf, st.runTeams = old.teamPtrs, old.teamNames, old.teamsBuf, old.runTeams
 }

@@ -66,8 +66,14 @@ func (st *state) sortPredEvents() {
 // and rel/off with the GPUs each releases per node.
 func (st *state) buildRunEvents(pred bool, evs []event, rels []nodeRel, off []int32) ([]event, []nodeRel, []int32) {
 	evs, rels = evs[:0], rels[:0]
-	for i := range st.runs() {
-		r := &st.runs()[i]
+	runs := st.runs()
+	// Each job's releases first, in the running jobs' order: the
+	// placements are read in the order they lie in memory, and the sorted
+	// pass below copies from this compact list.
+	byRun, byRunOff := st.relTmp[:0], resize(st.relTmpOff, len(runs)+1)
+	for i := range runs {
+		r := &runs[i]
+		byRunOff[i] = int32(len(byRun))
 		if r.end == never || r.victim {
 			continue
 		}
@@ -80,16 +86,19 @@ func (st *state) buildRunEvents(pred bool, evs []event, rels []nodeRel, off []in
 			at = st.predictedEnd(r)
 		}
 		evs = append(evs, event{at: at, kind: k, idx: i, id: r.j.ID})
+		for _, sl := range r.j.Placement {
+			if sl.Node >= 0 && sl.Node < len(st.nodes) && len(sl.GPUs) > 0 {
+				byRun = append(byRun, nodeRel{node: int32(sl.Node), gpus: int32(len(sl.GPUs))})
+			}
+		}
 	}
-	slices.SortFunc(evs, cmpEvent)
+	byRunOff[len(runs)] = int32(len(byRun))
+	st.relTmp, st.relTmpOff = byRun, byRunOff
+	st.evTmp = sortEvents(evs, st.evTmp)
 	// Flatten the releases so that sweeps read contiguous memory.
 	off = resize(off, len(evs)+1)
 	for i, ev := range evs {
-		for _, sl := range st.runs()[ev.idx].j.Placement {
-			if sl.Node >= 0 && sl.Node < len(st.nodes) && len(sl.GPUs) > 0 {
-				rels = append(rels, nodeRel{node: int32(sl.Node), gpus: int32(len(sl.GPUs))})
-			}
-		}
+		rels = append(rels, byRun[byRunOff[ev.idx]:byRunOff[ev.idx+1]]...)
 		off[i+1] = int32(len(rels))
 	}
 	return evs, rels, off
