@@ -42,10 +42,12 @@ func (m *OrderMemory) rankOf(id int64) int32 {
 	return 0
 }
 
-// buf returns a key buffer of length n for preparePendingAll to fill.
-func (m *OrderMemory) buf(n int) []orderKey {
+// buf returns a key buffer of length n for preparePendingAll to fill:
+// m's own, else (m nil) the pooled state's scratch *scratch.
+func (m *OrderMemory) buf(n int, scratch *[]orderKey) []orderKey {
 	if m == nil {
-		return make([]orderKey, n)
+		*scratch = resize(*scratch, n)
+		return *scratch
 	}
 	m.keys = resize(m.keys, n)
 	return m.keys

@@ -168,7 +168,7 @@ func (st *state) preparePendingAll() {
 		}
 		// Class, then priority, then submit time, then id. Sorting compact
 		// keys by value is several times faster than chasing pointers.
-		keys := st.s.Order.buf(len(st.pend))
+		keys := st.s.Order.buf(len(st.pend), &st.keyBuf)
 		for i := range st.pend {
 			pj := &st.pend[i]
 			pj.prio = st.priority(pj) // baselines compute it only for output

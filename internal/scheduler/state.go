@@ -220,6 +220,7 @@ type state struct {
 	evTmp     []event   // sortEvents' scratch
 	relTmp    []nodeRel // buildRunEvents' scratch: releases by running job
 	relTmpOff []int32
+	keyBuf    []orderKey // the queue's sort keys without an OrderMemory
 	// The same by predicted ends (Policy.PredictedBackfill).
 	predEvents []event
 	predSorted bool
@@ -340,7 +341,7 @@ func (st *state) reset(s *Snapshot, now time.Time, p Policy) {
 	st.runEvents, st.runRel, st.runRelOff = old.runEvents[:0], old.runRel[:0], old.runRelOff[:0]
 	st.predEvents, st.predRel, st.predRelOff = old.predEvents[:0], old.predRel[:0], old.predRelOff[:0]
 	st.extraBuf, st.touched, st.evTmp = old.extraBuf[:0], old.touched[:0], old.evTmp
-	st.relTmp, st.relTmpOff = old.relTmp, old.relTmpOff
+	st.relTmp, st.relTmpOff, st.keyBuf = old.relTmp, old.relTmpOff, old.keyBuf
 
 	st.fc, st.tc, st.pc = old.fc, old.tc, old.pc
 	st.teamPtrs, st.teamNames, st.teamsBuf, st.runTeams = old.teamPtrs, old.teamNames, old.teamsBuf, old.runTeams
