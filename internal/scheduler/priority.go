@@ -87,10 +87,14 @@ func (st *state) priority(pj *pjob) Priority {
 
 // responsePriority is OrderResponse's priority of job j of team (index;
 // -1 none) in class after waiting wait ns: its response ratio times the
-// team's fair share 2F (at least 1/32), times the team-wait boost of a
-// research job under Policy.TeamWaitBoost (maxCap: see ratioOf).
+// team's fair share 2F (at least 1/32), times the job-size factor
+// GPUs^Policy.SizeExponent, times the team-wait boost of a research job
+// under Policy.TeamWaitBoost (maxCap: see ratioOf).
 func (st *state) responsePriority(j *Job, team int, class Tier, maxCap int, wait int64) float64 {
 	p := st.ratioOf(j, maxCap, wait) * max(2*st.fairShare(team), 1.0/32)
+	if e := st.p.SizeExponent; e != 0 && j.GPUs > 1 {
+		p *= math.Pow(float64(j.GPUs), e)
+	}
 	if st.p.TeamWaitBoost && team >= 0 && class.Research() {
 		if b := st.teams[team].boost; b > 1 {
 			p *= b

@@ -763,3 +763,51 @@ func TestResponseOrder(t *testing.T) {
 		}
 	}
 }
+
+// TestSizeExponent: Policy.SizeExponent multiplies the response order's
+// priority by GPUs^exponent: at 0 a 4-GPU and a 1-GPU job of the same limit
+// and wait rank by submit time (the older first), at 1 the wider goes
+// first with 4× the priority, at -1 the narrower goes first, the wider at
+// a quarter; a 1-GPU job's priority never changes.
+func TestSizeExponent(t *testing.T) {
+	t.Parallel()
+	s := Snapshot{
+		Nodes:   cluster(1, 8),
+		Running: []Job{job(100, 8, limit(10*time.Hour), on(time.Hour, slot(0, 0, 1, 2, 3, 4, 5, 6, 7)))},
+		Teams:   teamsAB(4, 4),
+		Pending: []Job{
+			job(1, 1, limit(time.Hour), submitted(2*time.Hour)),
+			job(2, 4, limit(time.Hour), submitted(2*time.Hour-time.Second)),
+		},
+	}
+	var base map[int64]float64
+	for _, tt := range []struct {
+		exp   float64
+		first int64
+		scale float64 // the 4-GPU job's priority over its priority at 0
+	}{{0, 1, 1}, {1, 2, 4}, {-1, 1, 0.25}, {0.5, 2, 2}} {
+		p := allot()
+		p.SizeExponent = tt.exp
+		plan := Schedule(s, t0, p)
+		if len(plan.Pending) != 2 {
+			t.Fatalf("exponent %v: pending %+v, want both jobs", tt.exp, plan.Pending)
+		}
+		if got := plan.Pending[0].JobID; got != tt.first {
+			t.Errorf("exponent %v: first in the queue is job %d, want %d", tt.exp, got, tt.first)
+		}
+		prio := map[int64]float64{}
+		for _, pi := range plan.Pending {
+			prio[pi.JobID] = pi.Priority.Total
+		}
+		if base == nil {
+			base = prio
+			continue
+		}
+		if prio[1] != base[1] {
+			t.Errorf("exponent %v: the 1-GPU job's priority is %v, want %v as at 0", tt.exp, prio[1], base[1])
+		}
+		if r := prio[2] / base[2]; math.Abs(r-tt.scale) > 1e-9 {
+			t.Errorf("exponent %v: the 4-GPU job's priority is %v× its priority at 0, want %v×", tt.exp, r, tt.scale)
+		}
+	}
+}

@@ -355,6 +355,12 @@ type Policy struct {
 	// Jain on one setting and raised the mean wait on the ITP ones (see
 	// sim/RESULTS.md).
 	WideAging bool
+	// SizeExponent (OrderResponse): the priority is multiplied by
+	// GPUs^SizeExponent, the job-size factor: positive favours large jobs
+	// (as Slurm's default size factor does), negative small ones, 0 (the
+	// default) neither. Measured on the suites and not kept (see
+	// sim/RESULTS.md); the simulator's --allot-size-exponent sets it.
+	SizeExponent float64
 	// Tier1FIFO (default true): tier-1 (incident) jobs are served oldest
 	// first (submit time, id) instead of by priority, and a tier-1 job
 	// whose victims are in their grace period is served in that turn

@@ -62,6 +62,7 @@ type options struct {
 	allotRawGuar   bool
 	minRuntime     time.Duration
 	wideAging      bool
+	sizeExponent   float64
 	tier1FIFO      bool
 	teamWait       bool
 	starvedPreempt bool
@@ -266,6 +267,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o.starvationWait = -1
 	o.minRuntime = -1
 	fs.BoolVar(&o.wideAging, "allot-wide-aging", scheduler.DefaultPolicy().WideAging, "allot: multi-node jobs age per node they need")
+	fs.Float64Var(&o.sizeExponent, "allot-size-exponent", scheduler.DefaultPolicy().SizeExponent, "allot: priority × GPUs^this, the job-size factor (> 0 favours large jobs, < 0 small ones; -2..2)")
 	fs.BoolVar(&o.tier1FIFO, "allot-tier1-fifo", scheduler.DefaultPolicy().Tier1FIFO, "allot: tier-1 jobs oldest first, their preemptors served in that turn (false: by priority, preemptors ahead of the queue)")
 	fs.BoolVar(&o.predBackfill, "allot-predicted-backfill", scheduler.DefaultPolicy().PredictedBackfill, "allot: reservations and backfill use learned run times (the user's, else team's, median run time / limit of recent completed jobs × the job's limit; doubled while a job outlives it, at most its limit) instead of time limits")
 	fs.BoolVar(&o.learnedOrder, "allot-learned-order", false, "allot: the response order's T is the learned run time (as --allot-predicted-backfill's) instead of the time limit")
@@ -314,6 +316,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, fmt.Errorf("--checkpointable %v: want 0..1", o.ckptFraction)
 	case o.allotOrder != "" && o.allotOrder != string(scheduler.OrderMultifactor) && o.allotOrder != string(scheduler.OrderResponse):
 		return nil, fmt.Errorf("--allot-order %q: want multifactor or response", o.allotOrder)
+	case !(o.sizeExponent >= -2 && o.sizeExponent <= 2):
+		return nil, fmt.Errorf("--allot-size-exponent %v: want -2..2", o.sizeExponent)
 	case o.ckptInterval <= 0:
 		return nil, errors.New("--checkpoint-interval: want > 0")
 	case o.burst && (o.burstGPUs < 1 || o.burstGPUs > 64):
@@ -437,6 +441,7 @@ func (st *setup) config(o *options, m scheduler.Mode) Config {
 	}
 	p.RawGuarantees = o.allotRawGuar
 	p.WideAging = o.wideAging
+	p.SizeExponent = o.sizeExponent
 	p.Tier1FIFO = o.tier1FIFO
 	p.TeamWaitBoost = o.teamWait
 	p.StarvedTeamPreempt = o.starvedPreempt

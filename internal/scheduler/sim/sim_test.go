@@ -554,6 +554,8 @@ func TestCLIBadInput(t *testing.T) {
 		{[]string{"--trace", "testdata/tiny.csv", "--nodes", "2", "extra"}, "unexpected argument"},
 		{[]string{"--trace", "testdata/tiny.csv", "--nodes", "2", "--walltime-factor", "5:2"}, "want A:B with 0 < A < B"},
 		{[]string{"--trace", "testdata/tiny.csv", "--nodes", "2", "--walltime-factor", "-1"}, "want a number > 0"},
+		{[]string{"--trace", "testdata/tiny.csv", "--nodes", "2", "--allot-size-exponent", "3"}, "--allot-size-exponent 3: want -2..2"},
+		{[]string{"--trace", "testdata/tiny.csv", "--nodes", "2", "--allot-size-exponent", "NaN"}, "--allot-size-exponent NaN: want -2..2"},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := main(c.args, &stdout, &stderr, refSchedule)
