@@ -13,12 +13,13 @@ const radixMin = 256
 const radixBits = 11
 
 // sortEvents sorts evs by cmpEvent, using tmp (grown as needed, returned
-// for reuse) as scratch. A cycle sorts every running job's release (40,000
-// of them at 10k nodes): a stable LSD radix sort, first by id, then by
-// (at, kind), takes a few linear passes where a comparison sort takes
-// n log n calls of cmpEvent. Events with equal (at, kind, id), which only
-// bad input gives, keep their input order. When the spread of the times or
-// ids leaves no room for the kind's bits, it falls back to slices.SortFunc.
+// for reuse) as scratch. A cycle sorts every running job's release
+// (53,468 of them in the 50k × 10k benchmark): a stable LSD radix sort,
+// first by id, then by (at, kind), takes a few linear passes where a
+// comparison sort takes n log n calls of cmpEvent. Events with equal (at,
+// kind, id), which only bad input gives, keep their input order. When the
+// spread of the times leaves no room for the kind's bits, it falls back
+// to slices.SortFunc.
 func sortEvents(evs, tmp []event) []event {
 	if len(evs) < radixMin {
 		slices.SortFunc(evs, cmpEvent)
