@@ -17,9 +17,11 @@ const radixBits = 11
 // (53,468 of them in the 50k × 10k benchmark): a stable LSD radix sort,
 // first by id, then by (at, kind), takes a few linear passes where a
 // comparison sort takes n log n calls of cmpEvent. Events with equal (at,
-// kind, id), which only bad input gives, keep their input order. When the
-// spread of the times leaves no room for the kind's bits, it falls back
-// to slices.SortFunc.
+// kind, id), which only bad input gives, keep their input order on the
+// radix path (and get slices.SortFunc's order, deterministic too, below
+// radixMin events or in the fallback). When the spread of the times needs
+// more than 61 bits, leaving no room for the kind's two, it falls back to
+// slices.SortFunc.
 func sortEvents(evs, tmp []event) []event {
 	if len(evs) < radixMin {
 		slices.SortFunc(evs, cmpEvent)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 )
 
 func allot() Policy { return DefaultPolicy() }
@@ -765,8 +766,8 @@ func TestResponseOrder(t *testing.T) {
 }
 
 // TestSizeExponent: Policy.SizeExponent multiplies the response order's
-// priority by GPUs^exponent: at 0 a 4-GPU and a 1-GPU job of the same limit
-// and wait rank by submit time (the older first), at 1 the wider goes
+// priority by GPUs^exponent: at 0 a 1-GPU job that has waited a second
+// longer than a 4-GPU job of the same limit goes first, at 1 the wider goes
 // first with 4× the priority, at -1 the narrower goes first, the wider at
 // a quarter; a 1-GPU job's priority never changes.
 func TestSizeExponent(t *testing.T) {
@@ -808,6 +809,32 @@ func TestSizeExponent(t *testing.T) {
 		}
 		if r := prio[2] / base[2]; math.Abs(r-tt.scale) > 1e-9 {
 			t.Errorf("exponent %v: the 4-GPU job's priority is %v× its priority at 0, want %v×", tt.exp, r, tt.scale)
+		}
+	}
+}
+
+// TestSizeExponentInReclaimRule: a reclaim spares victims whose priority
+// once requeued is above the reclaimer's, and the job-size factor counts
+// for the victims too. A 2-GPU reclaimer (ratio 1.1) would take job 100
+// (4 GPUs, 20 min run, requeued ratio 1.6) only if it came back behind:
+// with e = -1 it does (0.4 against 0.55) and is taken; without a size term
+// it is spared, and job 101 (1.02, run an hour) loses too much work; with
+// e = +1 both come back first (6.4 and 4.1 against 2.2).
+func TestSizeExponentInReclaimRule(t *testing.T) {
+	t.Parallel()
+	x := job(1, 2, team("a"), tier(Tier4), limit(10*time.Hour), submitted(time.Hour))
+	v100 := job(100, 4, team("b"), tier(Tier4), limit(50*time.Hour), submitted(30*time.Hour), on(20*time.Minute, slot(0, 0, 1, 2, 3)))
+	v101 := job(101, 4, team("b"), tier(Tier4), submitted(3*time.Hour), on(time.Hour, slot(0, 4, 5, 6, 7)))
+	for _, tt := range []struct {
+		exp  float64
+		want []int64
+	}{{0, nil}, {-1, []int64{100}}, {1, nil}} {
+		s := fullCluster(v100, v101)
+		s.Pending = []Job{x}
+		p := allot()
+		p.SizeExponent = tt.exp
+		if diff := cmp.Diff(tt.want, victimIDs(Schedule(s, t0, p)), cmpopts.EquateEmpty()); diff != "" {
+			t.Errorf("exponent %v: victims (-want +got):\n%s", tt.exp, diff)
 		}
 	}
 }

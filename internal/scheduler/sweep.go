@@ -5,6 +5,8 @@ import (
 	"slices"
 )
 
+// evKind is what an event is; sortEvents keys it in two bits, so there
+// are at most four.
 type evKind uint8
 
 const (

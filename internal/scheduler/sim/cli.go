@@ -267,7 +267,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o.starvationWait = -1
 	o.minRuntime = -1
 	fs.BoolVar(&o.wideAging, "allot-wide-aging", scheduler.DefaultPolicy().WideAging, "allot: multi-node jobs age per node they need")
-	fs.Float64Var(&o.sizeExponent, "allot-size-exponent", scheduler.DefaultPolicy().SizeExponent, "allot: priority × GPUs^this, the job-size factor (> 0 favours large jobs, < 0 small ones; -2..2)")
+	fs.Float64Var(&o.sizeExponent, "allot-size-exponent", scheduler.DefaultPolicy().SizeExponent, "allot, response order: priority × GPUs^this, the job-size factor (> 0 favours large jobs, < 0 small ones; -2..2)")
 	fs.BoolVar(&o.tier1FIFO, "allot-tier1-fifo", scheduler.DefaultPolicy().Tier1FIFO, "allot: tier-1 jobs oldest first, their preemptors served in that turn (false: by priority, preemptors ahead of the queue)")
 	fs.BoolVar(&o.predBackfill, "allot-predicted-backfill", scheduler.DefaultPolicy().PredictedBackfill, "allot: reservations and backfill use learned run times (the user's, else team's, median run time / limit of recent completed jobs × the job's limit; doubled while a job outlives it, at most its limit) instead of time limits")
 	fs.BoolVar(&o.learnedOrder, "allot-learned-order", false, "allot: the response order's T is the learned run time (as --allot-predicted-backfill's) instead of the time limit")
