@@ -64,6 +64,16 @@ func (st *state) totalGPUs() int {
 	return st.total
 }
 
+// priorityTotal is priority(pj).Total, without the breakdown that only
+// output reads (the queue's sort key, computed for every pending job on
+// every cycle).
+func (st *state) priorityTotal(pj *pjob) float64 {
+	if st.p.Order == OrderResponse {
+		return st.responsePriority(pj.j, pj.team, pj.class, pj.maxCap, -pj.submit)
+	}
+	return st.priority(pj).Total
+}
+
 // priority is the multifactor priority of a pending job.
 func (st *state) priority(pj *pjob) Priority {
 	p := st.p

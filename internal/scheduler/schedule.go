@@ -171,8 +171,7 @@ func (st *state) preparePendingAll() {
 		keys := st.s.Order.buf(len(st.pend), &st.keyBuf)
 		for i := range st.pend {
 			pj := &st.pend[i]
-			pj.prio = st.priority(pj) // baselines compute it only for output
-			keys[i] = orderKey{class: st.classRank(pj.class), prio: pj.prio.Total, submit: pj.submit, id: pj.j.ID, idx: i}
+			keys[i] = orderKey{class: st.classRank(pj.class), prio: st.priorityTotal(pj), submit: pj.submit, id: pj.j.ID, idx: i}
 			if pj.class == Tier1 && st.p.Tier1FIFO {
 				keys[i].prio = 0 // oldest first
 			}

@@ -122,7 +122,6 @@ type pjob struct {
 	j     *Job
 	team  int
 	class Tier
-	prio  Priority
 	limit int64 // time limit, never if none
 	// run is the run time reservations and backfill assume: the time
 	// limit, or under Policy.PredictedBackfill Job.Predicted (capped at
@@ -818,12 +817,10 @@ func (st *state) buildRunning() {
 	}
 }
 
-// prioOf is pj's priority breakdown for output.
+// prioOf is pj's priority breakdown for output: computed when asked, from
+// what the cycle's order read (the same inputs give the same Total).
 func (st *state) prioOf(pj *pjob) Priority {
-	if st.p.Mode != ModeAllot {
-		return st.priority(pj)
-	}
-	return pj.prio
+	return st.priority(pj)
 }
 
 // runPrio is the priority of a running job for victim ordering: its
