@@ -822,7 +822,7 @@ var policyGroups = []struct {
 	fields []policyFieldSpec
 }{
 	{"Priority", []policyFieldSpec{
-		{"queue_order", "Queue order within a tier", "response: short jobs first, aged, × fair share; multifactor: the weights below", "choice",
+		{"queue_order", "Queue order within a tier", "response: short jobs first, aged, × fair share; multifactor: the weights below and a 20-minute starvation guard, kept for compatibility (on the simulator's robustness sweeps it waited longer than EASY backfill on 5 of 21 settings)", "choice",
 			[]string{allot.QueueOrderResponse, allot.QueueOrderMultifactor}},
 		{"tier1_fifo", "Tier 1 oldest first", "incident jobs by submission time, whatever their priority; one waiting on its victims' grace keeps its turn. Off: by priority, like the other tiers", "bool", nil},
 		{"weight_fair_share", "Fair-share weight (W_fs)", "", "int", nil},
