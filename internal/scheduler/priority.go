@@ -66,7 +66,8 @@ func (st *state) totalGPUs() int {
 
 // priorityTotal is priority(pj).Total, without the breakdown that only
 // output reads (the queue's sort key, computed for every pending job on
-// every cycle).
+// every cycle; output computes the breakdown, with the same inputs and so
+// the same Total, when it asks for it).
 func (st *state) priorityTotal(pj *pjob) float64 {
 	if st.p.Order == OrderResponse {
 		return st.responsePriority(pj.j, pj.team, pj.class, pj.maxCap, -pj.submit)
@@ -88,7 +89,7 @@ func (st *state) priority(pj *pjob) Priority {
 		Age:       age,
 	}
 	if p.Order == OrderResponse {
-		pr.Total = st.responsePriority(pj.j, pj.team, pj.class, pj.maxCap, -pj.submit)
+		pr.Total = st.priorityTotal(pj)
 		return pr
 	}
 	pr.Total = p.WeightFairShare*pr.FairShare + p.WeightSize*pr.Size + p.WeightAge*pr.Age

@@ -105,7 +105,7 @@ func (st *state) finish() {
 		w := want(pj)
 		info := PendingInfo{JobID: pj.j.ID}
 		if w {
-			info.Priority = st.prioOf(pj)
+			info.Priority = st.priority(pj)
 		}
 		switch {
 		case pj.never:

@@ -341,7 +341,6 @@ func (st *state) reset(s *Snapshot, now time.Time, p Policy) {
 	st.predEvents, st.predRel, st.predRelOff = old.predEvents[:0], old.predRel[:0], old.predRelOff[:0]
 	st.extraBuf, st.touched, st.evTmp = old.extraBuf[:0], old.touched[:0], old.evTmp
 	st.relTmp, st.relTmpOff, st.keyBuf = old.relTmp, old.relTmpOff, old.keyBuf
-
 	st.fc, st.tc, st.pc = old.fc, old.tc, old.pc
 	st.teamPtrs, st.teamNames, st.teamsBuf, st.runTeams = old.teamPtrs, old.teamNames, old.teamsBuf, old.runTeams
 }
@@ -817,12 +816,6 @@ func (st *state) buildRunning() {
 	}
 }
 
-// prioOf is pj's priority breakdown for output: computed when asked, from
-// what the cycle's order read (the same inputs give the same Total).
-func (st *state) prioOf(pj *pjob) Priority {
-	return st.priority(pj)
-}
-
 // runPrio is the priority of a running job for victim ordering: its
 // team's fair-share and its size factor (age means nothing once started).
 func (st *state) runPrio(r *runJob) float64 {
@@ -1231,7 +1224,7 @@ func (st *state) commit(pj *pjob, cl []Claim, backfill bool) {
 		Placement: slots,
 		RunAs:     pj.class,
 		Backfill:  backfill,
-		Priority:  st.prioOf(pj),
+		Priority:  st.priority(pj),
 	})
 }
 
