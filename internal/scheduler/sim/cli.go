@@ -294,7 +294,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, err
 		}
-		return nil, errors.New("bad flags (see allot sim -h)")
+		return nil, fmt.Errorf("bad flags: %v (see allot sim -h)", err)
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q (flags only; see allot sim -h)", fs.Arg(0))

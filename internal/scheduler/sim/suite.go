@@ -65,6 +65,9 @@ func readSuite(path string) ([]suiteSetting, error) {
 		if name == "" {
 			name = fmt.Sprintf("line%d", n)
 		}
+		if j := slices.IndexFunc(out, func(o suiteSetting) bool { return o.name == name }); j >= 0 {
+			return nil, fmt.Errorf("--suite %s line %d: the name %q is also on line %d (each row of the table needs its own)", path, n, name, out[j].line)
+		}
 		out = append(out, suiteSetting{line: n, args: strings.Fields(s), name: name})
 	}
 	if err := sc.Err(); err != nil {
@@ -161,7 +164,9 @@ func mainSuite(args []string, stdout, stderr io.Writer, sched ScheduleFunc) int 
 	preps := make([]prepared, len(settings))
 	for i := range settings {
 		a := resolvePaths(append(slices.Clone(common), settings[i].args...), dir)
-		o, err := parseFlags(a, stderr)
+		// The error names the bad flag; the usage text is not repeated
+		// for a line of the file.
+		o, err := parseFlags(a, io.Discard)
 		if err != nil {
 			fmt.Fprintf(stderr, "allot sim: --suite %s line %d: %v\n", file, settings[i].line, err)
 			return 2

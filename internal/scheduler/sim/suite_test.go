@@ -47,3 +47,31 @@ func TestSuite(t *testing.T) {
 		t.Errorf("missing suite: exit %d, want 2", code)
 	}
 }
+
+// TestSuiteBadInput: a bad suite file is refused with exit 2 and a message
+// that names the file, the line and what is wrong, without the usage text,
+// and runs nothing.
+func TestSuiteBadInput(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	for _, c := range []struct{ body, msg string }{
+		{"a: --trace tiny.csv --nodes 2 --bogus 1\n", "line 1: bad flags: flag provided but not defined: -bogus"},
+		{"a: --trace tiny.csv --nodes 2\n\na: --trace tiny.csv --nodes 3\n", `line 3: the name "a" is also on line 1`},
+		{"a: --trace tiny.csv --nodes 2 --cycle soon\n", `line 1: bad flags: invalid value "soon" for flag -cycle`},
+		{"a: --nodes 2\n", "line 1: --trace is required"},
+		{"# nothing\n", "no settings"},
+	} {
+		suite := filepath.Join(dir, "s.txt")
+		if err := os.WriteFile(suite, []byte(c.body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var stdout, stderr bytes.Buffer
+		code := main([]string{"--suite", suite, "--trace-dir", "testdata"}, &stdout, &stderr, nil)
+		if code != 2 || !strings.Contains(stderr.String(), c.msg) || stdout.Len() != 0 {
+			t.Errorf("suite %q: exit %d, stderr %q; want exit 2 and %q", c.body, code, stderr.String(), c.msg)
+		}
+		if strings.Contains(stderr.String(), "usage:") {
+			t.Errorf("suite %q: stderr repeats the usage text:\n%s", c.body, stderr.String())
+		}
+	}
+}
